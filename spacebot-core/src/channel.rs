@@ -1,0 +1,134 @@
+//! Channel history: each agent's conversations and audit logs, and the [`ChannelStore`] trait.
+
+use std::fmt;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::error::StoreError;
+use crate::ids::{AgentId, ChannelId};
+use crate::link::text_enum;
+use crate::time::Timestamp;
+
+/// The role of a history record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum RecordKind {
+    /// Something the agent received and answered (a user message, a peer's message).
+    User,
+    /// The agent's own reply.
+    Assistant,
+    /// A copy of what the agent sent to a peer (history only).
+    Sent,
+    /// A system or audit record (never sent to a model as a user turn).
+    System,
+    /// A tool call and its result.
+    Tool,
+}
+
+text_enum!(RecordKind, "record kind", [User => "user", Assistant => "assistant", Sent => "sent", System => "system", Tool => "tool"]);
+
+/// A record to append.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NewRecord {
+    /// The owner's channel.
+    pub channel: ChannelId,
+    /// The role.
+    pub kind: RecordKind,
+    /// Who wrote it (an agent id, `user`, `system`).
+    pub author: String,
+    /// The text.
+    pub content: String,
+    /// Free-form metadata (task number, link id, ...).
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub metadata: serde_json::Map<String, serde_json::Value>,
+    /// When it happened.
+    pub at: Timestamp,
+}
+
+impl NewRecord {
+    /// A record without metadata.
+    pub fn new(
+        channel: ChannelId,
+        kind: RecordKind,
+        author: impl Into<String>,
+        content: impl Into<String>,
+        at: Timestamp,
+    ) -> Self {
+        Self {
+            channel,
+            kind,
+            author: author.into(),
+            content: content.into(),
+            metadata: serde_json::Map::new(),
+            at,
+        }
+    }
+}
+
+/// A stored record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChannelRecord {
+    /// Sequence number, increasing per agent in append order.
+    pub seq: u64,
+    /// The owning agent.
+    pub agent: AgentId,
+    /// The record.
+    #[serde(flatten)]
+    pub record: NewRecord,
+}
+
+/// Storage of channel histories, per agent.
+///
+/// # Contract
+/// - `append` assigns a sequence number that increases strictly per agent and returns the record.
+/// - `history(agent, channel, limit)` returns the channel's records in append order; with a limit,
+///   the most recent `limit` records (still oldest first).
+/// - `ensure_channel` makes the channel known (so it is listed even with no records); idempotent.
+/// - `channels` lists the agent's known channels (ensured or appended to), sorted.
+#[async_trait]
+pub trait ChannelStore: Send + Sync + fmt::Debug {
+    /// Appends a record to `agent`'s channel.
+    async fn append(&self, agent: &AgentId, record: NewRecord)
+    -> Result<ChannelRecord, StoreError>;
+    /// A channel's history, oldest first.
+    async fn history(
+        &self,
+        agent: &AgentId,
+        channel: &ChannelId,
+        limit: Option<usize>,
+    ) -> Result<Vec<ChannelRecord>, StoreError>;
+    /// Registers a channel.
+    async fn ensure_channel(&self, agent: &AgentId, channel: &ChannelId) -> Result<(), StoreError>;
+    /// The agent's channels, sorted.
+    async fn channels(&self, agent: &AgentId) -> Result<Vec<ChannelId>, StoreError>;
+}
+
+/// A `dyn` channel store.
+pub type DynChannelStore = dyn ChannelStore;
+
+#[async_trait]
+impl<T: ChannelStore + ?Sized> ChannelStore for std::sync::Arc<T> {
+    async fn append(
+        &self,
+        agent: &AgentId,
+        record: NewRecord,
+    ) -> Result<ChannelRecord, StoreError> {
+        (**self).append(agent, record).await
+    }
+    async fn history(
+        &self,
+        agent: &AgentId,
+        channel: &ChannelId,
+        limit: Option<usize>,
+    ) -> Result<Vec<ChannelRecord>, StoreError> {
+        (**self).history(agent, channel, limit).await
+    }
+    async fn ensure_channel(&self, agent: &AgentId, channel: &ChannelId) -> Result<(), StoreError> {
+        (**self).ensure_channel(agent, channel).await
+    }
+    async fn channels(&self, agent: &AgentId) -> Result<Vec<ChannelId>, StoreError> {
+        (**self).channels(agent).await
+    }
+}

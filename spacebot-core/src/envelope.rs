@@ -1,0 +1,172 @@
+//! Envelopes: what an agent's queue holds, and the [`DeliveryStore`] that keeps deliveries for
+//! agents that are not running.
+
+use std::fmt;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::error::StoreError;
+use crate::ids::{AgentId, ChannelId, EnvelopeId, LinkId};
+use crate::link::text_enum;
+use crate::time::Timestamp;
+
+/// Where an envelope came from. The runtime stamps it; it is never taken from model output.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "source")]
+#[non_exhaustive]
+pub enum Source {
+    /// An external gateway (a chat platform, the application's own UI).
+    External {
+        /// The platform, such as `portal` or `discord`.
+        platform: String,
+        /// Where replies go on that platform.
+        reply_target: String,
+    },
+    /// Another agent, over a link (or parent/child).
+    Internal {
+        /// The sending agent, stamped by the runtime.
+        from_agent: AgentId,
+        /// The link the message went over, if any.
+        link_id: Option<LinkId>,
+    },
+    /// The runtime itself (retriggers, audit records).
+    System,
+}
+
+/// What an envelope means to the receiving agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum EnvelopeKind {
+    /// A message for the model to answer.
+    UserMessage,
+    /// A copy of what this agent sent, kept for history; never wakes the model.
+    SentRecord,
+    /// An audit record; never wakes the model.
+    SystemRecord,
+    /// A system message that wakes the model (for example a completed delegation).
+    Retrigger,
+    /// A task assigned to this agent.
+    TaskAssigned,
+    /// A result or status announced by a child or peer.
+    Announce,
+    /// A request to cancel the current turn or a task.
+    Cancel,
+}
+
+text_enum!(EnvelopeKind, "envelope kind", [
+    UserMessage => "user_message", SentRecord => "sent_record", SystemRecord => "system_record",
+    Retrigger => "retrigger", TaskAssigned => "task_assigned", Announce => "announce", Cancel => "cancel",
+]);
+
+impl EnvelopeKind {
+    /// Whether an envelope of this kind starts a model turn.
+    pub fn wakes_model(self) -> bool {
+        matches!(
+            self,
+            Self::UserMessage | Self::Retrigger | Self::TaskAssigned | Self::Announce
+        )
+    }
+}
+
+/// One item in an agent's queue.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Envelope {
+    /// Unique id.
+    pub id: EnvelopeId,
+    /// Who sent it (stamped by the runtime).
+    pub source: Source,
+    /// The receiving agent's channel it belongs to.
+    pub channel: ChannelId,
+    /// Text content.
+    pub content: String,
+    /// What it means.
+    pub kind: EnvelopeKind,
+    /// Free-form metadata.
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub metadata: serde_json::Map<String, serde_json::Value>,
+    /// When it was created.
+    pub timestamp: Timestamp,
+    /// Receivers apply an envelope with a key at most once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+}
+
+impl Envelope {
+    /// A new envelope with a random id and no metadata.
+    pub fn new(
+        source: Source,
+        channel: ChannelId,
+        kind: EnvelopeKind,
+        content: impl Into<String>,
+        now: Timestamp,
+    ) -> Self {
+        Self {
+            id: EnvelopeId::new_random(),
+            source,
+            channel,
+            content: content.into(),
+            kind,
+            metadata: serde_json::Map::new(),
+            timestamp: now,
+            idempotency_key: None,
+        }
+    }
+
+    /// Sets the idempotency key.
+    pub fn with_idempotency_key(mut self, key: impl Into<String>) -> Self {
+        self.idempotency_key = Some(key.into());
+        self
+    }
+}
+
+/// Durable hand-over of envelopes to agents that are not running, and the receiving side's record
+/// of which idempotency keys it has applied.
+///
+/// # Contract
+/// - `persist` stores the envelope for `agent`; persisting the same envelope id again is a no-op.
+/// - `pending` returns the agent's stored envelopes in the order they were persisted.
+/// - `remove` deletes one; removing an absent id is a no-op (hand-over may be retried).
+/// - `mark_applied(agent, key)` returns `true` the first time a key is marked for that agent and
+///   `false` ever after, across restarts: it is how "applied exactly once" is kept.
+#[async_trait]
+pub trait DeliveryStore: Send + Sync + fmt::Debug {
+    /// Stores an envelope for later hand-over.
+    async fn persist(&self, agent: &AgentId, envelope: &Envelope) -> Result<(), StoreError>;
+    /// Stored envelopes, oldest first.
+    async fn pending(&self, agent: &AgentId) -> Result<Vec<Envelope>, StoreError>;
+    /// Deletes a stored envelope (idempotent).
+    async fn remove(&self, agent: &AgentId, id: &EnvelopeId) -> Result<(), StoreError>;
+    /// Records that `key` was applied; `true` only the first time.
+    async fn mark_applied(
+        &self,
+        agent: &AgentId,
+        key: &str,
+        now: Timestamp,
+    ) -> Result<bool, StoreError>;
+}
+
+/// A `dyn` delivery store.
+pub type DynDeliveryStore = dyn DeliveryStore;
+
+#[async_trait]
+impl<T: DeliveryStore + ?Sized> DeliveryStore for std::sync::Arc<T> {
+    async fn persist(&self, agent: &AgentId, envelope: &Envelope) -> Result<(), StoreError> {
+        (**self).persist(agent, envelope).await
+    }
+    async fn pending(&self, agent: &AgentId) -> Result<Vec<Envelope>, StoreError> {
+        (**self).pending(agent).await
+    }
+    async fn remove(&self, agent: &AgentId, id: &EnvelopeId) -> Result<(), StoreError> {
+        (**self).remove(agent, id).await
+    }
+    async fn mark_applied(
+        &self,
+        agent: &AgentId,
+        key: &str,
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
+        (**self).mark_applied(agent, key, now).await
+    }
+}

@@ -1,0 +1,234 @@
+//! Identifiers used across the SDK.
+//!
+//! Every id is a small newtype over a `String` (or a number) so that an agent id can never be passed
+//! where a channel id is expected. Ids that come from configuration or from a model are validated by
+//! [`AgentId::parse`]; ids minted by the runtime use [`LinkId::new_random`] and friends.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::InvalidInput;
+
+macro_rules! string_id {
+    ($(#[$meta:meta])* $name:ident) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+        #[serde(transparent)]
+        pub struct $name(String);
+
+        impl $name {
+            /// The id as a string slice.
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+
+            /// Consumes the id and returns the inner string.
+            pub fn into_inner(self) -> String {
+                self.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl AsRef<str> for $name {
+            fn as_ref(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl std::borrow::Borrow<str> for $name {
+            fn borrow(&self) -> &str {
+                &self.0
+            }
+        }
+    };
+}
+
+string_id!(
+    /// The id of an agent, such as `support` or `chief-ai-officer`.
+    ///
+    /// Agent ids are 1 to 64 characters of ASCII letters, digits, `-`, `_` and `.`; they appear in
+    /// channel ids, file paths (one directory per agent) and task references, so nothing else is
+    /// allowed.
+    AgentId
+);
+
+impl AgentId {
+    /// Longest accepted agent id.
+    pub const MAX_LEN: usize = 64;
+
+    /// Validates and wraps an agent id.
+    ///
+    /// ```
+    /// use spacebot_core::AgentId;
+    /// assert!(AgentId::parse("community-manager").is_ok());
+    /// assert!(AgentId::parse("../etc").is_err());
+    /// ```
+    pub fn parse(id: impl Into<String>) -> Result<Self, InvalidInput> {
+        let id = id.into();
+        let ok_chars = id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+        if id.is_empty() || id.len() > Self::MAX_LEN || !ok_chars || id.starts_with('.') {
+            return Err(InvalidInput::new(
+                "agent id",
+                format!(
+                    "{id:?} must be 1 to {} characters of ASCII letters, digits, '-', '_' or '.', not starting with '.'",
+                    Self::MAX_LEN
+                ),
+            ));
+        }
+        Ok(Self(id))
+    }
+}
+
+impl TryFrom<&str> for AgentId {
+    type Error = InvalidInput;
+    fn try_from(value: &str) -> Result<Self, Self::Error> {
+        Self::parse(value)
+    }
+}
+
+string_id!(
+    /// The id of an [`AgentLink`](crate::link::AgentLink) or of a conversation link.
+    LinkId
+);
+
+impl LinkId {
+    /// Wraps an existing link id (for example one read back from a store).
+    pub fn new(id: impl Into<String>) -> Self {
+        Self(id.into())
+    }
+
+    /// A fresh random (UUID v4) link id.
+    pub fn new_random() -> Self {
+        Self(uuid::Uuid::new_v4().to_string())
+    }
+}
+
+string_id!(
+    /// The id of a channel: a conversation history owned by one agent.
+    ///
+    /// Conventions: `link:{owner}:{peer}` for the owner's side of a link, `portal:chat:{agent}` for
+    /// an application chat, anything else for external platforms.
+    ChannelId
+);
+
+impl ChannelId {
+    /// Wraps a channel id.
+    pub fn new(id: impl Into<String>) -> Self {
+        Self(id.into())
+    }
+
+    /// The owner's side of the link channel between `owner` and `peer`: `link:{owner}:{peer}`.
+    ///
+    /// ```
+    /// use spacebot_core::{AgentId, ChannelId};
+    /// let a = AgentId::parse("a").unwrap();
+    /// let b = AgentId::parse("b").unwrap();
+    /// assert_eq!(ChannelId::link(&a, &b).as_str(), "link:a:b");
+    /// ```
+    pub fn link(owner: &AgentId, peer: &AgentId) -> Self {
+        Self(format!("link:{owner}:{peer}"))
+    }
+
+    /// The application chat channel of an agent: `portal:chat:{agent}`.
+    pub fn portal(agent: &AgentId) -> Self {
+        Self(format!("portal:chat:{agent}"))
+    }
+
+    /// If this is a link channel `link:{owner}:{peer}`, its owner and peer.
+    pub fn as_link(&self) -> Option<(AgentId, AgentId)> {
+        let rest = self.0.strip_prefix("link:")?;
+        let (owner, peer) = rest.split_once(':')?;
+        Some((AgentId::parse(owner).ok()?, AgentId::parse(peer).ok()?))
+    }
+}
+
+string_id!(
+    /// The id of an [`Envelope`](crate::envelope::Envelope).
+    EnvelopeId
+);
+
+impl EnvelopeId {
+    /// Wraps an existing envelope id.
+    pub fn new(id: impl Into<String>) -> Self {
+        Self(id.into())
+    }
+
+    /// A fresh random (UUID v4) envelope id.
+    pub fn new_random() -> Self {
+        Self(uuid::Uuid::new_v4().to_string())
+    }
+}
+
+string_id!(
+    /// The id of a [`Conversation`](crate::conversation::Conversation).
+    ConversationId
+);
+
+impl ConversationId {
+    /// Wraps an existing conversation id.
+    pub fn new(id: impl Into<String>) -> Self {
+        Self(id.into())
+    }
+
+    /// A fresh random (UUID v4) conversation id.
+    pub fn new_random() -> Self {
+        Self(uuid::Uuid::new_v4().to_string())
+    }
+}
+
+/// A task as people write it: the owning agent and its per-agent number, shown as `{agent}#{n}`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct TaskRef {
+    /// The agent whose board holds the task.
+    pub agent: AgentId,
+    /// The task's number on that board, starting at 1.
+    pub number: u64,
+}
+
+impl TaskRef {
+    /// A reference to task `number` on `agent`'s board.
+    pub fn new(agent: AgentId, number: u64) -> Self {
+        Self { agent, number }
+    }
+}
+
+impl fmt::Display for TaskRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}#{}", self.agent, self.number)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agent_ids_are_validated() {
+        for bad in ["", ".hidden", "a b", "a/b", "a:b", &"x".repeat(65)] {
+            assert!(AgentId::parse(bad).is_err(), "{bad:?} accepted");
+        }
+        for good in ["a", "A-b_c.d", "chief-ai-officer", &"x".repeat(64)] {
+            assert!(AgentId::parse(good).is_ok(), "{good:?} refused");
+        }
+    }
+
+    #[test]
+    fn link_channels_round_trip() {
+        let a = AgentId::parse("a").unwrap();
+        let b = AgentId::parse("b-2").unwrap();
+        assert_eq!(
+            ChannelId::link(&a, &b).as_link(),
+            Some((a.clone(), b.clone()))
+        );
+        assert_eq!(ChannelId::portal(&a).as_link(), None);
+        assert_eq!(TaskRef::new(a, 7).to_string(), "a#7");
+    }
+}

@@ -1,0 +1,1 @@
+//! In-memory backends of every store.

@@ -1,0 +1,1 @@
+//! Tokio implementations of Spawner and Clock.
