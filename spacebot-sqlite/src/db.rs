@@ -130,7 +130,10 @@ impl Db {
             std::fs::create_dir_all(parent).map_err(|e| {
                 StoreError::backend(
                     BACKEND,
-                    format!("creating directory {} for {location}: {e}", parent.display()),
+                    format!(
+                        "creating directory {} for {location}: {e}",
+                        parent.display()
+                    ),
                     e,
                 )
             })?;

@@ -53,8 +53,13 @@ use std::sync::{Arc, Mutex};
 use spacebot_core::{AgentId, StoreError, Stores};
 use tokio::sync::OnceCell;
 
+pub use crate::channels::SqliteChannelStore;
+pub use crate::conversations::SqliteConversationStore;
 use crate::db::{Db, DbKind};
+pub use crate::deliveries::SqliteDeliveryStore;
+pub use crate::links::SqliteLinkStore;
 pub use crate::options::{SqliteOptions, Synchronous};
+pub use crate::tasks::SqliteTaskStore;
 
 /// Opens (creating if needed) the SQLite stores under `dir` with the default [`SqliteOptions`],
 /// as the [`Stores`] bundle.
@@ -70,10 +75,10 @@ pub async fn open(dir: impl AsRef<Path>) -> Result<Stores, StoreError> {
 /// Every spacebot store on SQLite: one instance database plus one database per agent, opened
 /// lazily. Cheap to clone (clones share the databases).
 ///
-/// It implements [`LinkStore`](spacebot_core::LinkStore) and
-/// [`ConversationStore`](spacebot_core::ConversationStore) on the instance database, and
-/// [`TaskStore`](spacebot_core::TaskStore), [`ChannelStore`](spacebot_core::ChannelStore) and
-/// [`DeliveryStore`](spacebot_core::DeliveryStore) on the agents' databases.
+/// Each store trait is implemented by a handle that shares these databases:
+/// [`SqliteStores::links`] and [`SqliteStores::conversations`] on the instance database,
+/// [`SqliteStores::tasks`], [`SqliteStores::channels`] and [`SqliteStores::deliveries`] on the
+/// agents' databases; [`SqliteStores::stores`] bundles them all.
 #[derive(Debug, Clone)]
 pub struct SqliteStores {
     inner: Arc<Inner>,
@@ -134,14 +139,38 @@ impl SqliteStores {
 
     /// The bundle of every store, all backed by these databases.
     pub fn stores(&self) -> Stores {
-        let this = Arc::new(self.clone());
         Stores {
-            links: this.clone(),
-            conversations: this.clone(),
-            tasks: this.clone(),
-            channels: this.clone(),
-            deliveries: this,
+            links: Arc::new(self.links()),
+            conversations: Arc::new(self.conversations()),
+            tasks: Arc::new(self.tasks()),
+            channels: Arc::new(self.channels()),
+            deliveries: Arc::new(self.deliveries()),
         }
+    }
+
+    /// The [`LinkStore`](spacebot_core::LinkStore) (instance database).
+    pub fn links(&self) -> SqliteLinkStore {
+        SqliteLinkStore(self.clone())
+    }
+
+    /// The [`ConversationStore`](spacebot_core::ConversationStore) (instance database).
+    pub fn conversations(&self) -> SqliteConversationStore {
+        SqliteConversationStore(self.clone())
+    }
+
+    /// The [`TaskStore`](spacebot_core::TaskStore) (agents' databases).
+    pub fn tasks(&self) -> SqliteTaskStore {
+        SqliteTaskStore(self.clone())
+    }
+
+    /// The [`ChannelStore`](spacebot_core::ChannelStore) (agents' databases).
+    pub fn channels(&self) -> SqliteChannelStore {
+        SqliteChannelStore(self.clone())
+    }
+
+    /// The [`DeliveryStore`](spacebot_core::DeliveryStore) (agents' databases).
+    pub fn deliveries(&self) -> SqliteDeliveryStore {
+        SqliteDeliveryStore(self.clone())
     }
 
     /// The directory the stores live in (`None` in memory).

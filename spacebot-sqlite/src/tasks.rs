@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use spacebot_core::task::{
     CompletionNotice, Expect, Lease, Priority, TaskEvent, TaskFilter, TaskMetadata, Transition,
 };
-use spacebot_core::{AgentId, NewTask, StoreError, Task, TaskStatus, TaskStore, Timestamp};
+use spacebot_core::{AgentId, NewTask, StoreError, Task, TaskStore, Timestamp};
 use sqlx::sqlite::SqliteRow;
 use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection};
 
@@ -107,8 +107,12 @@ fn encode_metadata(location: &str, metadata: &TaskMetadata) -> Result<String, St
 }
 
 fn revision_to_sql(location: &str, revision: u64) -> Result<i64, StoreError> {
-    i64::try_from(revision)
-        .map_err(|_| corrupt(location, format!("task revision {revision} is out of range")))
+    i64::try_from(revision).map_err(|_| {
+        corrupt(
+            location,
+            format!("task revision {revision} is out of range"),
+        )
+    })
 }
 
 /// Writes `transition` (read at `old_revision` in the same transaction) and its notice.
@@ -120,8 +124,12 @@ async fn write_transition(
 ) -> Result<(), StoreError> {
     let fail = |doing: &str, e| db_error(location, doing, e);
     let task = &transition.task;
-    let number = number_to_sql(task.number)
-        .ok_or_else(|| corrupt(location, format!("task number {} is out of range", task.number)))?;
+    let number = number_to_sql(task.number).ok_or_else(|| {
+        corrupt(
+            location,
+            format!("task number {} is out of range", task.number),
+        )
+    })?;
     let done = sqlx::query(UPDATE_SQL)
         .bind(&task.title)
         .bind(&task.description)
@@ -162,8 +170,7 @@ async fn write_notice(
     number: i64,
     notice: &CompletionNotice,
 ) -> Result<(), StoreError> {
-    let json =
-        serde_json::to_string(notice).map_err(|e| encode_error(location, "a notice", e))?;
+    let json = serde_json::to_string(notice).map_err(|e| encode_error(location, "a notice", e))?;
     sqlx::query(OUTBOX_INSERT_SQL)
         .bind(&notice.key)
         .bind(number)
@@ -175,8 +182,12 @@ async fn write_notice(
     Ok(())
 }
 
+/// [`TaskStore`] on the agents' databases: boards and outboxes. Get one from [`SqliteStores::tasks`].
+#[derive(Debug, Clone)]
+pub struct SqliteTaskStore(pub(crate) SqliteStores);
+
 #[async_trait]
-impl TaskStore for SqliteStores {
+impl TaskStore for SqliteTaskStore {
     async fn create(
         &self,
         agent: &AgentId,
@@ -185,7 +196,7 @@ impl TaskStore for SqliteStores {
     ) -> Result<Task, StoreError> {
         // Validate first (the number is not known yet and does not affect validation).
         let mut task = task.into_task(agent.clone(), 0, now)?;
-        let db = self.agent(agent).await?;
+        let db = self.0.agent(agent).await?;
         let metadata = encode_metadata(&db.location, &task.metadata)?;
         let number: i64 = sqlx::query_scalar(INSERT_SQL)
             .bind(&task.title)
@@ -212,7 +223,7 @@ impl TaskStore for SqliteStores {
         let Some(n) = number_to_sql(number) else {
             return Ok(None);
         };
-        let db = self.agent(agent).await?;
+        let db = self.0.agent(agent).await?;
         let row = sqlx::query(SELECT_ONE_SQL)
             .bind(n)
             .fetch_optional(&db.reader)
@@ -222,7 +233,7 @@ impl TaskStore for SqliteStores {
     }
 
     async fn list(&self, agent: &AgentId, filter: &TaskFilter) -> Result<Vec<Task>, StoreError> {
-        let db = self.agent(agent).await?;
+        let db = self.0.agent(agent).await?;
         let mut q: QueryBuilder<Sqlite> = QueryBuilder::new("SELECT ");
         q.push(TASK_COLUMNS).push(" FROM tasks WHERE 1 = 1");
         if !filter.statuses.is_empty() {
@@ -249,7 +260,9 @@ impl TaskStore for SqliteStores {
             .fetch_all(&db.reader)
             .await
             .map_err(|e| db_error(&db.location, "listing tasks", e))?;
-        rows.iter().map(|r| decode(&db.location, agent, r)).collect()
+        rows.iter()
+            .map(|r| decode(&db.location, agent, r))
+            .collect()
     }
 
     async fn transition(
@@ -262,7 +275,7 @@ impl TaskStore for SqliteStores {
     ) -> Result<Transition, StoreError> {
         let not_found = || StoreError::not_found(format!("task {agent}#{number}"));
         let n = number_to_sql(number).ok_or_else(not_found)?;
-        let db = self.agent(agent).await?;
+        let db = self.0.agent(agent).await?;
         let fail = |doing: &str, e| db_error(&db.location, doing, e);
         let mut tx = db
             .writer
@@ -292,7 +305,7 @@ impl TaskStore for SqliteStores {
         lease: Duration,
         now: Timestamp,
     ) -> Result<Option<Task>, StoreError> {
-        let db = self.agent(agent).await?;
+        let db = self.0.agent(agent).await?;
         let row = sqlx::query(CLAIM_SQL)
             .bind(holder)
             .bind(now.plus(lease).0)
@@ -308,7 +321,7 @@ impl TaskStore for SqliteStores {
         agent: &AgentId,
         now: Timestamp,
     ) -> Result<Vec<Transition>, StoreError> {
-        let db = self.agent(agent).await?;
+        let db = self.0.agent(agent).await?;
         let fail = |doing: &str, e| db_error(&db.location, doing, e);
         let mut tx = db
             .writer
@@ -338,7 +351,7 @@ impl TaskStore for SqliteStores {
     }
 
     async fn outbox_pending(&self, agent: &AgentId) -> Result<Vec<CompletionNotice>, StoreError> {
-        let db = self.agent(agent).await?;
+        let db = self.0.agent(agent).await?;
         let rows: Vec<String> =
             sqlx::query_scalar("SELECT notice FROM outbox WHERE sent = 0 ORDER BY seq")
                 .fetch_all(&db.reader)
@@ -353,7 +366,7 @@ impl TaskStore for SqliteStores {
     }
 
     async fn outbox_mark_sent(&self, agent: &AgentId, key: &str) -> Result<(), StoreError> {
-        let db = self.agent(agent).await?;
+        let db = self.0.agent(agent).await?;
         sqlx::query("UPDATE outbox SET sent = 1 WHERE key = ? AND sent = 0")
             .bind(key)
             .execute(&db.writer)
@@ -363,13 +376,12 @@ impl TaskStore for SqliteStores {
     }
 }
 
-/// The status text the claim query matches, checked against the domain type by a unit test.
-#[cfg(test)]
-const CLAIMABLE: TaskStatus = TaskStatus::Ready;
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use spacebot_core::TaskStatus;
+
+    const CLAIMABLE: TaskStatus = TaskStatus::Ready;
 
     #[test]
     fn claim_sql_names_the_statuses_of_the_domain() {
