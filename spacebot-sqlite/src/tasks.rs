@@ -328,11 +328,7 @@ impl TaskStore for SqliteTaskStore {
             .begin_with("BEGIN IMMEDIATE")
             .await
             .map_err(|e| fail("starting a transaction", e))?;
-        let sql = format!(
-            "SELECT {TASK_COLUMNS} FROM tasks \
-             WHERE status = 'in_progress' AND lease_expires_at <= ? ORDER BY number"
-        );
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+        let rows = sqlx::query(EXPIRED_SQL)
             .bind(now.0)
             .fetch_all(&mut *tx)
             .await
@@ -352,11 +348,10 @@ impl TaskStore for SqliteTaskStore {
 
     async fn outbox_pending(&self, agent: &AgentId) -> Result<Vec<CompletionNotice>, StoreError> {
         let db = self.0.agent(agent).await?;
-        let rows: Vec<String> =
-            sqlx::query_scalar("SELECT notice FROM outbox WHERE sent = 0 ORDER BY seq")
-                .fetch_all(&db.reader)
-                .await
-                .map_err(|e| db_error(&db.location, "reading the outbox", e))?;
+        let rows: Vec<String> = sqlx::query_scalar(OUTBOX_PENDING_SQL)
+            .fetch_all(&db.reader)
+            .await
+            .map_err(|e| db_error(&db.location, "reading the outbox", e))?;
         rows.iter()
             .map(|json| {
                 serde_json::from_str(json)
@@ -376,12 +371,86 @@ impl TaskStore for SqliteTaskStore {
     }
 }
 
+/// Finds in-progress tasks whose lease expired.
+pub(crate) const EXPIRED_SQL: &str = "SELECT number, title, description, status, priority, \
+     created_by, metadata, attempts, max_attempts, lease_holder, lease_expires_at, revision, \
+     result, error, created_at, updated_at FROM tasks \
+     WHERE status = 'in_progress' AND lease_expires_at <= ? ORDER BY number";
+
+/// Unsent notices, oldest first.
+pub(crate) const OUTBOX_PENDING_SQL: &str = "SELECT notice FROM outbox WHERE sent = 0 ORDER BY seq";
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use spacebot_core::TaskStatus;
 
     const CLAIMABLE: TaskStatus = TaskStatus::Ready;
+
+    /// The `detail` column of `EXPLAIN QUERY PLAN sql`, one line per step.
+    async fn plan(stores: &SqliteStores, agent: &AgentId, sql: &str) -> Vec<String> {
+        let db = stores.agent(agent).await.unwrap();
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN QUERY PLAN {sql}")))
+            .fetch_all(&db.writer)
+            .await
+            .unwrap();
+        rows.iter()
+            .map(|r| r.try_get::<String, _>("detail").unwrap())
+            .collect()
+    }
+
+    async fn board_with_tasks() -> (SqliteStores, AgentId) {
+        let stores = SqliteStores::in_memory().await.unwrap();
+        let agent = AgentId::parse("w").unwrap();
+        let tasks = stores.tasks();
+        for i in 0..50 {
+            let mut t = NewTask::new(format!("t{i}"), "");
+            t.priority = Priority::from_rank(i % 4).unwrap();
+            tasks.create(&agent, t, Timestamp(i)).await.unwrap();
+        }
+        for _ in 0..10 {
+            tasks
+                .claim_next(&agent, "h", Duration::from_secs(1), Timestamp(100))
+                .await
+                .unwrap();
+        }
+        (stores, agent)
+    }
+
+    #[tokio::test]
+    async fn the_claim_is_served_by_an_index_in_the_order_it_sorts() {
+        let (stores, agent) = board_with_tasks().await;
+        let plan = plan(&stores, &agent, CLAIM_SQL).await;
+        let text = plan.join("\n");
+        assert!(
+            plan.iter()
+                .any(|l| l.contains("USING COVERING INDEX tasks_claim")),
+            "the claim does not use tasks_claim:\n{text}"
+        );
+        assert!(
+            !text.contains("TEMP B-TREE"),
+            "the claim sorts in a temporary B-tree:\n{text}"
+        );
+        assert!(
+            plan.iter().any(|l| l.contains("INTEGER PRIMARY KEY")),
+            "the update does not find the task by its number:\n{text}"
+        );
+        assert!(
+            !plan
+                .iter()
+                .any(|l| l.starts_with("SCAN tasks") && !l.contains("INDEX"))
+        );
+    }
+
+    #[tokio::test]
+    async fn lease_expiry_and_the_outbox_are_served_by_indexes() {
+        let (stores, agent) = board_with_tasks().await;
+        let expired = plan(&stores, &agent, EXPIRED_SQL).await.join("\n");
+        assert!(expired.contains("INDEX tasks_lease"), "{expired}");
+        let outbox = plan(&stores, &agent, OUTBOX_PENDING_SQL).await.join("\n");
+        assert!(outbox.contains("INDEX outbox_unsent"), "{outbox}");
+        assert!(!outbox.contains("TEMP B-TREE"), "{outbox}");
+    }
 
     #[test]
     fn claim_sql_names_the_statuses_of_the_domain() {
