@@ -61,6 +61,13 @@ pub use crate::links::SqliteLinkStore;
 pub use crate::options::{SqliteOptions, Synchronous};
 pub use crate::tasks::SqliteTaskStore;
 
+/// The statements of a task cycle (create, claim, complete with its outbox row), for the benchmark
+/// that compares the stores with raw sqlx running the same SQL. Not a stable API.
+#[doc(hidden)]
+pub mod sql {
+    pub use crate::tasks::{CLAIM_SQL, INSERT_SQL, OUTBOX_INSERT_SQL, SELECT_ONE_SQL, UPDATE_SQL};
+}
+
 /// Opens (creating if needed) the SQLite stores under `dir` with the default [`SqliteOptions`],
 /// as the [`Stores`] bundle.
 ///
@@ -91,6 +98,8 @@ struct Inner {
     options: SqliteOptions,
     instance: Db,
     agents: Mutex<HashMap<AgentId, Arc<OnceCell<Db>>>>,
+    /// The directory of [`SqliteStores::temporary`] stores, deleted when the last clone is dropped.
+    _temporary: Option<tempfile::TempDir>,
 }
 
 impl SqliteStores {
@@ -112,7 +121,36 @@ impl SqliteStores {
     ) -> Result<Self, StoreError> {
         let dir = dir.as_ref().to_path_buf();
         let instance = Db::open(Some(&db::instance_path(&dir)), DbKind::Instance, &options).await?;
-        Ok(Self::from_parts(Some(dir), options, instance))
+        Ok(Self::from_parts(Some(dir), options, instance, None))
+    }
+
+    /// Stores in a new temporary directory, deleted when the last clone of the returned value is
+    /// dropped. Same files and durability as [`SqliteStores::open`]; for examples and tests.
+    ///
+    /// # Errors
+    /// [`StoreError::Backend`] if the temporary directory cannot be created, else as [`open`].
+    pub async fn temporary() -> Result<Self, StoreError> {
+        Self::temporary_with(SqliteOptions::default()).await
+    }
+
+    /// [`SqliteStores::temporary`] with `options`.
+    ///
+    /// # Errors
+    /// As [`SqliteStores::temporary`].
+    pub async fn temporary_with(options: SqliteOptions) -> Result<Self, StoreError> {
+        let temp = tempfile::Builder::new()
+            .prefix("spacebot-")
+            .tempdir()
+            .map_err(|e| {
+                StoreError::backend(
+                    error::BACKEND,
+                    format!("creating a temporary directory: {e}"),
+                    e,
+                )
+            })?;
+        let dir = temp.path().to_path_buf();
+        let instance = Db::open(Some(&db::instance_path(&dir)), DbKind::Instance, &options).await?;
+        Ok(Self::from_parts(Some(dir), options, instance, Some(temp)))
     }
 
     /// Stores in memory: nothing survives the value (and its clones). Each agent still gets its
@@ -123,16 +161,22 @@ impl SqliteStores {
     pub async fn in_memory() -> Result<Self, StoreError> {
         let options = SqliteOptions::default();
         let instance = Db::open(None, DbKind::Instance, &options).await?;
-        Ok(Self::from_parts(None, options, instance))
+        Ok(Self::from_parts(None, options, instance, None))
     }
 
-    fn from_parts(dir: Option<PathBuf>, options: SqliteOptions, instance: Db) -> Self {
+    fn from_parts(
+        dir: Option<PathBuf>,
+        options: SqliteOptions,
+        instance: Db,
+        temporary: Option<tempfile::TempDir>,
+    ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 dir,
                 options,
                 instance,
                 agents: Mutex::new(HashMap::new()),
+                _temporary: temporary,
             }),
         }
     }

@@ -163,6 +163,18 @@ impl LinkStore for SqliteLinkStore {
     }
 
     async fn upsert_all(&self, links: &[AgentLink]) -> Result<(), StoreError> {
+        let mut pairs = std::collections::HashMap::with_capacity(links.len());
+        for (i, link) in links.iter().enumerate() {
+            if let Some(first) = pairs.insert((&link.from, &link.to), i) {
+                return Err(StoreError::Invalid(spacebot_core::InvalidInput::new(
+                    format!("links[{i}]"),
+                    format!(
+                        "the pair {} -> {} is already named by links[{first}]",
+                        link.from, link.to
+                    ),
+                )));
+            }
+        }
         let db = self.0.instance();
         let fail = |doing: &str, e| db_error(&db.location, doing, e);
         let mut tx = db

@@ -22,7 +22,7 @@ const TASK_COLUMNS: &str = "number, title, description, status, priority, create
 /// statement. The inner `SELECT` is served by the `tasks_claim` index in the order it sorts; the
 /// outer `status = 'ready'` makes the update a no-op if the task was taken meanwhile. The columns
 /// set are exactly what [`Task::apply`] changes for [`TaskEvent::Claim`].
-pub(crate) const CLAIM_SQL: &str = "UPDATE tasks \
+pub const CLAIM_SQL: &str = "UPDATE tasks \
      SET status = 'in_progress', lease_holder = ?1, lease_expires_at = ?2, \
          revision = revision + 1, updated_at = ?3 \
      WHERE number = (SELECT number FROM tasks WHERE status = 'ready' \
@@ -33,7 +33,7 @@ pub(crate) const CLAIM_SQL: &str = "UPDATE tasks \
          updated_at";
 
 /// Inserts a task; its number is allocated by the same statement, under the write lock.
-pub(crate) const INSERT_SQL: &str = "INSERT INTO tasks (number, title, description, status, \
+pub const INSERT_SQL: &str = "INSERT INTO tasks (number, title, description, status, \
      priority, created_by, delegated_by, metadata, attempts, max_attempts, lease_holder, \
      lease_expires_at, revision, result, error, created_at, updated_at) \
      VALUES ((SELECT coalesce(max(number), 0) + 1 FROM tasks), \
@@ -41,18 +41,18 @@ pub(crate) const INSERT_SQL: &str = "INSERT INTO tasks (number, title, descripti
      RETURNING number";
 
 /// Reads one task inside a transition.
-pub(crate) const SELECT_ONE_SQL: &str = "SELECT number, title, description, status, priority, \
+pub const SELECT_ONE_SQL: &str = "SELECT number, title, description, status, priority, \
      created_by, metadata, attempts, max_attempts, lease_holder, lease_expires_at, revision, \
      result, error, created_at, updated_at FROM tasks WHERE number = ?";
 
 /// Writes the task after a transition, guarded by the revision read in the same transaction.
-pub(crate) const UPDATE_SQL: &str = "UPDATE tasks SET title = ?, description = ?, status = ?, \
+pub const UPDATE_SQL: &str = "UPDATE tasks SET title = ?, description = ?, status = ?, \
      priority = ?, delegated_by = ?, metadata = ?, attempts = ?, max_attempts = ?, \
      lease_holder = ?, lease_expires_at = ?, revision = ?, result = ?, error = ?, updated_at = ? \
      WHERE number = ? AND revision = ?";
 
 /// Writes a completion notice to the outbox.
-pub(crate) const OUTBOX_INSERT_SQL: &str =
+pub const OUTBOX_INSERT_SQL: &str =
     "INSERT INTO outbox (key, task_number, notice, created_at) VALUES (?, ?, ?, ?)";
 
 fn number_to_sql(number: u64) -> Option<i64> {

@@ -1,5 +1,6 @@
 //! Files that are not what they should be: each is refused with an error naming the file, and
 //! nothing on disk changes.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};

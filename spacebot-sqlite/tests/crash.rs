@@ -5,6 +5,7 @@
 //! The child is this test binary again, running [`crash_child_workload`] with
 //! `SPACEBOT_SQLITE_CRASH_DIR` set. After each commit it appends a line to `journal.log` (one
 //! `write` per line, which survives SIGKILL), so the parent knows what was acknowledged.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;

@@ -1,5 +1,6 @@
 //! Behaviour of the SQLite stores that only a durable, multi-connection backend has: reopening,
 //! two handles on one directory, concurrent claims and numbering, the on-disk layout.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
