@@ -45,3 +45,9 @@ pub use llm::{ChatMessage, ChatRequest, ChatResponse, LlmProvider, ToolCall, Too
 pub use stores::Stores;
 pub use task::{NewTask, Task, TaskStatus, TaskStore};
 pub use time::{Clock, ManualClock, Spawner, Timestamp};
+pub use org::{
+    ChildSpec, DeliveryError, InboundMessage, InternalKind, InternalMessage, OrgError,
+    Organization, OrganizationBuilder,
+};
+pub use runtime::{AgentQueue, ChannelOutbound, Outbound, Reply};
+pub use tools::{Tool, ToolContext, ToolError, ToolOutput, ToolRegistry};
