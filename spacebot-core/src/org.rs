@@ -14,13 +14,14 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
 use futures::channel::{mpsc, oneshot};
 use futures::future::AbortHandle;
 
 use crate::config::{AgentConfig, ConfigError, OrgConfig, Settings};
+use crate::delegation::TaskExecutor;
 use crate::envelope::{Envelope, EnvelopeKind, Source};
 use crate::error::{InvalidInput, PolicyDenied, StoreError};
 use crate::event::{Event, EventKind, EventSink, NullSink};
@@ -233,6 +234,8 @@ pub(crate) struct AgentSpec {
     pub(crate) parent: Option<ParentLink>,
     pub(crate) outbound: Arc<dyn Outbound>,
     pub(crate) instructions: Option<String>,
+    /// A custom task executor; `None` runs tasks as turns of the agent's own tool loop.
+    pub(crate) executor: Option<Arc<dyn TaskExecutor>>,
 }
 
 /// A child's tie to its parent.
@@ -253,11 +256,36 @@ pub(crate) struct AgentRuntime {
     pub(crate) pending: AtomicBool,
     pub(crate) abort: Mutex<Option<AbortHandle>>,
     pub(crate) stopped: Mutex<Option<oneshot::Receiver<()>>>,
+    /// Wakes the task loop (capacity 1: a ring while one is pending is a no-op).
+    pub(crate) doorbell: Mutex<Option<mpsc::Sender<()>>>,
+    /// Tasks claimed and not finished yet.
+    pub(crate) running_tasks: AtomicUsize,
 }
 
 impl AgentRuntime {
     pub(crate) fn id(&self) -> &AgentId {
         &self.spec.id
+    }
+
+    /// Wakes the task loop.
+    pub(crate) fn ring(&self) {
+        if let Some(bell) = self.doorbell.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+            let _ = bell.try_send(());
+        }
+    }
+
+    pub(crate) fn running_tasks(&self) -> usize {
+        self.running_tasks.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn task_started(&self) {
+        self.running_tasks.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub(crate) fn task_finished(&self) {
+        let _ = self
+            .running_tasks
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
     }
 }
 
@@ -313,6 +341,7 @@ pub struct OrganizationBuilder {
     agent_outbounds: HashMap<AgentId, Arc<dyn Outbound>>,
     prompts: Option<Prompts>,
     tools: Vec<Arc<dyn Tool>>,
+    executors: HashMap<AgentId, Arc<dyn TaskExecutor>>,
 }
 
 impl Organization {
@@ -329,6 +358,7 @@ impl Organization {
             agent_outbounds: HashMap::new(),
             prompts: None,
             tools: Vec::new(),
+            executors: HashMap::new(),
         }
     }
 }
@@ -375,6 +405,12 @@ impl OrganizationBuilder {
         self.prompts = Some(prompts);
         self
     }
+    /// Runs `agent`'s tasks with `executor` instead of the agent's own tool loop (for example
+    /// deterministic code).
+    pub fn task_executor(mut self, agent: AgentId, executor: Arc<dyn TaskExecutor>) -> Self {
+        self.executors.insert(agent, executor);
+        self
+    }
     /// A tool every agent gets.
     pub fn tool(mut self, tool: Arc<dyn Tool>) -> Self {
         self.tools.push(tool);
@@ -391,7 +427,7 @@ impl OrganizationBuilder {
         let clock = self.clock.ok_or(OrgError::Missing("a clock"))?;
         let config = self.config;
         config.validate()?;
-        for agent in self.agent_outbounds.keys() {
+        for agent in self.agent_outbounds.keys().chain(self.executors.keys()) {
             if !config.agents.iter().any(|a| &a.id == agent) {
                 return Err(OrgError::UnknownAgent(agent.clone()));
             }
@@ -418,7 +454,8 @@ impl OrganizationBuilder {
         };
         let mut agents = HashMap::new();
         for agent in &config.agents {
-            let spec = agent_spec(agent, &self.agent_outbounds, &default_outbound)?;
+            let mut spec = agent_spec(agent, &self.agent_outbounds, &default_outbound)?;
+            spec.executor = self.executors.get(&agent.id).cloned();
             agents.insert(agent.id.clone(), Slot::Stopped(Arc::new(spec)));
         }
         Ok(Organization {
@@ -460,6 +497,7 @@ fn agent_spec(
             .cloned()
             .unwrap_or_else(|| default.clone()),
         instructions: None,
+        executor: None,
     })
 }
 
@@ -814,12 +852,15 @@ impl Organization {
         };
         let pending = self.inner.stores.deliveries.pending(agent).await?;
         let (done_tx, done_rx) = oneshot::channel();
+        let (bell_tx, bell_rx) = mpsc::channel(1);
         let runtime = Arc::new(AgentRuntime {
             spec: spec.clone(),
             queue: BoundedQueue::new(agent.clone(), self.inner.settings.queue_capacity),
             pending: AtomicBool::new(false),
             abort: Mutex::new(None),
             stopped: Mutex::new(Some(done_rx)),
+            doorbell: Mutex::new(Some(bell_tx)),
+            running_tasks: AtomicUsize::new(0),
         });
         // Handed over past the bound: these were admitted before.
         for envelope in pending.into_iter().rev() {
@@ -838,10 +879,18 @@ impl Organization {
         self.inner
             .emit(self.inner.event(agent, EventKind::AgentStarted));
         let inner = self.inner.clone();
+        let loop_runtime = runtime.clone();
         self.inner.spawner.spawn(Box::pin(async move {
-            crate::runtime::agent::run_loop(inner, runtime).await;
+            crate::runtime::agent::run_loop(inner, loop_runtime).await;
             let _ = done_tx.send(());
         }));
+        if spec.parent.is_none() {
+            self.inner.spawner.spawn(Box::pin(crate::delegation::run_task_loop(
+                self.clone(),
+                runtime,
+                bell_rx,
+            )));
+        }
         Ok(())
     }
 
@@ -862,6 +911,11 @@ impl Organization {
             }
         };
         let rest = runtime.queue.close();
+        runtime
+            .doorbell
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
         for envelope in rest {
             self.inner.persist(agent, envelope).await.map_err(|e| match e {
                 DeliveryError::Store(s) => OrgError::Store(s),
@@ -930,6 +984,7 @@ impl Organization {
             }),
             outbound,
             instructions: spec.instructions.clone(),
+            executor: None,
         };
         self.inner
             .write_agents()
@@ -957,7 +1012,10 @@ impl Organization {
     pub(crate) fn end_agent(&self, agent: &AgentId) -> Vec<Envelope> {
         let previous = self.inner.write_agents().insert(agent.clone(), Slot::Ended);
         match previous {
-            Some(Slot::Running(rt)) => rt.queue.close(),
+            Some(Slot::Running(rt)) => {
+                rt.doorbell.lock().unwrap_or_else(|e| e.into_inner()).take();
+                rt.queue.close()
+            }
             _ => Vec::new(),
         }
     }

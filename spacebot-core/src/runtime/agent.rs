@@ -12,6 +12,7 @@ use crate::error::{LlmError, StoreError};
 use crate::event::EventKind;
 use crate::ids::{AgentId, ChannelId, TaskRef};
 use crate::llm::{ChatMessage, ChatRequest};
+use crate::delegation::{META_HOLDER, META_ROUND, META_TASK};
 use crate::org::{AgentRuntime, META_PERSISTED, META_RESUMED, OrgInner, Organization};
 use crate::policy;
 use crate::prompts::{LinkContext, OrgContext, PromptError, SystemPromptContext};
@@ -63,6 +64,8 @@ pub(crate) struct TurnOptions {
     pub(crate) send_reply: bool,
     /// Extra text appended to the system prompt.
     pub(crate) extra: Option<String>,
+    /// The delegation round of the message (see [`ToolContext::round`]).
+    pub(crate) round: u32,
 }
 
 /// The loop of one agent: take an envelope, run a turn, repeat until the queue closes.
@@ -177,11 +180,34 @@ fn is_resumed(envelope: &Envelope) -> bool {
     envelope.metadata.contains_key(META_RESUMED)
 }
 
+fn meta_u64(envelope: &Envelope, key: &str) -> Option<u64> {
+    envelope.metadata.get(key).and_then(serde_json::Value::as_u64)
+}
+
 /// Takes one envelope off the queue and handles it.
 async fn process(org: &Arc<OrgInner>, agent: &Arc<AgentRuntime>, envelope: Envelope) {
     let persisted = envelope.metadata.contains_key(META_PERSISTED);
-    if !envelope.kind.wakes_model() {
+    let duplicate = match &envelope.idempotency_key {
+        Some(key) => match org
+            .stores
+            .deliveries
+            .mark_applied(agent.id(), key, org.clock.now())
+            .await
+        {
+            Ok(first) => !first,
+            Err(e) => {
+                report_error(org, agent.id(), None, format!("idempotency key {key} not checked: {e}"));
+                false
+            }
+        },
+        None => false,
+    };
+    if duplicate {
+        // Applied before (a notice delivered twice): nothing to do.
+    } else if !envelope.kind.wakes_model() {
         append(org, agent.id(), user_record(&envelope)).await;
+    } else if let Some(number) = meta_u64(&envelope, META_TASK) {
+        run_task(org, agent, envelope.clone(), number).await;
     } else {
         let handle = Organization { inner: org.clone() };
         let channel = envelope.channel.clone();
@@ -189,6 +215,7 @@ async fn process(org: &Arc<OrgInner>, agent: &Arc<AgentRuntime>, envelope: Envel
         *agent.abort.lock().unwrap_or_else(|e| e.into_inner()) = Some(abort);
         let options = TurnOptions {
             send_reply: true,
+            round: meta_u64(&envelope, META_ROUND).map_or(0, |r| u32::try_from(r).unwrap_or(u32::MAX)),
             ..TurnOptions::default()
         };
         let turn = Abortable::new(
@@ -259,6 +286,49 @@ async fn process(org: &Arc<OrgInner>, agent: &Arc<AgentRuntime>, envelope: Envel
             report_error(org, agent.id(), None, format!("pending delivery kept: {e}"));
         }
     }
+}
+
+/// Runs a claimed task as a turn of the agent's own tool loop and records the outcome.
+async fn run_task(org: &Arc<OrgInner>, agent: &Arc<AgentRuntime>, envelope: Envelope, number: u64) {
+    let handle = Organization { inner: org.clone() };
+    let holder = envelope
+        .metadata
+        .get(META_HOLDER)
+        .and_then(|v| v.as_str())
+        .unwrap_or_default()
+        .to_string();
+    // A task envelope handed over again after a restart may be stale: run it only while this holder
+    // still holds the task.
+    match org.stores.tasks.get(agent.id(), number).await {
+        Ok(Some(task))
+            if task.status == crate::task::TaskStatus::InProgress
+                && task.lease.as_ref().is_some_and(|l| l.holder == holder) => {}
+        Ok(_) => return,
+        Err(e) => {
+            report_error(org, agent.id(), None, format!("task {number} not read: {e}"));
+            return;
+        }
+    }
+    let options = TurnOptions {
+        task: Some(TaskRef::new(agent.id().clone(), number)),
+        send_reply: false,
+        extra: None,
+        round: meta_u64(&envelope, META_ROUND).map_or(0, |r| u32::try_from(r).unwrap_or(u32::MAX)),
+    };
+    let (abort, registration) = AbortHandle::new_pair();
+    *agent.abort.lock().unwrap_or_else(|e| e.into_inner()) = Some(abort);
+    let turn = Abortable::new(
+        Box::pin(run_turn(&handle, agent, vec![envelope], options)),
+        registration,
+    );
+    let result = match turn.await {
+        Ok(Ok(TurnOutcome::Answer(text))) => Ok(crate::delegation::TaskOutcome::Done(text)),
+        Ok(Ok(TurnOutcome::Ended(_))) => Ok(crate::delegation::TaskOutcome::Waiting),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("the turn was cancelled".to_string()),
+    };
+    agent.abort.lock().unwrap_or_else(|e| e.into_inner()).take();
+    crate::delegation::finish_task(&handle, agent, number, &holder, result).await;
 }
 
 /// Sends a message to a child's parent (its outbound failed, or its turn failed).
@@ -439,6 +509,7 @@ pub(crate) async fn run_turn(
             agent: me.clone(),
             channel: reply_channel.clone(),
             task: options.task.clone(),
+            round: options.round,
             org: org.clone(),
         };
         let mut ended: Option<String> = None;

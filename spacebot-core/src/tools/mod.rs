@@ -112,6 +112,9 @@ pub struct ToolContext {
     pub channel: ChannelId,
     /// The task being worked on, when the turn runs a task.
     pub task: Option<TaskRef>,
+    /// How many delegate-and-retrigger rounds led to this turn (0 for a fresh message); delegation
+    /// refuses past a limit so a model that re-delegates on every result cannot loop forever.
+    pub round: u32,
     /// The organization (for tools that message, delegate or read boards).
     pub org: Organization,
 }
