@@ -35,6 +35,7 @@ pub mod rt;
 pub mod testing;
 
 pub use channel::{ChannelRecord, ChannelStore, NewRecord, RecordKind};
+pub use config::{ConfigError, OrgConfig};
 pub use conversation::{Conversation, ConversationStore};
 pub use envelope::{DeliveryStore, Envelope, EnvelopeKind, Source};
 pub use error::{InvalidInput, LlmError, PolicyDenied, StoreError};
@@ -46,3 +47,4 @@ pub use policy::{ApprovalPolicy, LinkGraph, OrgChart};
 pub use stores::Stores;
 pub use task::{NewTask, Task, TaskStatus, TaskStore};
 pub use time::{Clock, ManualClock, Spawner, Timestamp};
+pub use topology::Topology;
