@@ -34,6 +34,7 @@ pub mod rt;
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
 
+pub use bus::{EventBus, EventSubscription};
 pub use channel::{ChannelRecord, ChannelStore, NewRecord, RecordKind};
 pub use config::{ConfigError, OrgConfig};
 pub use conversation::{Conversation, ConversationStore};
