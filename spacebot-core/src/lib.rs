@@ -34,7 +34,9 @@ pub mod rt;
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
 
+pub use bus::{EventBus, EventSubscription};
 pub use channel::{ChannelRecord, ChannelStore, NewRecord, RecordKind};
+pub use config::{ConfigError, OrgConfig};
 pub use conversation::{Conversation, ConversationStore};
 pub use envelope::{DeliveryStore, Envelope, EnvelopeKind, Source};
 pub use error::{InvalidInput, LlmError, PolicyDenied, StoreError};
@@ -46,3 +48,4 @@ pub use policy::{ApprovalPolicy, LinkGraph, OrgChart};
 pub use stores::Stores;
 pub use task::{NewTask, Task, TaskStatus, TaskStore};
 pub use time::{Clock, ManualClock, Spawner, Timestamp};
+pub use topology::Topology;
