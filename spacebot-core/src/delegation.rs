@@ -301,14 +301,22 @@ impl Organization {
     }
 
     /// Agents `from` may delegate to, as `id (name)`.
-    fn reachable_from(&self, from: &AgentId) -> Vec<String> {
+    pub(crate) fn reachable_from(&self, from: &AgentId) -> Vec<String> {
+        self.reachable_agents(from)
+            .into_iter()
+            .map(|(a, name)| format!("{a} ({name})"))
+            .collect()
+    }
+
+    /// Agents `from` may delegate to, with their display names.
+    pub(crate) fn reachable_agents(&self, from: &AgentId) -> Vec<(AgentId, String)> {
         let graph = self.inner.graph();
         let max = self.inner.settings.max_delegation_depth;
         graph
             .agents()
             .iter()
             .filter(|a| policy::check_delegate(&graph, from, *a, &[], max).is_ok())
-            .map(|a| format!("{a} ({})", self.display_name(a)))
+            .map(|a| (a.clone(), self.display_name(a)))
             .collect()
     }
 
@@ -488,15 +496,18 @@ impl Organization {
                     notice.task
                 ));
             }
+            let outcome = match notice.status {
+                TaskStatus::Done => crate::prompts::TaskOutcome::Completed,
+                TaskStatus::Failed => crate::prompts::TaskOutcome::Failed,
+                _ => crate::prompts::TaskOutcome::Cancelled,
+            };
             let content = inner
                 .prompts
-                .render_task_retrigger(&crate::prompts::RetriggerContext {
-                    agent_id: target.clone(),
+                .render_task_retrigger(&crate::prompts::TaskRetriggerContext {
                     agent_name: inner.display_name(target),
                     task_number: notice.task.number,
-                    title: notice.title.clone(),
-                    status: notice.status.to_string(),
-                    result: quoted,
+                    outcome,
+                    summary: quoted,
                 })
                 .map_err(|e| e.to_string())?;
             let channel = notice

@@ -395,6 +395,28 @@ pub(crate) fn system_prompt(
     })
 }
 
+/// The tool definitions `me` is offered: the registry's, with the `send_agent_message` description
+/// rendered from its template and listing the agents `me` may delegate to.
+fn tool_definitions(
+    org: &Organization,
+    me: &AgentId,
+) -> Result<Vec<crate::llm::ToolDefinition>, PromptError> {
+    let mut definitions = org.inner.tools.definitions();
+    for definition in &mut definitions {
+        if definition.name == "send_agent_message" {
+            let targets = org
+                .reachable_agents(me)
+                .into_iter()
+                .map(|(id, name)| crate::prompts::AgentSummary { id, name })
+                .collect();
+            definition.description = org.inner.prompts.render_send_agent_message(
+                &crate::prompts::SendAgentMessageContext { targets },
+            )?;
+        }
+    }
+    Ok(definitions)
+}
+
 /// One turn: the tool-call loop over the LLM, with steering at each checkpoint.
 ///
 /// `current` holds the envelopes being answered (one, or several merged by a steer). After every
@@ -430,7 +452,7 @@ pub(crate) async fn run_turn(
     messages.push(ChatMessage::user(merge_backlog(&current)));
 
     let tools = &inner.tools;
-    let definitions = tools.definitions();
+    let definitions = tool_definitions(org, &me)?;
     let limit = inner.settings.max_tool_rounds;
     let mut started = inner.event(&me, EventKind::TurnStarted);
     started.channel = Some(channel.clone());
