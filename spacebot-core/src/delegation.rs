@@ -37,6 +37,7 @@ use crate::task::{
     CompletionNotice, Expect, NewTask, Priority, Task, TaskEvent, TaskFilter, TaskMetadata,
     TaskStatus, Transition, truncate_chars,
 };
+use crate::runtime::queue::AgentQueue;
 use crate::tools::{Tool, ToolContext, ToolError, ToolOutput, parse_args};
 
 /// How long a claim lasts before the task goes back to ready (renewed at every checkpoint of a
@@ -478,7 +479,9 @@ impl Organization {
                 status: notice.status,
                 outcome: notice.outcome.clone(),
             };
-            match self.task_transition(&parent.agent, parent.number, event).await {
+            // Boxed: a transition may flush an outbox, which may deliver a notice here again.
+            let transition = Box::pin(self.task_transition(&parent.agent, parent.number, event));
+            match transition.await {
                 Ok(t) => {
                     if t.task.status == TaskStatus::Ready {
                         self.ring(&parent.agent);

@@ -35,7 +35,7 @@ use crate::runtime::queue::{AgentQueue, BoundedQueue, QueueError};
 use crate::stores::Stores;
 use crate::time::{Clock, Spawner};
 use crate::tools::{Tool, ToolRegistry};
-use crate::topology::Topology;
+use crate::topology::{Topology, TopologyAgent};
 
 /// Metadata key set on envelopes that were persisted for a stopped agent and handed over at start.
 pub(crate) const META_PERSISTED: &str = "spacebot.persisted";
@@ -680,8 +680,8 @@ impl Organization {
             .config
             .agents
             .iter()
-            .map(|a| (a.id.clone(), a.name.clone()));
-        Topology::from_parts(agents, graph.links().cloned())
+            .map(TopologyAgent::from);
+        Topology::from_parts(agents, graph.links().iter().cloned())
     }
 
     /// Replaces the links with what the link store holds now (after links were created, updated or
@@ -812,10 +812,14 @@ impl Organization {
             Some(Slot::Stopped(spec)) => spec.parent.as_ref().is_some_and(|p| &p.parent == b),
             _ => false,
         };
-        if !agents.contains_key(to) {
-            return Err(DeliveryError::UnknownAgent {
-                agent: to.to_string(),
-            });
+        match agents.get(to) {
+            None => {
+                return Err(DeliveryError::UnknownAgent {
+                    agent: to.to_string(),
+                });
+            }
+            Some(Slot::Ended) => return Err(DeliveryError::Ended { agent: to.clone() }),
+            Some(_) => {}
         }
         if related(from, to) || related(to, from) {
             return Ok(None);

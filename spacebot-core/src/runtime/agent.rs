@@ -375,7 +375,9 @@ pub(crate) fn system_prompt(
         if &owner != me {
             return None;
         }
-        let link = graph.between(me, &peer).or_else(|| graph.between(&peer, me))?;
+        let link = graph
+            .between(me.as_str(), peer.as_str())
+            .or_else(|| graph.between(peer.as_str(), me.as_str()))?;
         Some(LinkContext {
             agent_id: peer.clone(),
             agent_name: org.display_name(&peer),
