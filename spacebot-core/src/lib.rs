@@ -7,6 +7,7 @@ pub mod channel;
 pub mod config;
 pub mod conversation;
 pub mod delegation;
+pub mod dialogue;
 pub mod envelope;
 pub mod error;
 pub mod event;

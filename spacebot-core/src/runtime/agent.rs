@@ -100,6 +100,7 @@ pub(crate) async fn run_loop(org: Arc<OrgInner>, agent: Arc<AgentRuntime>) {
             break;
         }
     }
+    crate::dialogue::on_agent_stopped(&Organization { inner: org.clone() }, agent.id()).await;
     org.emit(org.event(agent.id(), EventKind::AgentStopped));
 }
 
@@ -496,7 +497,9 @@ pub(crate) async fn run_turn(
                 ),
             )
             .await;
-            if options.send_reply {
+            let routed = options.send_reply
+                && crate::dialogue::route_reply(org, &me, &reply_channel, &text, &current).await;
+            if options.send_reply && !routed {
                 let reply = Reply {
                     agent: me.clone(),
                     channel: reply_channel.clone(),
