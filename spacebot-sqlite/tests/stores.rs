@@ -860,3 +860,28 @@ async fn options_are_applied_to_every_database() {
         assert_eq!((bytes[18], bytes[19]), (2, 2), "{file} is not in WAL mode");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn handles_opening_a_new_directory_at_once_migrate_it_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = agent("w");
+    let opens = (0..6).map(|i| {
+        let (path, w) = (dir.path().to_path_buf(), w.clone());
+        tokio::spawn(async move {
+            let stores = SqliteStores::open(&path).await.unwrap();
+            let task = stores
+                .tasks()
+                .create(&w, NewTask::new(format!("t{i}"), ""), Timestamp(1))
+                .await
+                .unwrap();
+            stores.close().await;
+            task.number
+        })
+    });
+    let mut numbers = Vec::new();
+    for open in opens {
+        numbers.push(open.await.unwrap());
+    }
+    numbers.sort_unstable();
+    assert_eq!(numbers, (1..=6).collect::<Vec<u64>>());
+}
