@@ -260,6 +260,9 @@ pub(crate) struct AgentRuntime {
     pub(crate) doorbell: Mutex<Option<mpsc::Sender<()>>>,
     /// Tasks claimed and not finished yet.
     pub(crate) running_tasks: AtomicUsize,
+    /// The last external source seen per channel: a reply to a system message (a retrigger) in that
+    /// channel goes to the same place. Kept in memory only.
+    pub(crate) reply_sources: Mutex<HashMap<ChannelId, Source>>,
 }
 
 impl AgentRuntime {
@@ -874,6 +877,7 @@ impl Organization {
             stopped: Mutex::new(Some(done_rx)),
             doorbell: Mutex::new(Some(bell_tx)),
             running_tasks: AtomicUsize::new(0),
+            reply_sources: Mutex::new(HashMap::new()),
         });
         // Handed over past the bound: these were admitted before.
         for envelope in pending.into_iter().rev() {
