@@ -675,6 +675,16 @@ impl Organization {
         }
     }
 
+    /// Takes every envelope waiting in a running agent's queue, without processing it (for an
+    /// application that moves work elsewhere, or to measure delivery alone). The envelopes are the
+    /// caller's from then on; `None` when the agent is not running.
+    pub fn take_queued(&self, agent: &AgentId) -> Option<Vec<Envelope>> {
+        match self.inner.slot(agent) {
+            Some(Slot::Running(rt)) => Some(rt.queue.drain()),
+            _ => None,
+        }
+    }
+
     /// The topology: agents (configured ones) and links, as seed 003's JSON, DOT or Mermaid.
     pub fn topology(&self) -> Topology {
         let graph = self.inner.graph();
