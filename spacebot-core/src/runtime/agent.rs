@@ -271,13 +271,7 @@ async fn process(org: &Arc<OrgInner>, agent: &Arc<AgentRuntime>, envelope: Envel
         }
     }
     if persisted {
-        if let Some(key) = Some(format!("delivery:{}", envelope.id)) {
-            let _ = org
-                .stores
-                .deliveries
-                .mark_applied(agent.id(), &key, org.clock.now())
-                .await;
-        }
+        // Removed only now that it was processed: a crash before this point hands it over again.
         if let Err(e) = org
             .stores
             .deliveries
