@@ -260,6 +260,9 @@ pub(crate) struct AgentRuntime {
     pub(crate) doorbell: Mutex<Option<mpsc::Sender<()>>>,
     /// Tasks claimed and not finished yet.
     pub(crate) running_tasks: AtomicUsize,
+    /// The last external source seen per channel: a reply to a system message (a retrigger) in that
+    /// channel goes to the same place. Kept in memory only.
+    pub(crate) reply_sources: Mutex<HashMap<ChannelId, Source>>,
 }
 
 impl AgentRuntime {
@@ -672,6 +675,16 @@ impl Organization {
         }
     }
 
+    /// Takes every envelope waiting in a running agent's queue, without processing it (for an
+    /// application that moves work elsewhere, or to measure delivery alone). The envelopes are the
+    /// caller's from then on; `None` when the agent is not running.
+    pub fn take_queued(&self, agent: &AgentId) -> Option<Vec<Envelope>> {
+        match self.inner.slot(agent) {
+            Some(Slot::Running(rt)) => Some(rt.queue.drain()),
+            _ => None,
+        }
+    }
+
     /// The topology: agents (configured ones) and links, as seed 003's JSON, DOT or Mermaid.
     pub fn topology(&self) -> Topology {
         let graph = self.inner.graph();
@@ -874,6 +887,7 @@ impl Organization {
             stopped: Mutex::new(Some(done_rx)),
             doorbell: Mutex::new(Some(bell_tx)),
             running_tasks: AtomicUsize::new(0),
+            reply_sources: Mutex::new(HashMap::new()),
         });
         // Handed over past the bound: these were admitted before.
         for envelope in pending.into_iter().rev() {
