@@ -136,6 +136,10 @@ pub struct Settings {
     pub queue_capacity: usize,
     /// Turns a conversation may take before it is severed (default 20).
     pub conversation_turn_budget: u32,
+    /// Tasks one agent works on at the same time (default 1). Tasks run as turns of the agent's own
+    /// tool loop go through its queue one at a time whatever this says; custom task executors run
+    /// up to this many at once.
+    pub task_concurrency: usize,
 }
 
 impl Default for Settings {
@@ -146,6 +150,7 @@ impl Default for Settings {
             max_tool_rounds: 16,
             queue_capacity: 256,
             conversation_turn_budget: 20,
+            task_concurrency: 1,
         }
     }
 }
@@ -616,6 +621,7 @@ impl OrgConfig {
             "max_tool_rounds",
             "queue_capacity",
             "conversation_turn_budget",
+            "task_concurrency",
         ]);
         if let Ok(Some(approval)) = e.opt_enum::<ApprovalPolicy>("approval") {
             settings.approval = approval;
@@ -632,6 +638,9 @@ impl OrgConfig {
         }
         if let Ok(Some(n)) = e.opt_count("conversation_turn_budget", small) {
             settings.conversation_turn_budget = u32::try_from(n).unwrap_or(u32::MAX);
+        }
+        if let Ok(Some(n)) = e.opt_count("task_concurrency", small) {
+            settings.task_concurrency = usize::try_from(n).unwrap_or(usize::MAX);
         }
         settings
     }

@@ -7,6 +7,7 @@ pub mod channel;
 pub mod config;
 pub mod conversation;
 pub mod delegation;
+pub mod dialogue;
 pub mod envelope;
 pub mod error;
 pub mod event;
@@ -49,4 +50,10 @@ pub use prompts::{Identity, Prompts};
 pub use stores::Stores;
 pub use task::{NewTask, Task, TaskStatus, TaskStore};
 pub use time::{Clock, ManualClock, Spawner, Timestamp};
+pub use org::{
+    ChildSpec, DeliveryError, InboundMessage, InternalKind, InternalMessage, OrgError,
+    Organization, OrganizationBuilder,
+};
+pub use runtime::{AgentQueue, ChannelOutbound, Outbound, Reply};
+pub use tools::{Tool, ToolContext, ToolError, ToolOutput, ToolRegistry};
 pub use topology::Topology;

@@ -1,7 +1,7 @@
 //! In-memory backends of every store.
 //!
 //! These are the reference implementations of the store traits: they follow each trait's
-//! "# Contract" to the letter and are what the [conformance suite](crate::conformance) is checked
+//! "# Contract" to the letter and are what the conformance suite (feature `conformance`) is checked
 //! against first. They keep everything in process memory behind a [`std::sync::Mutex`] (never held
 //! across an `.await`), need no async runtime, and lose everything when dropped: use them in tests,
 //! examples and applications that do not need durability.
