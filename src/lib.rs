@@ -4,7 +4,7 @@
 //! superior); they delegate durable tasks to each other, hold conversations that always end, and
 //! each has one steerable inbound queue. Storage and the model are traits, with SQLite, redb and
 //! an OpenAI-compatible provider behind features; everything runs offline in tests with the mock
-//! LLM of [`testing`] (feature `testing`).
+//! LLM of `spacebot::testing` (feature `testing`).
 //!
 //! This crate is the facade applications depend on: it re-exports [`spacebot_core`] (the domain,
 //! the traits, the policy, the runtime and the in-memory backends) and, by feature, the backend
@@ -42,11 +42,11 @@
 //!
 //! | Name | Description | Default? |
 //! |---|---|---|
-//! | `tokio` | [`TokioSpawner`](rt::TokioSpawner) and [`TokioClock`](rt::TokioClock) in [`rt`] | yes |
-//! | `sqlite` | the SQLite backends, as [`sqlite`] (implies `tokio`) | yes |
-//! | `redb` | the redb backends, as [`redb`] (implies `tokio`) | no |
-//! | `openai` | the OpenAI-compatible Chat Completions provider, as [`openai`] (implies `tokio`) | no |
-//! | `testing` | the mock LLMs and a recording event sink, in [`testing`] | no |
+//! | `tokio` | `TokioSpawner` and `TokioClock` in `spacebot::rt` | yes |
+//! | `sqlite` | the SQLite backends, as `spacebot::sqlite` (implies `tokio`) | yes |
+//! | `redb` | the redb backends, as `spacebot::redb` (implies `tokio`) | no |
+//! | `openai` | the OpenAI-compatible Chat Completions provider, as `spacebot::openai` (implies `tokio`) | no |
+//! | `testing` | the mock LLMs and a recording event sink, in `spacebot::testing` | no |
 //!
 //! See `docs/concepts.md` in the repository for agents, links, channels, tasks and conversations.
 
