@@ -9,7 +9,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
 use std::sync::mpsc::{self, RecvTimeoutError, TryRecvError};
 use std::time::Instant;
 
@@ -92,7 +92,7 @@ enum Message {
 pub(crate) struct Worker {
     path: PathBuf,
     tx: mpsc::Sender<Message>,
-    failed: Arc<AtomicBool>,
+    failed: Arc<OnceLock<Failure>>,
 }
 
 impl Worker {
@@ -105,7 +105,7 @@ impl Worker {
     ) -> Result<(Self, oneshot::Receiver<Result<(), Failure>>), StoreError> {
         let (tx, rx) = mpsc::channel();
         let (ready_tx, ready_rx) = oneshot::channel();
-        let failed = Arc::new(AtomicBool::new(false));
+        let failed = Arc::new(OnceLock::new());
         let thread_failed = Arc::clone(&failed);
         let thread_path = path.clone();
         std::thread::Builder::new()
@@ -117,8 +117,9 @@ impl Worker {
                         run_loop(db, &thread_path, &options, &rx);
                     }
                     Err(failure) => {
-                        thread_failed.store(true, Ordering::SeqCst);
-                        // Answer whatever was queued meanwhile, then stop.
+                        // Recorded before the queue goes away: a caller whose operation is
+                        // dropped unanswered reports this failure.
+                        let _ = thread_failed.set(failure.clone());
                         while let Ok(message) = rx.try_recv() {
                             answer_failed(message, &failure);
                         }
@@ -138,7 +139,7 @@ impl Worker {
 
     /// Whether the file failed to open (the handle is useless then).
     pub(crate) fn failed(&self) -> bool {
-        self.failed.load(Ordering::SeqCst)
+        self.failed.get().is_some()
     }
 
     /// Runs `f` on the file's thread inside a write transaction and returns its result once the
@@ -165,6 +166,9 @@ impl Worker {
     }
 
     fn stopped(&self) -> StoreError {
+        if let Some(failure) = self.failed.get() {
+            return failure.to_error();
+        }
         StoreError::Backend {
             backend: "redb",
             message: format!("{}: the store is closed", self.path.display()),
