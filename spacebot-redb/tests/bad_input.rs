@@ -99,6 +99,10 @@ fn a_redb_file_without_our_schema_is_refused_and_kept() {
     let before = std::fs::read(&path).unwrap();
     let reason = corrupt_naming(open_err(dir.path()), &path);
     assert!(reason.contains("their_table"), "{reason}");
+    assert!(
+        std::fs::read(&path).unwrap() == before,
+        "the file was changed"
+    );
     // Still their file, with their table only.
     let db = Database::open(&path).unwrap();
     let read = db.begin_read().unwrap();
