@@ -19,6 +19,7 @@ use spacebot_core::StoreError;
 
 use crate::file::{Failure, FileKind, open_database};
 use crate::options::RedbOptions;
+use crate::tables::Tables;
 
 /// What an operation does to the file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,6 +36,8 @@ pub(crate) struct Txn<'a> {
     pub(crate) tx: &'a WriteTransaction,
     /// The file, for error messages.
     pub(crate) path: &'a PathBuf,
+    /// The tables opened so far in this batch.
+    pub(crate) tables: Tables<'a>,
 }
 
 type Finish = Box<dyn FnOnce(Option<&Failure>) + Send>;
@@ -102,9 +105,9 @@ impl Worker {
         path: PathBuf,
         kind: FileKind,
         options: RedbOptions,
-    ) -> Result<(Self, oneshot::Receiver<Result<(), Failure>>), StoreError> {
+    ) -> Result<(Self, mpsc::Receiver<Result<(), Failure>>), StoreError> {
         let (tx, rx) = mpsc::channel();
-        let (ready_tx, ready_rx) = oneshot::channel();
+        let (ready_tx, ready_rx) = mpsc::sync_channel(1);
         let failed = Arc::new(OnceLock::new());
         let thread_failed = Arc::clone(&failed);
         let thread_path = path.clone();
@@ -212,7 +215,12 @@ fn run_loop(db: Database, path: &PathBuf, options: &RedbOptions, rx: &mpsc::Rece
                 continue;
             }
         };
-        let txn = Txn { tx: &tx, path };
+        let started = Instant::now();
+        let txn = Txn {
+            tx: &tx,
+            path,
+            tables: Tables::default(),
+        };
         let mut finishes: Vec<Finish> = Vec::with_capacity(max_batch.min(256));
         let mut dirty = access == Access::Write;
         let (finish, mut poisoned) = run.run(&txn);
@@ -247,6 +255,7 @@ fn run_loop(db: Database, path: &PathBuf, options: &RedbOptions, rx: &mpsc::Rece
             }
         }
         drop(txn);
+        let ran = started.elapsed();
         let outcome = if poisoned {
             let _ = tx.abort();
             Some(Failure::backend(
@@ -261,6 +270,13 @@ fn run_loop(db: Database, path: &PathBuf, options: &RedbOptions, rx: &mpsc::Rece
             let _ = tx.abort();
             None
         };
+        tracing::trace!(
+            file = %path.display(),
+            operations = finishes.len(),
+            ?ran,
+            committed = ?started.elapsed() - ran,
+            "batch"
+        );
         for finish in finishes {
             finish(outcome.as_ref());
         }
