@@ -42,6 +42,7 @@ pub use event::{Event, EventKind, EventSink};
 pub use ids::{AgentId, ChannelId, ConversationId, EnvelopeId, LinkId, TaskRef};
 pub use link::{AgentLink, LinkDirection, LinkRelationship, LinkStore};
 pub use llm::{ChatMessage, ChatRequest, ChatResponse, LlmProvider, ToolCall, ToolDefinition};
+pub use policy::{ApprovalPolicy, LinkGraph, OrgChart};
 pub use stores::Stores;
 pub use task::{NewTask, Task, TaskStatus, TaskStore};
 pub use time::{Clock, ManualClock, Spawner, Timestamp};

@@ -1,1 +1,204 @@
-//! placeholder
+//! SQLite backends of every spacebot store, through `sqlx`.
+//!
+//! [`open`] a directory and get the [`Stores`] bundle the runtime needs. The layout follows the
+//! instance / per-agent split of the links design:
+//!
+//! ```text
+//! {dir}/
+//!     instance.db                   links, conversation links and their members
+//!     agents/
+//!         {agent}/data/spacebot.db  task board, outbox, channel history,
+//!                                   pending deliveries, applied idempotency keys
+//! ```
+//!
+//! `instance.db` is opened (created, migrated) by [`open`]; an agent's database is opened the first
+//! time a store call names that agent. Migrations are embedded in the binary (`migrations/` for
+//! agent databases, `migrations_instance/` for the instance database) and run at open. Every file
+//! runs in WAL mode with a busy timeout and foreign keys on; writes of one process go through a
+//! single connection per file, reads through a small pool.
+//!
+//! # Guarantees
+//! - A claim is one `UPDATE ... RETURNING` statement that only matches a task still `ready`, so
+//!   two claims never get the same task, within a process or across processes.
+//! - Task numbers are allocated inside the inserting statement, under SQLite's write lock: no two
+//!   tasks share a number and numbers have no gaps.
+//! - A terminal transition and its completion notice are written in one `BEGIN IMMEDIATE`
+//!   transaction.
+//! - A file that is not an SQLite database, another application's database, or a database whose
+//!   schema is newer than this build is refused with [`StoreError::Corrupt`] naming the file, and
+//!   left untouched.
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), spacebot_core::StoreError> {
+//! let stores = spacebot_sqlite::open("./data").await?;
+//! let links = stores.links.list().await?;
+//! # Ok(()) }
+//! ```
+#![cfg_attr(docsrs, feature(doc_cfg))]
+#![forbid(unsafe_code)]
+
+mod channels;
+mod conversations;
+mod db;
+mod deliveries;
+mod error;
+mod links;
+mod options;
+mod tasks;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use spacebot_core::{AgentId, StoreError, Stores};
+use tokio::sync::OnceCell;
+
+use crate::db::{Db, DbKind};
+pub use crate::options::{SqliteOptions, Synchronous};
+
+/// Opens (creating if needed) the SQLite stores under `dir` with the default [`SqliteOptions`],
+/// as the [`Stores`] bundle.
+///
+/// # Errors
+/// [`StoreError::Corrupt`] if `instance.db` is not a spacebot instance database (or is newer than
+/// this build); [`StoreError::Backend`] if the directory or the file cannot be created or opened.
+/// Both name the file.
+pub async fn open(dir: impl AsRef<Path>) -> Result<Stores, StoreError> {
+    Ok(SqliteStores::open(dir).await?.stores())
+}
+
+/// Every spacebot store on SQLite: one instance database plus one database per agent, opened
+/// lazily. Cheap to clone (clones share the databases).
+///
+/// It implements [`LinkStore`](spacebot_core::LinkStore) and
+/// [`ConversationStore`](spacebot_core::ConversationStore) on the instance database, and
+/// [`TaskStore`](spacebot_core::TaskStore), [`ChannelStore`](spacebot_core::ChannelStore) and
+/// [`DeliveryStore`](spacebot_core::DeliveryStore) on the agents' databases.
+#[derive(Debug, Clone)]
+pub struct SqliteStores {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    /// `None` for in-memory stores.
+    dir: Option<PathBuf>,
+    options: SqliteOptions,
+    instance: Db,
+    agents: Mutex<HashMap<AgentId, Arc<OnceCell<Db>>>>,
+}
+
+impl SqliteStores {
+    /// Opens (creating if needed) the stores under `dir` with the default options.
+    ///
+    /// # Errors
+    /// As [`open`].
+    pub async fn open(dir: impl AsRef<Path>) -> Result<Self, StoreError> {
+        Self::open_with(dir, SqliteOptions::default()).await
+    }
+
+    /// Opens (creating if needed) the stores under `dir` with `options`.
+    ///
+    /// # Errors
+    /// As [`open`].
+    pub async fn open_with(
+        dir: impl AsRef<Path>,
+        options: SqliteOptions,
+    ) -> Result<Self, StoreError> {
+        let dir = dir.as_ref().to_path_buf();
+        let instance = Db::open(Some(&db::instance_path(&dir)), DbKind::Instance, &options).await?;
+        Ok(Self::from_parts(Some(dir), options, instance))
+    }
+
+    /// Stores in memory: nothing survives the value (and its clones). Each agent still gets its
+    /// own database. Meant for tests.
+    ///
+    /// # Errors
+    /// [`StoreError::Backend`] if SQLite cannot open an in-memory database.
+    pub async fn in_memory() -> Result<Self, StoreError> {
+        let options = SqliteOptions::default();
+        let instance = Db::open(None, DbKind::Instance, &options).await?;
+        Ok(Self::from_parts(None, options, instance))
+    }
+
+    fn from_parts(dir: Option<PathBuf>, options: SqliteOptions, instance: Db) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                dir,
+                options,
+                instance,
+                agents: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// The bundle of every store, all backed by these databases.
+    pub fn stores(&self) -> Stores {
+        let this = Arc::new(self.clone());
+        Stores {
+            links: this.clone(),
+            conversations: this.clone(),
+            tasks: this.clone(),
+            channels: this.clone(),
+            deliveries: this,
+        }
+    }
+
+    /// The directory the stores live in (`None` in memory).
+    pub fn dir(&self) -> Option<&Path> {
+        self.inner.dir.as_deref()
+    }
+
+    /// The path of the instance database (`None` in memory).
+    pub fn instance_db_path(&self) -> Option<PathBuf> {
+        self.inner.dir.as_deref().map(db::instance_path)
+    }
+
+    /// The path of `agent`'s database (`None` in memory). The file exists once a store call has
+    /// named the agent.
+    pub fn agent_db_path(&self, agent: &AgentId) -> Option<PathBuf> {
+        self.inner.dir.as_deref().map(|d| db::agent_path(d, agent))
+    }
+
+    /// Closes every database, waiting for operations in progress. Calls made afterwards fail with
+    /// [`StoreError::Backend`].
+    pub async fn close(&self) {
+        let cells: Vec<Arc<OnceCell<Db>>> = self.lock_agents().values().cloned().collect();
+        for cell in cells {
+            if let Some(db) = cell.get() {
+                db.close().await;
+            }
+        }
+        self.inner.instance.close().await;
+    }
+
+    fn lock_agents(&self) -> std::sync::MutexGuard<'_, HashMap<AgentId, Arc<OnceCell<Db>>>> {
+        // The map only holds cells; a panic elsewhere cannot leave it half-updated.
+        self.inner.agents.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The instance database.
+    pub(crate) fn instance(&self) -> &Db {
+        &self.inner.instance
+    }
+
+    /// `agent`'s database, opened (created, migrated) on first use. A failed open is retried by the
+    /// next call.
+    pub(crate) async fn agent(&self, agent: &AgentId) -> Result<Db, StoreError> {
+        let cell = {
+            let mut agents = self.lock_agents();
+            match agents.get(agent) {
+                Some(cell) => cell.clone(),
+                None => agents.entry(agent.clone()).or_default().clone(),
+            }
+        };
+        if let Some(db) = cell.get() {
+            return Ok(db.clone());
+        }
+        let path = self.agent_db_path(agent);
+        let db = cell
+            .get_or_try_init(|| Db::open(path.as_deref(), DbKind::Agent, &self.inner.options))
+            .await?;
+        Ok(db.clone())
+    }
+}
