@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use redb::{ReadableTable, Table};
 use spacebot_core::conversation::{Conversation, ConversationFilter, ConversationStatus};
-use spacebot_core::{AgentId, AgentLink, ConversationId, LinkId, StoreError};
+use spacebot_core::{AgentId, AgentLink, ConversationId, InvalidInput, LinkId, StoreError};
 
 use crate::tables::encode;
 use crate::worker::Txn;
@@ -159,19 +159,19 @@ impl Txn<'_> {
         let mut plan: Vec<AgentLink> = Vec::with_capacity(given.len());
         for link in given {
             let pair = (link.from.to_string(), link.to.to_string());
-            let existing_id = match pairs.get(&pair) {
-                Some(id) => Some(id.clone()),
-                None => self.pair_id(&pair.0, &pair.1)?,
-            };
+            if pairs.contains_key(&pair) {
+                return Err(StoreError::Invalid(InvalidInput::new(
+                    "links",
+                    format!("the batch names {} twice", link_what(link)),
+                )));
+            }
+            let existing_id = self.pair_id(&pair.0, &pair.1)?;
             let next = match existing_id {
                 Some(id) => {
-                    let created_at = match plan.iter().rev().find(|l| l.id.as_str() == id) {
-                        Some(planned) => planned.created_at,
-                        None => self
-                            .read_link(&links, &id)?
-                            .map(|l| l.created_at)
-                            .unwrap_or(link.created_at),
-                    };
+                    let created_at = self
+                        .read_link(&links, &id)?
+                        .map(|l| l.created_at)
+                        .unwrap_or(link.created_at);
                     AgentLink {
                         id: LinkId::new(id),
                         created_at,
