@@ -5,6 +5,8 @@
 //! - `store_group_commit/{n}`: `n` concurrent callers on one board; operations that queue up while a
 //!   commit is in progress share the next durable commit, and each caller is answered after it.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark stops at the first failure
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

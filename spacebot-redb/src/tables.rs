@@ -158,7 +158,7 @@ impl<'a> Txn<'a> {
 impl Txn<'_> {
     /// Maps a redb error raised while doing `what`.
     pub(crate) fn err<E: Into<redb::Error>>(&self, what: &'static str) -> impl Fn(E) -> StoreError {
-        let path = self.path.clone();
+        let path = self.path.to_path_buf();
         move |e| store_err(&path, what, e)
     }
 

@@ -7,7 +7,7 @@
 //! every operation in it fails. Callers are answered only after the batch's commit has returned, so
 //! an acknowledged write is as durable as the configured [`Durability`](crate::Durability) makes it.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::OnceLock;
 use std::sync::mpsc::{self, RecvTimeoutError, TryRecvError};
@@ -35,7 +35,7 @@ pub(crate) struct Txn<'a> {
     /// The open write transaction.
     pub(crate) tx: &'a WriteTransaction,
     /// The file, for error messages.
-    pub(crate) path: &'a PathBuf,
+    pub(crate) path: &'a Path,
     /// The tables opened so far in this batch.
     pub(crate) tables: Tables<'a>,
 }
@@ -189,7 +189,7 @@ fn answer_failed(message: Message, failure: &Failure) {
     }
 }
 
-fn run_loop(db: Database, path: &PathBuf, options: &RedbOptions, rx: &mpsc::Receiver<Message>) {
+fn run_loop(db: Database, path: &Path, options: &RedbOptions, rx: &mpsc::Receiver<Message>) {
     let max_batch = options.max_batch.max(1);
     let mut pending: Option<Message> = None;
     loop {
@@ -283,11 +283,7 @@ fn run_loop(db: Database, path: &PathBuf, options: &RedbOptions, rx: &mpsc::Rece
     }
 }
 
-fn begin(
-    db: &Database,
-    path: &PathBuf,
-    options: &RedbOptions,
-) -> Result<WriteTransaction, Failure> {
+fn begin(db: &Database, path: &Path, options: &RedbOptions) -> Result<WriteTransaction, Failure> {
     let mut tx = db
         .begin_write()
         .map_err(|e| Failure::from_redb(path, "begin a transaction", e.into()))?;

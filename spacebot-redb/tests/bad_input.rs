@@ -1,5 +1,7 @@
 //! Files that are not ours, damaged or too new: a clear error naming the file, nothing overwritten.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers fail loudly
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 

@@ -1,6 +1,8 @@
 //! The storage conformance suite of spacebot-core, on redb files in a fresh temporary directory
 //! per test.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers fail loudly
+
 use spacebot_redb::{Durability, RedbOptions, RedbStore};
 
 fn fresh_dir() -> std::path::PathBuf {

@@ -2,6 +2,8 @@
 //! random points, several times. After each kill: no task lost or duplicated, expired leases go
 //! back to ready, and every completion notice is delivered and applied exactly once.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers fail loudly
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;

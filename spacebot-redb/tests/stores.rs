@@ -1,5 +1,7 @@
 //! Behaviour of the redb stores through the store traits, on files in a temporary directory.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers fail loudly
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
