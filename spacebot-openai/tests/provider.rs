@@ -668,6 +668,29 @@ async fn rate_limits_honour_retry_after_in_seconds_and_as_a_date() {
 }
 
 #[tokio::test]
+async fn a_server_error_with_retry_after_waits_as_asked() {
+    let server = FixtureServer::start(vec![
+        Reply::raw(503, "maintenance").header("retry-after", "2"),
+        Reply::json("openai/plain.json"),
+    ])
+    .await;
+    let (provider, clock) = make(config(&server));
+    provider.complete(ask("hi")).await.unwrap();
+    assert_eq!(clock.waits(), [Duration::from_secs(2)]);
+}
+
+#[tokio::test]
+async fn an_error_object_with_status_200_is_an_error() {
+    let server = FixtureServer::start(vec![Reply::json("openai/error_500.json")]).await;
+    let (provider, _) = make(config(&server).with_retry(RetryPolicy::none()));
+    let error = provider.complete(ask("hi")).await.unwrap_err();
+    assert!(
+        matches!(&error, LlmError::Server { status: 200, message } if message.contains("had an error")),
+        "{error:?}"
+    );
+}
+
+#[tokio::test]
 async fn a_rate_limit_without_retry_after_backs_off() {
     let server = FixtureServer::start(vec![
         Reply::status_json(429, "openai/error_429.json"),
