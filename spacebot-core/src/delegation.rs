@@ -228,6 +228,18 @@ impl Organization {
                     .get(&task_ref.agent, task_ref.number)
                     .await?
                     .ok_or_else(|| StoreError::not_found(format!("task {task_ref}")))?;
+                // Only the worker on a running task delegates from it; a stale worker whose task
+                // moved on must not leave a child nobody waits for.
+                if task.status != TaskStatus::InProgress {
+                    return Err(InvalidInput::new(
+                        "origin task",
+                        format!(
+                            "task {task_ref} is {}, not in_progress; only its current worker may delegate from it",
+                            task.status
+                        ),
+                    )
+                    .into());
+                }
                 (
                     task.metadata.delegation_chain.clone(),
                     Some(task_ref.clone()),
@@ -273,7 +285,7 @@ impl Organization {
         let now = inner.clock.now();
         let task = inner.stores.tasks.create(&target_id, new, now).await?;
         if let Some(parent) = &parent_task {
-            inner
+            let added = inner
                 .stores
                 .tasks
                 .transition(
@@ -285,7 +297,23 @@ impl Organization {
                     },
                     now,
                 )
-                .await?;
+                .await;
+            if let Err(e) = added {
+                // The parent ended meanwhile: withdraw the child so it does not run for nobody.
+                let reason = format!("withdrawn: task {parent} no longer waits for it ({e})");
+                let _ = inner
+                    .stores
+                    .tasks
+                    .transition(
+                        &target_id,
+                        task.number,
+                        Expect::any(),
+                        TaskEvent::Cancel { reason },
+                        now,
+                    )
+                    .await;
+                return Err(e.into());
+            }
         }
         let text = format!(
             "{} assigned task #{} to {}: {}",
