@@ -439,6 +439,9 @@ impl OrganizationBuilder {
         for tool in crate::delegation::builtin_tools() {
             tools.register(tool)?;
         }
+        for tool in crate::dialogue::dialogue_tools() {
+            tools.register(tool)?;
+        }
         for tool in self.tools {
             tools.register(tool)?;
         }
@@ -861,6 +864,7 @@ impl Organization {
 
     /// Starts every configured agent that is not running.
     pub async fn start_all(&self) -> Result<(), OrgError> {
+        crate::dialogue::ensure_link_channels(self).await?;
         for agent in self.agent_ids() {
             self.start_agent(&agent).await?;
         }

@@ -298,7 +298,12 @@ async fn run_task(org: &Arc<OrgInner>, agent: &Arc<AgentRuntime>, envelope: Enve
         Ok(Some(task))
             if task.status == crate::task::TaskStatus::InProgress
                 && task.lease.as_ref().is_some_and(|l| l.holder == holder) => {}
-        Ok(_) => return,
+        Ok(_) => {
+            // This claim is over (its lease expired and the task moved on): free its slot.
+            agent.task_finished();
+            agent.ring();
+            return;
+        }
         Err(e) => {
             report_error(org, agent.id(), None, format!("task {number} not read: {e}"));
             return;
