@@ -33,11 +33,11 @@ use crate::ids::{AgentId, ChannelId, TaskRef};
 use crate::llm::ToolDefinition;
 use crate::org::Organization;
 use crate::policy;
+use crate::runtime::queue::AgentQueue;
 use crate::task::{
     CompletionNotice, Expect, NewTask, Priority, Task, TaskEvent, TaskFilter, TaskMetadata,
     TaskStatus, Transition, truncate_chars,
 };
-use crate::runtime::queue::AgentQueue;
 use crate::tools::{Tool, ToolContext, ToolError, ToolOutput, parse_args};
 
 /// How long a claim lasts before the task goes back to ready (renewed at every checkpoint of a
@@ -208,7 +208,9 @@ impl Organization {
             });
         };
         if message.trim().is_empty() {
-            return Err(InvalidInput::new("message", "a delegated task needs a description").into());
+            return Err(
+                InvalidInput::new("message", "a delegated task needs a description").into(),
+            );
         }
         let limit = inner.settings.max_delegation_depth.max(1) as u32 * 2;
         if origin.round >= limit {
@@ -225,7 +227,10 @@ impl Organization {
                     .get(&task_ref.agent, task_ref.number)
                     .await?
                     .ok_or_else(|| StoreError::not_found(format!("task {task_ref}")))?;
-                (task.metadata.delegation_chain.clone(), Some(task_ref.clone()))
+                (
+                    task.metadata.delegation_chain.clone(),
+                    Some(task_ref.clone()),
+                )
             }
             None => (Vec::new(), None),
         };
@@ -409,7 +414,12 @@ impl Organization {
         for notice in pending {
             match self.deliver_notice(&notice).await {
                 Ok(()) => {
-                    if let Err(e) = self.inner.stores.tasks.outbox_mark_sent(agent, &notice.key).await
+                    if let Err(e) = self
+                        .inner
+                        .stores
+                        .tasks
+                        .outbox_mark_sent(agent, &notice.key)
+                        .await
                     {
                         crate::runtime::agent::report_error(
                             &self.inner,
@@ -423,7 +433,10 @@ impl Organization {
                     &self.inner,
                     agent,
                     None,
-                    format!("notice {} not delivered (kept in the outbox): {e}", notice.key),
+                    format!(
+                        "notice {} not delivered (kept in the outbox): {e}",
+                        notice.key
+                    ),
                 ),
             }
         }
@@ -820,8 +833,8 @@ impl Tool for TaskCreate {
     fn definition(&self) -> ToolDefinition {
         ToolDefinition {
             name: "task_create".into(),
-            description: "Add a task to your own board. It is ready to run unless `backlog` is true."
-                .into(),
+            description:
+                "Add a task to your own board. It is ready to run unless `backlog` is true.".into(),
             parameters: serde_json::json!({
                 "type": "object",
                 "properties": {
@@ -914,10 +927,14 @@ impl Tool for TaskList {
                     .org
                     .resolve(name)
                     .map_err(|e| ToolError::failed("task_list", e.to_string()))?;
-                if id != ctx.agent && !policy::is_superior(&ctx.org.graph(), ctx.agent.as_str(), id.as_str()) {
+                if id != ctx.agent
+                    && !policy::is_superior(&ctx.org.graph(), ctx.agent.as_str(), id.as_str())
+                {
                     return Err(ToolError::failed(
                         "task_list",
-                        format!("{id} does not report to you; you can list only your own board and your subordinates' boards"),
+                        format!(
+                            "{id} does not report to you; you can list only your own board and your subordinates' boards"
+                        ),
                     ));
                 }
                 id
@@ -925,11 +942,11 @@ impl Tool for TaskList {
         };
         let mut filter = TaskFilter::default();
         if let Some(status) = &args.status {
-            filter.statuses.push(
-                status
-                    .parse()
-                    .map_err(|e: InvalidInput| ToolError::invalid_arguments("task_list", e.to_string()))?,
-            );
+            filter
+                .statuses
+                .push(status.parse().map_err(|e: InvalidInput| {
+                    ToolError::invalid_arguments("task_list", e.to_string())
+                })?);
         }
         let tasks = ctx
             .org
@@ -943,7 +960,12 @@ impl Tool for TaskList {
         }
         let lines: Vec<String> = tasks
             .iter()
-            .map(|t| format!("#{} [{}] {} ({})", t.number, t.status, t.title, t.created_by))
+            .map(|t| {
+                format!(
+                    "#{} [{}] {} ({})",
+                    t.number, t.status, t.title, t.created_by
+                )
+            })
             .collect();
         Ok(ToolOutput::text(lines.join("\n")))
     }
@@ -994,7 +1016,9 @@ impl Tool for TaskUpdate {
             "schedule" => TaskEvent::Schedule,
             "park" => TaskEvent::Park,
             "cancel" => TaskEvent::Cancel {
-                reason: args.reason.unwrap_or_else(|| format!("cancelled by {}", ctx.agent)),
+                reason: args
+                    .reason
+                    .unwrap_or_else(|| format!("cancelled by {}", ctx.agent)),
             },
             other => {
                 return Err(ToolError::invalid_arguments(
