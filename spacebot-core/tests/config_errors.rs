@@ -366,6 +366,17 @@ fn sync_links_lets_config_win_and_keeps_other_links() {
             "links config does not name stay"
         );
 
+        // The runtime's policy snapshot comes from the store: it sees the stored id and the
+        // link created at run time.
+        let graph = spacebot_core::LinkGraph::load(&store, config.agent_ids().cloned())
+            .await
+            .unwrap();
+        assert_eq!(
+            graph.between("support", "engineering").map(|l| &l.id),
+            Some(&stale.id)
+        );
+        assert!(spacebot_core::policy::check_start(&graph, &id("ops"), "support").is_ok());
+
         // A fresh store gets the config's own ids.
         let fresh = MemoryLinkStore::new();
         config.sync_links(&fresh, Timestamp(7)).await.unwrap();
