@@ -260,6 +260,9 @@ pub(crate) struct AgentRuntime {
     pub(crate) doorbell: Mutex<Option<mpsc::Sender<()>>>,
     /// Tasks claimed and not finished yet.
     pub(crate) running_tasks: AtomicUsize,
+    /// The last external source seen per channel: a reply to a system message (a retrigger) in that
+    /// channel goes to the same place. Kept in memory only.
+    pub(crate) reply_sources: Mutex<HashMap<ChannelId, Source>>,
 }
 
 impl AgentRuntime {
@@ -269,12 +272,7 @@ impl AgentRuntime {
 
     /// Wakes the task loop.
     pub(crate) fn ring(&self) {
-        if let Some(bell) = self
-            .doorbell
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_mut()
-        {
+        if let Some(bell) = self.doorbell.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
             let _ = bell.try_send(());
         }
     }
@@ -441,14 +439,15 @@ impl OrganizationBuilder {
         for tool in crate::delegation::builtin_tools() {
             tools.register(tool)?;
         }
+        for tool in crate::dialogue::dialogue_tools() {
+            tools.register(tool)?;
+        }
         for tool in self.tools {
             tools.register(tool)?;
         }
         let prompts = self.prompts.unwrap_or_default();
 
-        config
-            .sync_links(stores.links.as_ref(), clock.now())
-            .await?;
+        config.sync_links(stores.links.as_ref(), clock.now()).await?;
         let links = stores.links.list().await?;
         let graph = LinkGraph::new(config.agents.iter().map(|a| a.id.clone()), links);
 
@@ -679,10 +678,25 @@ impl Organization {
         }
     }
 
+    /// Takes every envelope waiting in a running agent's queue, without processing it (for an
+    /// application that moves work elsewhere, or to measure delivery alone). The envelopes are the
+    /// caller's from then on; `None` when the agent is not running.
+    pub fn take_queued(&self, agent: &AgentId) -> Option<Vec<Envelope>> {
+        match self.inner.slot(agent) {
+            Some(Slot::Running(rt)) => Some(rt.queue.drain()),
+            _ => None,
+        }
+    }
+
     /// The topology: agents (configured ones) and links, as seed 003's JSON, DOT or Mermaid.
     pub fn topology(&self) -> Topology {
         let graph = self.inner.graph();
-        let agents = self.inner.config.agents.iter().map(TopologyAgent::from);
+        let agents = self
+            .inner
+            .config
+            .agents
+            .iter()
+            .map(TopologyAgent::from);
         Topology::from_parts(agents, graph.links().iter().cloned())
     }
 
@@ -850,6 +864,7 @@ impl Organization {
 
     /// Starts every configured agent that is not running.
     pub async fn start_all(&self) -> Result<(), OrgError> {
+        crate::dialogue::ensure_link_channels(self).await?;
         for agent in self.agent_ids() {
             self.start_agent(&agent).await?;
         }
@@ -876,6 +891,7 @@ impl Organization {
             stopped: Mutex::new(Some(done_rx)),
             doorbell: Mutex::new(Some(bell_tx)),
             running_tasks: AtomicUsize::new(0),
+            reply_sources: Mutex::new(HashMap::new()),
         });
         // Handed over past the bound: these were admitted before.
         for envelope in pending.into_iter().rev() {
@@ -900,13 +916,11 @@ impl Organization {
             let _ = done_tx.send(());
         }));
         if spec.parent.is_none() {
-            self.inner
-                .spawner
-                .spawn(Box::pin(crate::delegation::run_task_loop(
-                    self.clone(),
-                    runtime,
-                    bell_rx,
-                )));
+            self.inner.spawner.spawn(Box::pin(crate::delegation::run_task_loop(
+                self.clone(),
+                runtime,
+                bell_rx,
+            )));
         }
         Ok(())
     }
@@ -934,13 +948,10 @@ impl Organization {
             .unwrap_or_else(|e| e.into_inner())
             .take();
         for envelope in rest {
-            self.inner
-                .persist(agent, envelope)
-                .await
-                .map_err(|e| match e {
-                    DeliveryError::Store(s) => OrgError::Store(s),
-                    other => OrgError::Invalid(InvalidInput::new("stop", other.to_string())),
-                })?;
+            self.inner.persist(agent, envelope).await.map_err(|e| match e {
+                DeliveryError::Store(s) => OrgError::Store(s),
+                other => OrgError::Invalid(InvalidInput::new("stop", other.to_string())),
+            })?;
         }
         let done = runtime
             .stopped

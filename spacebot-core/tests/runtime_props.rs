@@ -78,18 +78,11 @@ impl Model {
     }
 }
 
-async fn take_call(
-    calls: &mut MockLlmHandle,
-    model: &mut Model,
-    pending: &mut Option<PendingCall>,
-) {
+async fn take_call(calls: &mut MockLlmHandle, model: &mut Model, pending: &mut Option<PendingCall>) {
     settle().await;
     let call = calls.try_next();
     if pending.is_some() {
-        assert!(
-            call.is_none(),
-            "two model calls of one agent at the same time"
-        );
+        assert!(call.is_none(), "two model calls of one agent at the same time");
         return;
     }
     if model.current.is_empty() {
@@ -113,12 +106,7 @@ async fn take_call(
 
 async fn run(steps: Vec<Step>) {
     let (llm, mut calls) = MockLlm::pair();
-    let mut h = harness(
-        Arc::new(llm),
-        "queue_capacity = 1000",
-        vec![Arc::new(EchoTool)],
-    )
-    .await;
+    let mut h = harness(Arc::new(llm), "queue_capacity = 1000", vec![Arc::new(EchoTool)]).await;
     let (a, b) = (id("a"), id("b"));
     h.org.start_agent(&a).await.unwrap();
     let mut model = Model {
@@ -142,16 +130,10 @@ async fn run(steps: Vec<Step>) {
                 let text = format!("m{counter}");
                 let (id, label) = if p < 2 {
                     let msg = InboundMessage::new("portal", format!("u{p}"), text.clone());
-                    (
-                        h.org.deliver("a", msg).await.unwrap(),
-                        format!("user (portal): {text}"),
-                    )
+                    (h.org.deliver("a", msg).await.unwrap(), format!("user (portal): {text}"))
                 } else {
                     let msg = InternalMessage::announce(text.clone());
-                    (
-                        h.org.send_internal(&b, &a, msg).await.unwrap(),
-                        format!("agent b: {text}"),
-                    )
+                    (h.org.send_internal(&b, &a, msg).await.unwrap(), format!("agent b: {text}"))
                 };
                 sent.push((p, id.clone()));
                 model.queue.push_back((id, text, label));
@@ -175,10 +157,7 @@ async fn run(steps: Vec<Step>) {
         }
         take_call(&mut calls, &mut model, &mut pending).await;
     }
-    assert!(
-        pending.is_none() && model.queue.is_empty(),
-        "work left over"
-    );
+    assert!(pending.is_none() && model.queue.is_empty(), "work left over");
 
     let mut replies = Vec::new();
     while let Ok(Some(reply)) = h.replies.try_next() {
@@ -190,10 +169,7 @@ async fn run(steps: Vec<Step>) {
     let mut answered: HashMap<EnvelopeId, usize> = HashMap::new();
     for (i, ids) in replies.iter().enumerate() {
         for id in ids {
-            assert!(
-                answered.insert(id.clone(), i).is_none(),
-                "{id} answered twice"
-            );
+            assert!(answered.insert(id.clone(), i).is_none(), "{id} answered twice");
         }
     }
     assert_eq!(answered.len(), sent.len(), "an envelope was lost");

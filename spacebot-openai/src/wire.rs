@@ -8,6 +8,7 @@ use spacebot_core::llm::{
 };
 
 use crate::config::{Dialect, MaxTokensField};
+use crate::error::{ErrorDetail, stream_error};
 
 /// A request body.
 #[derive(Debug, Serialize)]
@@ -224,6 +225,8 @@ pub(crate) struct WireResponse {
     choices: Vec<WireChoice>,
     #[serde(default)]
     usage: Option<WireUsage>,
+    #[serde(default)]
+    error: Option<ErrorDetail>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -289,6 +292,10 @@ pub(crate) fn parse_response(body: &[u8]) -> Result<ChatResponse, LlmError> {
             preview(body)
         ))
     })?;
+    if let (true, Some(error)) = (wire.choices.is_empty(), wire.error) {
+        // Some proxies answer HTTP 200 with an error object.
+        return Err(stream_error(error));
+    }
     let choice = wire
         .choices
         .into_iter()

@@ -112,7 +112,7 @@ impl RedbStore {
         let dir = dir.as_ref().to_path_buf();
         let path = dir.join(INSTANCE_FILE);
         let (instance, ready) = Worker::start(path.clone(), FileKind::Instance, options.clone())?;
-        match futures::executor::block_on(ready) {
+        match ready.recv() {
             Ok(Ok(())) => {}
             Ok(Err(failure)) => return Err(failure.to_error()),
             Err(_) => {

@@ -7,9 +7,9 @@
 //! every operation in it fails. Callers are answered only after the batch's commit has returned, so
 //! an acknowledged write is as durable as the configured [`Durability`](crate::Durability) makes it.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
 use std::sync::mpsc::{self, RecvTimeoutError, TryRecvError};
 use std::time::Instant;
 
@@ -19,6 +19,7 @@ use spacebot_core::StoreError;
 
 use crate::file::{Failure, FileKind, open_database};
 use crate::options::RedbOptions;
+use crate::tables::Tables;
 
 /// What an operation does to the file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,7 +35,9 @@ pub(crate) struct Txn<'a> {
     /// The open write transaction.
     pub(crate) tx: &'a WriteTransaction,
     /// The file, for error messages.
-    pub(crate) path: &'a PathBuf,
+    pub(crate) path: &'a Path,
+    /// The tables opened so far in this batch.
+    pub(crate) tables: Tables<'a>,
 }
 
 type Finish = Box<dyn FnOnce(Option<&Failure>) + Send>;
@@ -92,7 +95,7 @@ enum Message {
 pub(crate) struct Worker {
     path: PathBuf,
     tx: mpsc::Sender<Message>,
-    failed: Arc<AtomicBool>,
+    failed: Arc<OnceLock<Failure>>,
 }
 
 impl Worker {
@@ -102,10 +105,10 @@ impl Worker {
         path: PathBuf,
         kind: FileKind,
         options: RedbOptions,
-    ) -> Result<(Self, oneshot::Receiver<Result<(), Failure>>), StoreError> {
+    ) -> Result<(Self, mpsc::Receiver<Result<(), Failure>>), StoreError> {
         let (tx, rx) = mpsc::channel();
-        let (ready_tx, ready_rx) = oneshot::channel();
-        let failed = Arc::new(AtomicBool::new(false));
+        let (ready_tx, ready_rx) = mpsc::sync_channel(1);
+        let failed = Arc::new(OnceLock::new());
         let thread_failed = Arc::clone(&failed);
         let thread_path = path.clone();
         std::thread::Builder::new()
@@ -117,8 +120,9 @@ impl Worker {
                         run_loop(db, &thread_path, &options, &rx);
                     }
                     Err(failure) => {
-                        thread_failed.store(true, Ordering::SeqCst);
-                        // Answer whatever was queued meanwhile, then stop.
+                        // Recorded before the queue goes away: a caller whose operation is
+                        // dropped unanswered reports this failure.
+                        let _ = thread_failed.set(failure.clone());
                         while let Ok(message) = rx.try_recv() {
                             answer_failed(message, &failure);
                         }
@@ -138,7 +142,7 @@ impl Worker {
 
     /// Whether the file failed to open (the handle is useless then).
     pub(crate) fn failed(&self) -> bool {
-        self.failed.load(Ordering::SeqCst)
+        self.failed.get().is_some()
     }
 
     /// Runs `f` on the file's thread inside a write transaction and returns its result once the
@@ -165,6 +169,9 @@ impl Worker {
     }
 
     fn stopped(&self) -> StoreError {
+        if let Some(failure) = self.failed.get() {
+            return failure.to_error();
+        }
         StoreError::Backend {
             backend: "redb",
             message: format!("{}: the store is closed", self.path.display()),
@@ -182,7 +189,7 @@ fn answer_failed(message: Message, failure: &Failure) {
     }
 }
 
-fn run_loop(db: Database, path: &PathBuf, options: &RedbOptions, rx: &mpsc::Receiver<Message>) {
+fn run_loop(db: Database, path: &Path, options: &RedbOptions, rx: &mpsc::Receiver<Message>) {
     let max_batch = options.max_batch.max(1);
     let mut pending: Option<Message> = None;
     loop {
@@ -208,7 +215,12 @@ fn run_loop(db: Database, path: &PathBuf, options: &RedbOptions, rx: &mpsc::Rece
                 continue;
             }
         };
-        let txn = Txn { tx: &tx, path };
+        let started = Instant::now();
+        let txn = Txn {
+            tx: &tx,
+            path,
+            tables: Tables::default(),
+        };
         let mut finishes: Vec<Finish> = Vec::with_capacity(max_batch.min(256));
         let mut dirty = access == Access::Write;
         let (finish, mut poisoned) = run.run(&txn);
@@ -243,6 +255,7 @@ fn run_loop(db: Database, path: &PathBuf, options: &RedbOptions, rx: &mpsc::Rece
             }
         }
         drop(txn);
+        let ran = started.elapsed();
         let outcome = if poisoned {
             let _ = tx.abort();
             Some(Failure::backend(
@@ -257,17 +270,20 @@ fn run_loop(db: Database, path: &PathBuf, options: &RedbOptions, rx: &mpsc::Rece
             let _ = tx.abort();
             None
         };
+        tracing::trace!(
+            file = %path.display(),
+            operations = finishes.len(),
+            ?ran,
+            committed = ?started.elapsed() - ran,
+            "batch"
+        );
         for finish in finishes {
             finish(outcome.as_ref());
         }
     }
 }
 
-fn begin(
-    db: &Database,
-    path: &PathBuf,
-    options: &RedbOptions,
-) -> Result<WriteTransaction, Failure> {
+fn begin(db: &Database, path: &Path, options: &RedbOptions) -> Result<WriteTransaction, Failure> {
     let mut tx = db
         .begin_write()
         .map_err(|e| Failure::from_redb(path, "begin a transaction", e.into()))?;

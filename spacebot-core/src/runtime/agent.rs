@@ -7,12 +7,12 @@ use async_trait::async_trait;
 use futures::future::{AbortHandle, Abortable};
 
 use crate::channel::{NewRecord, RecordKind};
-use crate::delegation::{META_HOLDER, META_ROUND, META_TASK};
 use crate::envelope::{Envelope, EnvelopeKind, Source};
 use crate::error::{LlmError, StoreError};
 use crate::event::EventKind;
 use crate::ids::{AgentId, ChannelId, TaskRef};
 use crate::llm::{ChatMessage, ChatRequest};
+use crate::delegation::{META_HOLDER, META_ROUND, META_TASK};
 use crate::org::{AgentRuntime, META_PERSISTED, META_RESUMED, OrgInner, Organization};
 use crate::policy;
 use crate::prompts::{LinkContext, OrgContext, PromptError, SystemPromptContext};
@@ -182,10 +182,7 @@ fn is_resumed(envelope: &Envelope) -> bool {
 }
 
 fn meta_u64(envelope: &Envelope, key: &str) -> Option<u64> {
-    envelope
-        .metadata
-        .get(key)
-        .and_then(serde_json::Value::as_u64)
+    envelope.metadata.get(key).and_then(serde_json::Value::as_u64)
 }
 
 /// Takes one envelope off the queue and handles it.
@@ -200,12 +197,7 @@ async fn process(org: &Arc<OrgInner>, agent: &Arc<AgentRuntime>, envelope: Envel
         {
             Ok(first) => !first,
             Err(e) => {
-                report_error(
-                    org,
-                    agent.id(),
-                    None,
-                    format!("idempotency key {key} not checked: {e}"),
-                );
+                report_error(org, agent.id(), None, format!("idempotency key {key} not checked: {e}"));
                 false
             }
         },
@@ -224,8 +216,7 @@ async fn process(org: &Arc<OrgInner>, agent: &Arc<AgentRuntime>, envelope: Envel
         *agent.abort.lock().unwrap_or_else(|e| e.into_inner()) = Some(abort);
         let options = TurnOptions {
             send_reply: true,
-            round: meta_u64(&envelope, META_ROUND)
-                .map_or(0, |r| u32::try_from(r).unwrap_or(u32::MAX)),
+            round: meta_u64(&envelope, META_ROUND).map_or(0, |r| u32::try_from(r).unwrap_or(u32::MAX)),
             ..TurnOptions::default()
         };
         let turn = Abortable::new(
@@ -287,7 +278,12 @@ async fn process(org: &Arc<OrgInner>, agent: &Arc<AgentRuntime>, envelope: Envel
                 .mark_applied(agent.id(), &key, org.clock.now())
                 .await;
         }
-        if let Err(e) = org.stores.deliveries.remove(agent.id(), &envelope.id).await {
+        if let Err(e) = org
+            .stores
+            .deliveries
+            .remove(agent.id(), &envelope.id)
+            .await
+        {
             report_error(org, agent.id(), None, format!("pending delivery kept: {e}"));
         }
     }
@@ -308,14 +304,14 @@ async fn run_task(org: &Arc<OrgInner>, agent: &Arc<AgentRuntime>, envelope: Enve
         Ok(Some(task))
             if task.status == crate::task::TaskStatus::InProgress
                 && task.lease.as_ref().is_some_and(|l| l.holder == holder) => {}
-        Ok(_) => return,
+        Ok(_) => {
+            // This claim is over (its lease expired and the task moved on): free its slot.
+            agent.task_finished();
+            agent.ring();
+            return;
+        }
         Err(e) => {
-            report_error(
-                org,
-                agent.id(),
-                None,
-                format!("task {number} not read: {e}"),
-            );
+            report_error(org, agent.id(), None, format!("task {number} not read: {e}"));
             return;
         }
     }
@@ -366,6 +362,32 @@ async fn report_to_parent(org: &OrgInner, agent: &AgentRuntime, text: String) {
     }
 }
 
+/// Remembers the external sources of `current`, per channel.
+fn remember_sources(agent: &AgentRuntime, current: &[Envelope]) {
+    let mut known = agent.reply_sources.lock().unwrap_or_else(|e| e.into_inner());
+    for envelope in current {
+        if matches!(envelope.source, Source::External { .. }) {
+            known.insert(envelope.channel.clone(), envelope.source.clone());
+        }
+    }
+}
+
+/// Where a reply to `current` goes: the source of the first envelope, or, for a system message (a
+/// retrigger), the last external source seen in its channel.
+fn reply_source(agent: &AgentRuntime, current: &[Envelope]) -> Source {
+    match current.first() {
+        Some(first) if first.source == Source::System => agent
+            .reply_sources
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&first.channel)
+            .cloned()
+            .unwrap_or(Source::System),
+        Some(first) => first.source.clone(),
+        None => Source::System,
+    }
+}
+
 /// The system prompt of `agent` answering in `channel`.
 pub(crate) fn system_prompt(
     org: &OrgInner,
@@ -377,9 +399,10 @@ pub(crate) fn system_prompt(
     let me = agent.id();
     let name = |id: &AgentId| org.display_name(id);
     let chart = policy::org_chart(&graph, me);
-    let org_context =
-        (!chart.superiors.is_empty() || !chart.subordinates.is_empty() || !chart.peers.is_empty())
-            .then(|| OrgContext::from_chart(&chart, name));
+    let org_context = (!chart.superiors.is_empty()
+        || !chart.subordinates.is_empty()
+        || !chart.peers.is_empty())
+    .then(|| OrgContext::from_chart(&chart, name));
     let link_context = channel.as_link().and_then(|(owner, peer)| {
         if &owner != me {
             return None;
@@ -420,10 +443,9 @@ fn tool_definitions(
                 .into_iter()
                 .map(|(id, name)| crate::prompts::AgentSummary { id, name })
                 .collect();
-            definition.description = org
-                .inner
-                .prompts
-                .render_send_agent_message(&crate::prompts::SendAgentMessageContext { targets })?;
+            definition.description = org.inner.prompts.render_send_agent_message(
+                &crate::prompts::SendAgentMessageContext { targets },
+            )?;
         }
     }
     Ok(definitions)
@@ -457,6 +479,7 @@ pub(crate) async fn run_turn(
             append(inner, &me, user_record(envelope)).await;
         }
     }
+    remember_sources(agent, &current);
     let system = system_prompt(inner, agent, &channel, options.extra.clone())?;
     let mut messages = Vec::with_capacity(history.len() + 4);
     messages.push(ChatMessage::system(system));
@@ -512,10 +535,7 @@ pub(crate) async fn run_turn(
                 let reply = Reply {
                     agent: me.clone(),
                     channel: reply_channel.clone(),
-                    source: current
-                        .first()
-                        .map(|e| e.source.clone())
-                        .unwrap_or(Source::System),
+                    source: reply_source(agent, &current),
                     in_reply_to: current.iter().map(|e| e.id.clone()).collect(),
                     content: text.clone(),
                     at: inner.clock.now(),
@@ -529,12 +549,9 @@ pub(crate) async fn run_turn(
                     );
                 }
             }
-            let mut event = inner.event(
-                &me,
-                EventKind::TurnFinished {
-                    rounds: total_rounds,
-                },
-            );
+            let mut event = inner.event(&me, EventKind::TurnFinished {
+                rounds: total_rounds,
+            });
             event.channel = Some(reply_channel);
             event.task = options.task.clone();
             inner.emit(event);
@@ -562,13 +579,10 @@ pub(crate) async fn run_turn(
                 }
                 Err(e) => (e.to_model_text(), false),
             };
-            let mut event = inner.event(
-                &me,
-                EventKind::ToolCalled {
-                    tool: call.name.clone(),
-                    ok,
-                },
-            );
+            let mut event = inner.event(&me, EventKind::ToolCalled {
+                tool: call.name.clone(),
+                ok,
+            });
             event.channel = Some(reply_channel.clone());
             event.task = options.task.clone();
             inner.emit(event);
@@ -587,12 +601,9 @@ pub(crate) async fn run_turn(
             messages.push(ChatMessage::tool(call.id.clone(), text));
         }
         if let Some(text) = ended {
-            let mut event = inner.event(
-                &me,
-                EventKind::TurnFinished {
-                    rounds: total_rounds,
-                },
-            );
+            let mut event = inner.event(&me, EventKind::TurnFinished {
+                rounds: total_rounds,
+            });
             event.channel = Some(reply_channel);
             event.task = options.task.clone();
             inner.emit(event);
@@ -624,18 +635,16 @@ pub(crate) async fn run_turn(
                 }
             }
         }
-        let mut event = inner.event(
-            &me,
-            EventKind::Steered {
-                merged: current.len(),
-            },
-        );
+        let mut event = inner.event(&me, EventKind::Steered {
+            merged: current.len(),
+        });
         event.channel = current.first().map(|e| e.channel.clone());
         event.task = options.task.clone();
         inner.emit(event);
         for envelope in &current {
             append(inner, &me, user_record(envelope)).await;
         }
+        remember_sources(agent, &current);
         messages.push(ChatMessage::user(merge_backlog(&current)));
         rounds = 0;
     }

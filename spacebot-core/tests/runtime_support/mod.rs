@@ -57,11 +57,7 @@ pub struct Harness {
     pub clock: ManualClock,
 }
 
-pub async fn harness(
-    llm: Arc<dyn LlmProvider>,
-    settings: &str,
-    tools: Vec<Arc<dyn Tool>>,
-) -> Harness {
+pub async fn harness(llm: Arc<dyn LlmProvider>, settings: &str, tools: Vec<Arc<dyn Tool>>) -> Harness {
     let stores = Stores::memory();
     let events = Arc::new(RecordingSink::new());
     let clock = ManualClock::new(1_000);
@@ -98,10 +94,7 @@ impl Harness {
     pub async fn wait_for(&self, what: &str, pred: impl Fn(&RecordingSink) -> bool) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while !pred(&self.events) {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "timed out waiting for {what}"
-            );
+            assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
     }
@@ -124,11 +117,7 @@ impl Tool for EchoTool {
             }),
         }
     }
-    async fn call(
-        &self,
-        _ctx: &ToolContext,
-        args: serde_json::Value,
-    ) -> Result<ToolOutput, ToolError> {
+    async fn call(&self, _ctx: &ToolContext, args: serde_json::Value) -> Result<ToolOutput, ToolError> {
         #[derive(serde::Deserialize)]
         struct Args {
             text: String,
@@ -151,11 +140,7 @@ impl Tool for BrokenTool {
             parameters: serde_json::json!({"type": "object"}),
         }
     }
-    async fn call(
-        &self,
-        _ctx: &ToolContext,
-        _args: serde_json::Value,
-    ) -> Result<ToolOutput, ToolError> {
+    async fn call(&self, _ctx: &ToolContext, _args: serde_json::Value) -> Result<ToolOutput, ToolError> {
         Err(ToolError::failed("broken", "the disk is on fire"))
     }
 }
@@ -177,11 +162,7 @@ impl Tool for PingTool {
             }),
         }
     }
-    async fn call(
-        &self,
-        ctx: &ToolContext,
-        args: serde_json::Value,
-    ) -> Result<ToolOutput, ToolError> {
+    async fn call(&self, ctx: &ToolContext, args: serde_json::Value) -> Result<ToolOutput, ToolError> {
         #[derive(serde::Deserialize)]
         struct Args {
             target: String,
