@@ -429,7 +429,7 @@ impl OrganizationBuilder {
         let spawner = self.spawner.ok_or(OrgError::Missing("a spawner"))?;
         let clock = self.clock.ok_or(OrgError::Missing("a clock"))?;
         let config = self.config;
-        validate(&config)?;
+        config.validate()?;
         for agent in self.agent_outbounds.keys().chain(self.executors.keys()) {
             if !config.agents.iter().any(|a| &a.id == agent) {
                 return Err(OrgError::UnknownAgent(agent.clone()));
@@ -482,15 +482,6 @@ impl OrganizationBuilder {
             }),
         })
     }
-}
-
-/// Checks a configuration built in code with the same rules (and messages) as one read from TOML.
-fn validate(config: &OrgConfig) -> Result<(), OrgError> {
-    let text = config
-        .to_toml_string()
-        .map_err(|e| InvalidInput::new("organization config", e.to_string()))?;
-    OrgConfig::from_toml_str(&text)?;
-    Ok(())
 }
 
 fn agent_spec(
@@ -568,10 +559,10 @@ impl OrgInner {
                     }
                     Err((QueueError::Full { .. }, envelope)) => {
                         rt.pending.store(true, Ordering::Release);
-                        envelope
+                        *envelope
                     }
                     // Closed: the agent is stopping and its queue goes to the store; so does this.
-                    Err((_, envelope)) => envelope,
+                    Err((_, envelope)) => *envelope,
                 },
                 Some(Slot::Stopped(_)) => envelope,
                 Some(Slot::Ended) => {
