@@ -488,6 +488,21 @@ async fn tool_arguments_that_are_not_json_name_the_tool() {
     assert!(error.to_string().contains("`get_weather`"), "{error}");
     assert!(error.to_string().contains("not valid JSON"), "{error}");
     assert_eq!(server.count(), 1, "not retried");
+
+    // Passed on as written when the runtime wants to answer the model itself.
+    let server = FixtureServer::start(vec![
+        Reply::json("openai/tool_calls_bad_arguments.json"),
+        Reply::sse("openai/stream_tool_calls_bad_arguments.sse"),
+    ])
+    .await;
+    let (provider, _) = make(config(&server).with_check_tool_arguments(false));
+    let response = provider.complete(after_tool_round()).await.unwrap();
+    assert_eq!(
+        response.tool_calls[0].arguments,
+        r#"{"city": "Paris", "unit": "#
+    );
+    let streamed = done(&collect(&provider, after_tool_round()).await);
+    assert_eq!(streamed.tool_calls[0].arguments, r#"{"city": Paris}"#);
 }
 
 #[tokio::test]
