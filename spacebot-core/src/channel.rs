@@ -83,10 +83,14 @@ pub struct ChannelRecord {
 ///
 /// # Contract
 /// - `append` assigns a sequence number that increases strictly per agent and returns the record.
-/// - `history(agent, channel, limit)` returns the channel's records in append order; with a limit,
-///   the most recent `limit` records (still oldest first).
+/// - `history(agent, channel, limit)` returns the channel's records in append order (not by
+///   timestamp); with a limit, the most recent `limit` records (still oldest first; a limit of 0
+///   returns none). An unknown channel has an empty history.
 /// - `ensure_channel` makes the channel known (so it is listed even with no records); idempotent.
 /// - `channels` lists the agent's known channels (ensured or appended to), sorted.
+/// - Records round-trip exactly: text (including NUL and any Unicode), metadata and timestamps.
+///
+/// The conformance suite (module `conformance`, feature `conformance`: `channel_store_*`) checks every clause.
 #[async_trait]
 pub trait ChannelStore: Send + Sync + fmt::Debug {
     /// Appends a record to `agent`'s channel.

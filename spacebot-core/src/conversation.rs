@@ -161,16 +161,20 @@ impl ConversationFilter {
 ///
 /// # Contract
 /// - `create` stores a new conversation (its revision as given, normally 1). It fails with
-///   [`StoreError::AlreadyExists`] if the id exists, or if `pair_key` is set and an open
-///   conversation with the same key exists; nothing is written then. Concurrent creates with one
-///   key leave exactly one open conversation.
+///   [`StoreError::AlreadyExists`] if the id exists, or if the new conversation is open, its
+///   `pair_key` is set and an open conversation with the same key exists; nothing is written
+///   then. (A concluded or severed conversation never holds its key, so it may be created with a
+///   key an open one holds.) Concurrent creates with one key leave exactly one open conversation.
 /// - `update(next, expected_revision)` writes `next` with revision `expected_revision + 1` if the
 ///   stored revision is `expected_revision` (else [`StoreError::Conflict`]) and
 ///   [`Conversation::check_successor`] accepts it (else [`StoreError::Invalid`]); returns what was
-///   stored. Reopening (concluded -> open) with a `pair_key` fails with `AlreadyExists` when
-///   another open conversation holds the key.
+///   stored (the revision field of `next` is ignored). Reopening (concluded -> open) with a
+///   `pair_key` fails with `AlreadyExists` when another open conversation holds the key; an open
+///   conversation updated while staying open never clashes with its own key.
 /// - `find_open(pair_key)` returns the open conversation holding the key.
 /// - `list` returns matches sorted by `(created_at, id)`.
+///
+/// The conformance suite (module `conformance`, feature `conformance`: `conversation_store_*`) checks every clause.
 #[async_trait]
 pub trait ConversationStore: Send + Sync + fmt::Debug {
     /// Stores a new conversation.

@@ -125,11 +125,16 @@ impl Envelope {
 /// of which idempotency keys it has applied.
 ///
 /// # Contract
-/// - `persist` stores the envelope for `agent`; persisting the same envelope id again is a no-op.
+/// - `persist` stores the envelope for `agent`; persisting the same envelope id again is a no-op
+///   (the first copy is kept). Removed ids are not remembered: an id removed and then persisted
+///   again is stored again, last.
 /// - `pending` returns the agent's stored envelopes in the order they were persisted.
 /// - `remove` deletes one; removing an absent id is a no-op (hand-over may be retried).
 /// - `mark_applied(agent, key)` returns `true` the first time a key is marked for that agent and
-///   `false` ever after, across restarts: it is how "applied exactly once" is kept.
+///   `false` ever after, across restarts: it is how "applied exactly once" is kept. Of concurrent
+///   calls with one key, exactly one returns `true`.
+///
+/// The conformance suite (module `conformance`, feature `conformance`: `delivery_store_*`) checks every clause.
 #[async_trait]
 pub trait DeliveryStore: Send + Sync + fmt::Debug {
     /// Stores an envelope for later hand-over.

@@ -151,13 +151,19 @@ impl AgentLink {
 /// - `create` fails with [`StoreError::AlreadyExists`] if the id or the ordered pair `(from, to)`
 ///   exists; nothing is written then.
 /// - `update` replaces direction, relationship, enabled and `updated_at` of the link with that id
-///   (`from`, `to`, `created_at` are kept); [`StoreError::NotFound`] if absent.
+///   (`from`, `to`, `created_at` are kept, whatever the argument holds); [`StoreError::NotFound`]
+///   if absent.
 /// - `delete` removes the link; [`StoreError::NotFound`] if absent.
 /// - `get_between(from, to)` looks up the exact ordered pair; it does not look at `(to, from)`.
 /// - `list` and `links_for_agent` return links sorted by `(from, to)`.
 /// - `upsert_all` is atomic: either every link is written or none is. For each link, an existing
 ///   link with the same ordered pair keeps its id and `created_at` and takes every other field from
 ///   the argument; otherwise the link is inserted as given. Links not named are left alone.
+///   A batch that names one ordered pair twice is refused with [`StoreError::Invalid`]; a new pair
+///   whose id another link holds (stored, or a new pair earlier in the batch) is refused with
+///   [`StoreError::AlreadyExists`]; nothing is written then.
+///
+/// The conformance suite (module `conformance`, feature `conformance`: `link_store_*`) checks every clause.
 #[async_trait]
 pub trait LinkStore: Send + Sync + fmt::Debug {
     /// Inserts a new link.

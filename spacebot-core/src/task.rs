@@ -719,18 +719,27 @@ impl Expect {
 ///
 /// # Contract
 /// - `create` numbers tasks per agent from 1 without gaps under concurrency, validates with
-///   [`NewTask::into_task`] and returns the stored task (revision 1).
-/// - `list` returns matching tasks sorted by number.
+///   [`NewTask::into_task`] (a refusal is [`StoreError::Invalid`] and uses no number) and returns
+///   the stored task (revision 1).
+/// - `get` of an absent task, or on a board that has no tasks yet, is `Ok(None)`.
+/// - `list` returns matching tasks sorted by number; `limit` applies after the other filters and
+///   keeps the lowest numbers.
 /// - `transition` checks `expect` (else [`StoreError::Conflict`]), applies [`Task::apply`], and
-///   writes the new task and its notice (if any) to the outbox in one atomic step.
+///   writes the new task and its notice (if any) to the outbox in one atomic step; a refused event
+///   (conflict, invalid transition, not the lease holder) writes nothing.
 ///   [`StoreError::NotFound`] if the task does not exist.
 /// - `claim_next` atomically moves the ready task with the highest priority, then the lowest
 ///   number, to in_progress with a lease for `holder` until `now + lease`; two concurrent claims
 ///   never get the same task. `None` when nothing is ready.
 /// - `requeue_expired` applies [`TaskEvent::ExpireLease`] to every in-progress task whose lease
-///   expired at `now` (writing notices for those that fail for good) and returns them.
-/// - `outbox_pending` lists unsent notices in the order they were written; `outbox_mark_sent`
-///   removes (or marks) one by key and is idempotent.
+///   expired at `now` (`expires_at <= now`, see [`Task::lease_expired`]; time is the `now`
+///   argument, never the wall clock), writing notices for those that fail for good, and returns
+///   them.
+/// - `outbox_pending` lists unsent notices in the order they were written (not by timestamp or
+///   task number); `outbox_mark_sent` removes (or marks) one by key and is idempotent: marking a
+///   key again, or a key that was never written, succeeds and changes nothing.
+///
+/// The conformance suite (module `conformance`, feature `conformance`: `task_store_*`) checks every clause.
 #[async_trait]
 pub trait TaskStore: Send + Sync + fmt::Debug {
     /// Creates the next task on `agent`'s board.

@@ -1,1 +1,425 @@
-//! placeholder
+//! Every spacebot store on [redb](https://www.redb.org): a pure-Rust embedded backend.
+//!
+//! [`open`] returns the [`Stores`] bundle of an organization kept under one directory:
+//!
+//! ```text
+//! {dir}/instance.redb                 links, conversations
+//! {dir}/agents/{id}/spacebot.redb     one agent's tasks, outbox, channel history, deliveries,
+//!                                     applied idempotency keys
+//! ```
+//!
+//! Agent files are opened lazily, the first time an agent's store is used. Each file records its
+//! kind and schema version ([`SCHEMA_VERSION`]); a file without them, of another kind, with a newer
+//! version, or damaged is refused with [`StoreError::Corrupt`] naming the file, and is never
+//! written to.
+//!
+//! # Threads and commits
+//! redb's transactions are synchronous. Each open file has a dedicated thread that owns the
+//! database; async callers hand it operations over a channel and await the answer on a
+//! `futures` oneshot, so nothing blocks the executor and no async runtime is required. The thread
+//! runs the operations queued at that moment inside one write transaction and commits them with one
+//! durable commit (group commit, see [`RedbOptions::max_batch`]); every caller is answered after
+//! that commit has returned. A task claim, the task's number, its indexes and its outbox row are
+//! always written by one operation, hence in one transaction.
+//!
+//! ```
+//! # async fn demo() -> Result<(), spacebot_core::StoreError> {
+//! use spacebot_core::task::NewTask;
+//! use spacebot_core::{AgentId, Timestamp};
+//! let dir = tempfile::tempdir().map_err(|e| spacebot_core::StoreError::backend("redb", "tempdir", e))?;
+//! let stores = spacebot_redb::open(dir.path())?;
+//! let agent = AgentId::parse("support")?;
+//! let task = stores.tasks.create(&agent, NewTask::new("Answer the ticket", ""), Timestamp(0)).await?;
+//! assert_eq!(task.number, 1);
+//! # Ok(()) }
+//! # futures::executor::block_on(demo()).unwrap();
+//! ```
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
+#![forbid(unsafe_code)]
+
+mod agent;
+mod file;
+mod instance;
+mod options;
+mod tables;
+mod worker;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use spacebot_core::channel::ChannelStore;
+use spacebot_core::conversation::{Conversation, ConversationFilter, ConversationStore};
+use spacebot_core::envelope::DeliveryStore;
+use spacebot_core::link::LinkStore;
+use spacebot_core::task::{
+    CompletionNotice, Expect, NewTask, Task, TaskEvent, TaskFilter, TaskStore, Transition,
+};
+use spacebot_core::{
+    AgentId, AgentLink, ChannelId, ChannelRecord, ConversationId, Envelope, EnvelopeId, LinkId,
+    NewRecord, StoreError, Stores, Timestamp,
+};
+
+pub use file::SCHEMA_VERSION;
+pub use options::{Durability, RedbOptions};
+
+use file::FileKind;
+use worker::{Access, Worker};
+
+/// The instance file's name under the data directory.
+pub const INSTANCE_FILE: &str = "instance.redb";
+/// An agent file's name under `{dir}/agents/{id}/`.
+pub const AGENT_FILE: &str = "spacebot.redb";
+
+/// Opens (or creates) the stores kept under `dir` with the default [`RedbOptions`].
+///
+/// Blocks while the instance file is opened and checked: call it before starting work, or from a
+/// blocking context.
+pub fn open(dir: impl AsRef<Path>) -> Result<Stores, StoreError> {
+    open_with(dir, RedbOptions::default())
+}
+
+/// Opens (or creates) the stores kept under `dir`.
+pub fn open_with(dir: impl AsRef<Path>, options: RedbOptions) -> Result<Stores, StoreError> {
+    Ok(RedbStore::open(dir, options)?.stores())
+}
+
+/// Every store of one data directory. Cheap to share: clone the `Arc`.
+pub struct RedbStore {
+    dir: PathBuf,
+    options: RedbOptions,
+    instance: Worker,
+    agents: Mutex<HashMap<AgentId, Arc<Worker>>>,
+}
+
+impl fmt::Debug for RedbStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedbStore")
+            .field("dir", &self.dir)
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedbStore {
+    /// Opens (or creates) the data directory `dir`: creates it if needed and opens the instance
+    /// file, blocking until it is checked.
+    pub fn open(dir: impl AsRef<Path>, options: RedbOptions) -> Result<Arc<Self>, StoreError> {
+        let dir = dir.as_ref().to_path_buf();
+        let path = dir.join(INSTANCE_FILE);
+        let (instance, ready) = Worker::start(path.clone(), FileKind::Instance, options.clone())?;
+        match ready.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(failure)) => return Err(failure.to_error()),
+            Err(_) => {
+                return Err(StoreError::Backend {
+                    backend: "redb",
+                    message: format!("{}: the opening thread stopped", path.display()),
+                    source: None,
+                });
+            }
+        }
+        Ok(Arc::new(Self {
+            dir,
+            options,
+            instance,
+            agents: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    /// The bundle of stores, all served by this one.
+    pub fn stores(self: &Arc<Self>) -> Stores {
+        Stores {
+            links: self.clone(),
+            conversations: self.clone(),
+            tasks: self.clone(),
+            channels: self.clone(),
+            deliveries: self.clone(),
+        }
+    }
+
+    /// The data directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The file that holds `agent`'s stores.
+    pub fn agent_path(&self, agent: &AgentId) -> PathBuf {
+        self.dir
+            .join("agents")
+            .join(agent.as_str())
+            .join(AGENT_FILE)
+    }
+
+    /// Finishes the queued operations and closes every open file. Operations issued afterwards
+    /// fail with [`StoreError::Backend`]. Needed before the directory is opened again in the same
+    /// process (redb locks its files).
+    pub async fn close(&self) {
+        let agents: Vec<Arc<Worker>> = self.lock_agents().values().cloned().collect();
+        for worker in agents {
+            worker.close().await;
+        }
+        self.instance.close().await;
+    }
+
+    fn lock_agents(&self) -> std::sync::MutexGuard<'_, HashMap<AgentId, Arc<Worker>>> {
+        // The map holds plain handles; a panic elsewhere cannot leave it half-updated.
+        self.agents.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The worker of `agent`'s file, started (and the file opened, on its own thread) on first use.
+    fn agent(&self, agent: &AgentId) -> Result<Arc<Worker>, StoreError> {
+        let mut agents = self.lock_agents();
+        if let Some(worker) = agents.get(agent)
+            && !worker.failed()
+        {
+            return Ok(worker.clone());
+        }
+        let (worker, _ready) = Worker::start(
+            self.agent_path(agent),
+            FileKind::Agent(agent.clone()),
+            self.options.clone(),
+        )?;
+        let worker = Arc::new(worker);
+        agents.insert(agent.clone(), worker.clone());
+        Ok(worker)
+    }
+
+    async fn on_agent<R, F>(&self, agent: &AgentId, access: Access, f: F) -> Result<R, StoreError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&worker::Txn<'_>) -> Result<R, StoreError> + Send + 'static,
+    {
+        self.agent(agent)?.call(access, f).await
+    }
+}
+
+#[async_trait]
+impl LinkStore for RedbStore {
+    async fn create(&self, link: &AgentLink) -> Result<(), StoreError> {
+        let link = link.clone();
+        self.instance
+            .call(Access::Write, move |t| t.link_create(&link))
+            .await
+    }
+    async fn update(&self, link: &AgentLink) -> Result<(), StoreError> {
+        let link = link.clone();
+        self.instance
+            .call(Access::Write, move |t| t.link_update(&link))
+            .await
+    }
+    async fn delete(&self, id: &LinkId) -> Result<(), StoreError> {
+        let id = id.clone();
+        self.instance
+            .call(Access::Write, move |t| t.link_delete(&id))
+            .await
+    }
+    async fn get(&self, id: &LinkId) -> Result<Option<AgentLink>, StoreError> {
+        let id = id.clone();
+        self.instance
+            .call(Access::Read, move |t| t.link_get(&id))
+            .await
+    }
+    async fn get_between(
+        &self,
+        from: &AgentId,
+        to: &AgentId,
+    ) -> Result<Option<AgentLink>, StoreError> {
+        let (from, to) = (from.clone(), to.clone());
+        self.instance
+            .call(Access::Read, move |t| t.link_between(&from, &to))
+            .await
+    }
+    async fn links_for_agent(&self, agent: &AgentId) -> Result<Vec<AgentLink>, StoreError> {
+        let agent = agent.clone();
+        self.instance
+            .call(Access::Read, move |t| t.links_for_agent(&agent))
+            .await
+    }
+    async fn list(&self) -> Result<Vec<AgentLink>, StoreError> {
+        self.instance.call(Access::Read, |t| t.links_all()).await
+    }
+    async fn upsert_all(&self, links: &[AgentLink]) -> Result<(), StoreError> {
+        let links = links.to_vec();
+        self.instance
+            .call(Access::Write, move |t| t.links_upsert_all(&links))
+            .await
+    }
+}
+
+#[async_trait]
+impl ConversationStore for RedbStore {
+    async fn create(&self, conversation: &Conversation) -> Result<(), StoreError> {
+        let c = conversation.clone();
+        self.instance
+            .call(Access::Write, move |t| t.conversation_create(&c))
+            .await
+    }
+    async fn get(&self, id: &ConversationId) -> Result<Option<Conversation>, StoreError> {
+        let id = id.clone();
+        self.instance
+            .call(Access::Read, move |t| t.conversation_get(&id))
+            .await
+    }
+    async fn update(
+        &self,
+        next: &Conversation,
+        expected_revision: u64,
+    ) -> Result<Conversation, StoreError> {
+        let next = next.clone();
+        self.instance
+            .call(Access::Write, move |t| {
+                t.conversation_update(&next, expected_revision)
+            })
+            .await
+    }
+    async fn find_open(&self, pair_key: &str) -> Result<Option<Conversation>, StoreError> {
+        let key = pair_key.to_string();
+        self.instance
+            .call(Access::Read, move |t| t.conversation_find_open(&key))
+            .await
+    }
+    async fn list(&self, filter: &ConversationFilter) -> Result<Vec<Conversation>, StoreError> {
+        let filter = filter.clone();
+        self.instance
+            .call(Access::Read, move |t| t.conversation_list(&filter))
+            .await
+    }
+}
+
+#[async_trait]
+impl TaskStore for RedbStore {
+    async fn create(
+        &self,
+        agent: &AgentId,
+        task: NewTask,
+        now: Timestamp,
+    ) -> Result<Task, StoreError> {
+        let a = agent.clone();
+        self.on_agent(agent, Access::Write, move |t| t.task_create(&a, task, now))
+            .await
+    }
+    async fn get(&self, agent: &AgentId, number: u64) -> Result<Option<Task>, StoreError> {
+        let a = agent.clone();
+        self.on_agent(agent, Access::Read, move |t| t.task_get(&a, number))
+            .await
+    }
+    async fn list(&self, agent: &AgentId, filter: &TaskFilter) -> Result<Vec<Task>, StoreError> {
+        let (a, filter) = (agent.clone(), filter.clone());
+        self.on_agent(agent, Access::Read, move |t| t.task_list(&a, &filter))
+            .await
+    }
+    async fn transition(
+        &self,
+        agent: &AgentId,
+        number: u64,
+        expect: Expect,
+        event: TaskEvent,
+        now: Timestamp,
+    ) -> Result<Transition, StoreError> {
+        let a = agent.clone();
+        self.on_agent(agent, Access::Write, move |t| {
+            t.task_transition(&a, number, expect, event, now)
+        })
+        .await
+    }
+    async fn claim_next(
+        &self,
+        agent: &AgentId,
+        holder: &str,
+        lease: Duration,
+        now: Timestamp,
+    ) -> Result<Option<Task>, StoreError> {
+        let (a, holder) = (agent.clone(), holder.to_string());
+        self.on_agent(agent, Access::Write, move |t| {
+            t.task_claim_next(&a, &holder, lease, now)
+        })
+        .await
+    }
+    async fn requeue_expired(
+        &self,
+        agent: &AgentId,
+        now: Timestamp,
+    ) -> Result<Vec<Transition>, StoreError> {
+        let a = agent.clone();
+        self.on_agent(agent, Access::Write, move |t| {
+            t.task_requeue_expired(&a, now)
+        })
+        .await
+    }
+    async fn outbox_pending(&self, agent: &AgentId) -> Result<Vec<CompletionNotice>, StoreError> {
+        self.on_agent(agent, Access::Read, |t| t.outbox_pending())
+            .await
+    }
+    async fn outbox_mark_sent(&self, agent: &AgentId, key: &str) -> Result<(), StoreError> {
+        let key = key.to_string();
+        self.on_agent(agent, Access::Write, move |t| t.outbox_mark_sent(&key))
+            .await
+    }
+}
+
+#[async_trait]
+impl ChannelStore for RedbStore {
+    async fn append(
+        &self,
+        agent: &AgentId,
+        record: NewRecord,
+    ) -> Result<ChannelRecord, StoreError> {
+        let a = agent.clone();
+        self.on_agent(agent, Access::Write, move |t| t.channel_append(&a, record))
+            .await
+    }
+    async fn history(
+        &self,
+        agent: &AgentId,
+        channel: &ChannelId,
+        limit: Option<usize>,
+    ) -> Result<Vec<ChannelRecord>, StoreError> {
+        let channel = channel.clone();
+        self.on_agent(agent, Access::Read, move |t| {
+            t.channel_history(&channel, limit)
+        })
+        .await
+    }
+    async fn ensure_channel(&self, agent: &AgentId, channel: &ChannelId) -> Result<(), StoreError> {
+        let channel = channel.clone();
+        self.on_agent(agent, Access::Write, move |t| t.channel_ensure(&channel))
+            .await
+    }
+    async fn channels(&self, agent: &AgentId) -> Result<Vec<ChannelId>, StoreError> {
+        self.on_agent(agent, Access::Read, |t| t.channel_list())
+            .await
+    }
+}
+
+#[async_trait]
+impl DeliveryStore for RedbStore {
+    async fn persist(&self, agent: &AgentId, envelope: &Envelope) -> Result<(), StoreError> {
+        let envelope = envelope.clone();
+        self.on_agent(agent, Access::Write, move |t| t.delivery_persist(&envelope))
+            .await
+    }
+    async fn pending(&self, agent: &AgentId) -> Result<Vec<Envelope>, StoreError> {
+        self.on_agent(agent, Access::Read, |t| t.delivery_pending())
+            .await
+    }
+    async fn remove(&self, agent: &AgentId, id: &EnvelopeId) -> Result<(), StoreError> {
+        let id = id.clone();
+        self.on_agent(agent, Access::Write, move |t| t.delivery_remove(&id))
+            .await
+    }
+    async fn mark_applied(
+        &self,
+        agent: &AgentId,
+        key: &str,
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
+        let key = key.to_string();
+        self.on_agent(agent, Access::Write, move |t| t.mark_applied(&key, now))
+            .await
+    }
+}

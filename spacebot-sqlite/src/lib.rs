@@ -1,1 +1,277 @@
-//! placeholder
+//! SQLite backends of every spacebot store, through `sqlx`.
+//!
+//! [`open`] a directory and get the [`Stores`] bundle the runtime needs. The layout follows the
+//! instance / per-agent split of the links design:
+//!
+//! ```text
+//! {dir}/
+//!     instance.db                   links, conversation links and their members
+//!     agents/
+//!         {agent}/data/spacebot.db  task board, outbox, channel history,
+//!                                   pending deliveries, applied idempotency keys
+//! ```
+//!
+//! `instance.db` is opened (created, migrated) by [`open`]; an agent's database is opened the first
+//! time a store call names that agent. Migrations are embedded in the binary (`migrations/` for
+//! agent databases, `migrations_instance/` for the instance database) and run at open. Every file
+//! runs in WAL mode with a busy timeout and foreign keys on; writes of one process go through a
+//! single connection per file, reads through a small pool.
+//!
+//! # Guarantees
+//! - A claim is one `UPDATE ... RETURNING` statement that only matches a task still `ready`, so
+//!   two claims never get the same task, within a process or across processes.
+//! - Task numbers are allocated inside the inserting statement, under SQLite's write lock: no two
+//!   tasks share a number and numbers have no gaps.
+//! - A terminal transition and its completion notice are written in one `BEGIN IMMEDIATE`
+//!   transaction.
+//! - A file that is not an SQLite database, another application's database, or a database whose
+//!   schema is newer than this build is refused with [`StoreError::Corrupt`] naming the file, and
+//!   left untouched.
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), spacebot_core::StoreError> {
+//! let stores = spacebot_sqlite::open("./data").await?;
+//! let links = stores.links.list().await?;
+//! # Ok(()) }
+//! ```
+#![cfg_attr(docsrs, feature(doc_cfg))]
+#![forbid(unsafe_code)]
+
+mod channels;
+mod conversations;
+mod db;
+mod deliveries;
+mod error;
+mod links;
+mod options;
+mod tasks;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use spacebot_core::{AgentId, StoreError, Stores};
+use tokio::sync::OnceCell;
+
+pub use crate::channels::SqliteChannelStore;
+pub use crate::conversations::SqliteConversationStore;
+use crate::db::{Db, DbKind};
+pub use crate::deliveries::SqliteDeliveryStore;
+pub use crate::links::SqliteLinkStore;
+pub use crate::options::{SqliteOptions, Synchronous};
+pub use crate::tasks::SqliteTaskStore;
+
+/// The statements of a task cycle (create, claim, complete with its outbox row), for the benchmark
+/// that compares the stores with raw sqlx running the same SQL. Not a stable API.
+#[doc(hidden)]
+pub mod sql {
+    pub use crate::tasks::{CLAIM_SQL, INSERT_SQL, OUTBOX_INSERT_SQL, SELECT_ONE_SQL, UPDATE_SQL};
+}
+
+/// Opens (creating if needed) the SQLite stores under `dir` with the default [`SqliteOptions`],
+/// as the [`Stores`] bundle.
+///
+/// # Errors
+/// [`StoreError::Corrupt`] if `instance.db` is not a spacebot instance database (or is newer than
+/// this build); [`StoreError::Backend`] if the directory or the file cannot be created or opened.
+/// Both name the file.
+pub async fn open(dir: impl AsRef<Path>) -> Result<Stores, StoreError> {
+    Ok(SqliteStores::open(dir).await?.stores())
+}
+
+/// Every spacebot store on SQLite: one instance database plus one database per agent, opened
+/// lazily. Cheap to clone (clones share the databases).
+///
+/// Each store trait is implemented by a handle that shares these databases:
+/// [`SqliteStores::links`] and [`SqliteStores::conversations`] on the instance database,
+/// [`SqliteStores::tasks`], [`SqliteStores::channels`] and [`SqliteStores::deliveries`] on the
+/// agents' databases; [`SqliteStores::stores`] bundles them all.
+#[derive(Debug, Clone)]
+pub struct SqliteStores {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    /// `None` for in-memory stores.
+    dir: Option<PathBuf>,
+    options: SqliteOptions,
+    instance: Db,
+    agents: Mutex<HashMap<AgentId, Arc<OnceCell<Db>>>>,
+    /// The directory of [`SqliteStores::temporary`] stores, deleted when the last clone is dropped.
+    _temporary: Option<tempfile::TempDir>,
+}
+
+impl SqliteStores {
+    /// Opens (creating if needed) the stores under `dir` with the default options.
+    ///
+    /// # Errors
+    /// As [`open`].
+    pub async fn open(dir: impl AsRef<Path>) -> Result<Self, StoreError> {
+        Self::open_with(dir, SqliteOptions::default()).await
+    }
+
+    /// Opens (creating if needed) the stores under `dir` with `options`.
+    ///
+    /// # Errors
+    /// As [`open`].
+    pub async fn open_with(
+        dir: impl AsRef<Path>,
+        options: SqliteOptions,
+    ) -> Result<Self, StoreError> {
+        let dir = dir.as_ref().to_path_buf();
+        let instance = Db::open(Some(&db::instance_path(&dir)), DbKind::Instance, &options).await?;
+        Ok(Self::from_parts(Some(dir), options, instance, None))
+    }
+
+    /// Stores in a new temporary directory, deleted when the last clone of the returned value is
+    /// dropped. Same files and durability as [`SqliteStores::open`]; for examples and tests.
+    ///
+    /// # Errors
+    /// [`StoreError::Backend`] if the temporary directory cannot be created, else as [`open`].
+    pub async fn temporary() -> Result<Self, StoreError> {
+        Self::temporary_with(SqliteOptions::default()).await
+    }
+
+    /// [`SqliteStores::temporary`] with `options`.
+    ///
+    /// # Errors
+    /// As [`SqliteStores::temporary`].
+    pub async fn temporary_with(options: SqliteOptions) -> Result<Self, StoreError> {
+        let temp = tempfile::Builder::new()
+            .prefix("spacebot-")
+            .tempdir()
+            .map_err(|e| {
+                StoreError::backend(
+                    error::BACKEND,
+                    format!("creating a temporary directory: {e}"),
+                    e,
+                )
+            })?;
+        let dir = temp.path().to_path_buf();
+        let instance = Db::open(Some(&db::instance_path(&dir)), DbKind::Instance, &options).await?;
+        Ok(Self::from_parts(Some(dir), options, instance, Some(temp)))
+    }
+
+    /// Stores in memory: nothing survives the value (and its clones). Each agent still gets its
+    /// own database. Meant for tests.
+    ///
+    /// # Errors
+    /// [`StoreError::Backend`] if SQLite cannot open an in-memory database.
+    pub async fn in_memory() -> Result<Self, StoreError> {
+        let options = SqliteOptions::default();
+        let instance = Db::open(None, DbKind::Instance, &options).await?;
+        Ok(Self::from_parts(None, options, instance, None))
+    }
+
+    fn from_parts(
+        dir: Option<PathBuf>,
+        options: SqliteOptions,
+        instance: Db,
+        temporary: Option<tempfile::TempDir>,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                dir,
+                options,
+                instance,
+                agents: Mutex::new(HashMap::new()),
+                _temporary: temporary,
+            }),
+        }
+    }
+
+    /// The bundle of every store, all backed by these databases.
+    pub fn stores(&self) -> Stores {
+        Stores {
+            links: Arc::new(self.links()),
+            conversations: Arc::new(self.conversations()),
+            tasks: Arc::new(self.tasks()),
+            channels: Arc::new(self.channels()),
+            deliveries: Arc::new(self.deliveries()),
+        }
+    }
+
+    /// The [`LinkStore`](spacebot_core::LinkStore) (instance database).
+    pub fn links(&self) -> SqliteLinkStore {
+        SqliteLinkStore(self.clone())
+    }
+
+    /// The [`ConversationStore`](spacebot_core::ConversationStore) (instance database).
+    pub fn conversations(&self) -> SqliteConversationStore {
+        SqliteConversationStore(self.clone())
+    }
+
+    /// The [`TaskStore`](spacebot_core::TaskStore) (agents' databases).
+    pub fn tasks(&self) -> SqliteTaskStore {
+        SqliteTaskStore(self.clone())
+    }
+
+    /// The [`ChannelStore`](spacebot_core::ChannelStore) (agents' databases).
+    pub fn channels(&self) -> SqliteChannelStore {
+        SqliteChannelStore(self.clone())
+    }
+
+    /// The [`DeliveryStore`](spacebot_core::DeliveryStore) (agents' databases).
+    pub fn deliveries(&self) -> SqliteDeliveryStore {
+        SqliteDeliveryStore(self.clone())
+    }
+
+    /// The directory the stores live in (`None` in memory).
+    pub fn dir(&self) -> Option<&Path> {
+        self.inner.dir.as_deref()
+    }
+
+    /// The path of the instance database (`None` in memory).
+    pub fn instance_db_path(&self) -> Option<PathBuf> {
+        self.inner.dir.as_deref().map(db::instance_path)
+    }
+
+    /// The path of `agent`'s database (`None` in memory). The file exists once a store call has
+    /// named the agent.
+    pub fn agent_db_path(&self, agent: &AgentId) -> Option<PathBuf> {
+        self.inner.dir.as_deref().map(|d| db::agent_path(d, agent))
+    }
+
+    /// Closes every database, waiting for operations in progress. Calls made afterwards fail with
+    /// [`StoreError::Backend`].
+    pub async fn close(&self) {
+        let cells: Vec<Arc<OnceCell<Db>>> = self.lock_agents().values().cloned().collect();
+        for cell in cells {
+            if let Some(db) = cell.get() {
+                db.close().await;
+            }
+        }
+        self.inner.instance.close().await;
+    }
+
+    fn lock_agents(&self) -> std::sync::MutexGuard<'_, HashMap<AgentId, Arc<OnceCell<Db>>>> {
+        // The map only holds cells; a panic elsewhere cannot leave it half-updated.
+        self.inner.agents.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The instance database.
+    pub(crate) fn instance(&self) -> &Db {
+        &self.inner.instance
+    }
+
+    /// `agent`'s database, opened (created, migrated) on first use. A failed open is retried by the
+    /// next call.
+    pub(crate) async fn agent(&self, agent: &AgentId) -> Result<Db, StoreError> {
+        let cell = {
+            let mut agents = self.lock_agents();
+            match agents.get(agent) {
+                Some(cell) => cell.clone(),
+                None => agents.entry(agent.clone()).or_default().clone(),
+            }
+        };
+        if let Some(db) = cell.get() {
+            return Ok(db.clone());
+        }
+        let path = self.agent_db_path(agent);
+        let db = cell
+            .get_or_try_init(|| Db::open(path.as_deref(), DbKind::Agent, &self.inner.options))
+            .await?;
+        Ok(db.clone())
+    }
+}

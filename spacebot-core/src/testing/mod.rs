@@ -1,1 +1,135 @@
-//! Test helpers: the mock LLM.
+//! Test helpers: mock LLM providers and a recording event sink.
+//!
+//! Every provider here records each [`ChatRequest`] it receives, in arrival order, so tests can
+//! assert on prompts and tool schemas:
+//!
+//! - [`ScriptedLlm`]: per-agent FIFO scripts of answers (text, tool calls, errors);
+//! - [`MockLlm::pair`]: a provider and a [`MockLlmHandle`] through which the test answers each call
+//!   as it arrives, turn by turn (in the style of `tower-test`);
+//! - [`FnLlm`]: a closure from request to response, for adversarial property tests.
+//!
+//! [`RecordingSink`] keeps every emitted [`Event`](crate::event::Event).
+//!
+//! None of them needs an async runtime: they are built on `futures` alone.
+
+mod fn_llm;
+mod pair;
+mod recording;
+mod scripted;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+pub use fn_llm::FnLlm;
+pub use pair::{MockLlm, MockLlmHandle, PendingCall};
+pub use recording::RecordingSink;
+pub use scripted::ScriptedLlm;
+
+use crate::ids::AgentId;
+use crate::llm::{ChatRequest, ToolCall};
+
+/// Locks a mutex, recovering the data if another thread panicked while holding it (the guarded
+/// data are plain collections that stay consistent between statements).
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A shared, ordered log of the requests a mock provider received.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Recorder {
+    requests: Arc<Mutex<Vec<ChatRequest>>>,
+}
+
+impl Recorder {
+    pub(crate) fn record(&self, request: &ChatRequest) {
+        lock(&self.requests).push(request.clone());
+    }
+
+    pub(crate) fn all(&self) -> Vec<ChatRequest> {
+        lock(&self.requests).clone()
+    }
+
+    pub(crate) fn for_agent(&self, agent: &AgentId) -> Vec<ChatRequest> {
+        lock(&self.requests)
+            .iter()
+            .filter(|r| r.agent.as_ref() == Some(agent))
+            .cloned()
+            .collect()
+    }
+}
+
+static NEXT_HELPER_CALL: AtomicU64 = AtomicU64::new(1);
+
+/// A [`ToolCall`] of tool `name` with JSON arguments `args`.
+///
+/// Its id is `call_{name}_{n}` with `n` unique within the process, so calls built by this helper
+/// never share an id. Use [`tool_call_with_id`] when a test needs a fixed id.
+///
+/// ```
+/// use spacebot_core::testing::tool_call;
+/// let call = tool_call("send_agent_message", serde_json::json!({"target": "b", "message": "hi"}));
+/// assert_eq!(call.name, "send_agent_message");
+/// assert_eq!(call.arguments, r#"{"message":"hi","target":"b"}"#);
+/// assert!(call.id.starts_with("call_send_agent_message_"));
+/// ```
+pub fn tool_call(name: impl Into<String>, args: serde_json::Value) -> ToolCall {
+    let name = name.into();
+    let n = NEXT_HELPER_CALL.fetch_add(1, Ordering::Relaxed);
+    ToolCall {
+        id: format!("call_{name}_{n}"),
+        name,
+        arguments: args.to_string(),
+    }
+}
+
+/// A [`ToolCall`] with the given id, tool name and JSON arguments.
+///
+/// ```
+/// use spacebot_core::testing::tool_call_with_id;
+/// let call = tool_call_with_id("call_7", "conclude_link", serde_json::json!({"summary": "done"}));
+/// assert_eq!((call.id.as_str(), call.name.as_str()), ("call_7", "conclude_link"));
+/// ```
+pub fn tool_call_with_id(
+    id: impl Into<String>,
+    name: impl Into<String>,
+    args: serde_json::Value,
+) -> ToolCall {
+    ToolCall {
+        id: id.into(),
+        name: name.into(),
+        arguments: args.to_string(),
+    }
+}
+
+/// A [`ToolCall`] whose arguments are the raw text given, which need not be valid JSON (for
+/// testing how malformed model output is handled).
+///
+/// ```
+/// use spacebot_core::testing::raw_tool_call;
+/// let call = raw_tool_call("call_1", "send_agent_message", "{not json");
+/// assert_eq!(call.arguments, "{not json");
+/// ```
+pub fn raw_tool_call(
+    id: impl Into<String>,
+    name: impl Into<String>,
+    arguments: impl Into<String>,
+) -> ToolCall {
+    ToolCall {
+        id: id.into(),
+        name: name.into(),
+        arguments: arguments.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn helper_tool_calls_have_distinct_ids() {
+        let a = tool_call("t", serde_json::json!({}));
+        let b = tool_call("t", serde_json::json!({}));
+        assert_ne!(a.id, b.id);
+        assert_eq!(a.arguments, "{}");
+    }
+}

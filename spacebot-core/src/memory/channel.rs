@@ -1,0 +1,90 @@
+//! The in-memory [`ChannelStore`].
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+
+use super::lock;
+use crate::channel::{ChannelRecord, ChannelStore, NewRecord};
+use crate::error::StoreError;
+use crate::ids::{AgentId, ChannelId};
+
+/// One agent's channels.
+#[derive(Debug, Default)]
+struct AgentChannels {
+    /// The last sequence number handed out.
+    last_seq: u64,
+    /// Every known channel with its records in append order.
+    channels: BTreeMap<ChannelId, Vec<ChannelRecord>>,
+}
+
+/// A [`ChannelStore`] in process memory. Sequence numbers start at 1 per agent.
+#[derive(Debug, Default)]
+pub struct MemoryChannelStore {
+    agents: Mutex<HashMap<AgentId, AgentChannels>>,
+}
+
+impl MemoryChannelStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+#[async_trait]
+impl ChannelStore for MemoryChannelStore {
+    async fn append(
+        &self,
+        agent: &AgentId,
+        record: NewRecord,
+    ) -> Result<ChannelRecord, StoreError> {
+        let mut agents = lock(&self.agents);
+        let state = agents.entry(agent.clone()).or_default();
+        state.last_seq += 1;
+        let stored = ChannelRecord {
+            seq: state.last_seq,
+            agent: agent.clone(),
+            record,
+        };
+        state
+            .channels
+            .entry(stored.record.channel.clone())
+            .or_default()
+            .push(stored.clone());
+        Ok(stored)
+    }
+
+    async fn history(
+        &self,
+        agent: &AgentId,
+        channel: &ChannelId,
+        limit: Option<usize>,
+    ) -> Result<Vec<ChannelRecord>, StoreError> {
+        let agents = lock(&self.agents);
+        let Some(records) = agents.get(agent).and_then(|a| a.channels.get(channel)) else {
+            return Ok(Vec::new());
+        };
+        let skip = limit.map_or(0, |l| records.len().saturating_sub(l));
+        Ok(records[skip..].to_vec())
+    }
+
+    async fn ensure_channel(&self, agent: &AgentId, channel: &ChannelId) -> Result<(), StoreError> {
+        let mut agents = lock(&self.agents);
+        agents
+            .entry(agent.clone())
+            .or_default()
+            .channels
+            .entry(channel.clone())
+            .or_default();
+        Ok(())
+    }
+
+    async fn channels(&self, agent: &AgentId) -> Result<Vec<ChannelId>, StoreError> {
+        let agents = lock(&self.agents);
+        Ok(agents
+            .get(agent)
+            .map(|a| a.channels.keys().cloned().collect())
+            .unwrap_or_default())
+    }
+}

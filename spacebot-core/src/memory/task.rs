@@ -1,0 +1,183 @@
+//! The in-memory [`TaskStore`].
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::lock;
+use crate::error::StoreError;
+use crate::ids::{AgentId, TaskRef};
+use crate::task::{
+    CompletionNotice, Expect, NewTask, Task, TaskEvent, TaskFilter, TaskStatus, TaskStore,
+    Transition,
+};
+use crate::time::Timestamp;
+
+/// One agent's board and outbox.
+#[derive(Debug, Default)]
+struct Board {
+    /// The last number handed out.
+    last_number: u64,
+    tasks: BTreeMap<u64, Task>,
+    /// Unsent notices, in write order.
+    outbox: Vec<CompletionNotice>,
+}
+
+impl Board {
+    /// Stores the outcome of an applied event: the task and its notice, together.
+    fn commit(&mut self, transition: &Transition) {
+        self.tasks
+            .insert(transition.task.number, transition.task.clone());
+        if let Some(notice) = &transition.notice {
+            self.outbox.push(notice.clone());
+        }
+    }
+}
+
+/// A [`TaskStore`] in process memory: one board per agent, all behind one lock.
+#[derive(Debug, Default)]
+pub struct MemoryTaskStore {
+    boards: Mutex<HashMap<AgentId, Board>>,
+}
+
+impl MemoryTaskStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+fn task_name(agent: &AgentId, number: u64) -> String {
+    format!("task {}", TaskRef::new(agent.clone(), number))
+}
+
+#[async_trait]
+impl TaskStore for MemoryTaskStore {
+    async fn create(
+        &self,
+        agent: &AgentId,
+        task: NewTask,
+        now: Timestamp,
+    ) -> Result<Task, StoreError> {
+        let mut boards = lock(&self.boards);
+        let board = boards.entry(agent.clone()).or_default();
+        let number = board.last_number + 1;
+        let task = task.into_task(agent.clone(), number, now)?;
+        board.last_number = number;
+        board.tasks.insert(number, task.clone());
+        Ok(task)
+    }
+
+    async fn get(&self, agent: &AgentId, number: u64) -> Result<Option<Task>, StoreError> {
+        let boards = lock(&self.boards);
+        Ok(boards
+            .get(agent)
+            .and_then(|b| b.tasks.get(&number))
+            .cloned())
+    }
+
+    async fn list(&self, agent: &AgentId, filter: &TaskFilter) -> Result<Vec<Task>, StoreError> {
+        let boards = lock(&self.boards);
+        let Some(board) = boards.get(agent) else {
+            return Ok(Vec::new());
+        };
+        Ok(board
+            .tasks
+            .values()
+            .filter(|t| filter.matches(t))
+            .take(filter.limit.unwrap_or(usize::MAX))
+            .cloned()
+            .collect())
+    }
+
+    async fn transition(
+        &self,
+        agent: &AgentId,
+        number: u64,
+        expect: Expect,
+        event: TaskEvent,
+        now: Timestamp,
+    ) -> Result<Transition, StoreError> {
+        let mut boards = lock(&self.boards);
+        let board = boards
+            .get_mut(agent)
+            .ok_or_else(|| StoreError::not_found(task_name(agent, number)))?;
+        let task = board
+            .tasks
+            .get(&number)
+            .ok_or_else(|| StoreError::not_found(task_name(agent, number)))?;
+        expect.check(task)?;
+        let transition = task.apply(event, now)?;
+        board.commit(&transition);
+        Ok(transition)
+    }
+
+    async fn claim_next(
+        &self,
+        agent: &AgentId,
+        holder: &str,
+        lease: Duration,
+        now: Timestamp,
+    ) -> Result<Option<Task>, StoreError> {
+        let mut boards = lock(&self.boards);
+        let Some(board) = boards.get_mut(agent) else {
+            return Ok(None);
+        };
+        let Some(next) = board
+            .tasks
+            .values()
+            .filter(|t| t.status == TaskStatus::Ready)
+            .max_by_key(|t| (t.priority, Reverse(t.number)))
+        else {
+            return Ok(None);
+        };
+        let event = TaskEvent::Claim {
+            holder: holder.to_string(),
+            lease_until: now.plus(lease),
+        };
+        let transition = next.apply(event, now)?;
+        board.commit(&transition);
+        Ok(Some(transition.task))
+    }
+
+    async fn requeue_expired(
+        &self,
+        agent: &AgentId,
+        now: Timestamp,
+    ) -> Result<Vec<Transition>, StoreError> {
+        let mut boards = lock(&self.boards);
+        let Some(board) = boards.get_mut(agent) else {
+            return Ok(Vec::new());
+        };
+        // Compute every transition first, then write them all: nothing is half-applied.
+        let transitions = board
+            .tasks
+            .values()
+            .filter(|t| t.status == TaskStatus::InProgress && t.lease_expired(now))
+            .map(|t| t.apply(TaskEvent::ExpireLease, now))
+            .collect::<Result<Vec<_>, _>>()?;
+        for transition in &transitions {
+            board.commit(transition);
+        }
+        Ok(transitions)
+    }
+
+    async fn outbox_pending(&self, agent: &AgentId) -> Result<Vec<CompletionNotice>, StoreError> {
+        let boards = lock(&self.boards);
+        Ok(boards
+            .get(agent)
+            .map(|b| b.outbox.clone())
+            .unwrap_or_default())
+    }
+
+    async fn outbox_mark_sent(&self, agent: &AgentId, key: &str) -> Result<(), StoreError> {
+        let mut boards = lock(&self.boards);
+        if let Some(board) = boards.get_mut(agent) {
+            board.outbox.retain(|n| n.key != key);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,44 @@
+//! The storage conformance suite on the in-memory backends: directly, through `Arc<dyn ...>` (the
+//! forwarding impls), and as the `Stores::memory()` bundle.
+#![cfg(feature = "conformance")]
+
+use std::sync::Arc;
+
+use spacebot_core::Stores;
+use spacebot_core::channel::ChannelStore;
+use spacebot_core::conversation::ConversationStore;
+use spacebot_core::envelope::DeliveryStore;
+use spacebot_core::link::LinkStore;
+use spacebot_core::memory::{
+    MemoryChannelStore, MemoryConversationStore, MemoryDeliveryStore, MemoryLinkStore,
+    MemoryTaskStore,
+};
+use spacebot_core::task::TaskStore;
+
+spacebot_core::link_store_conformance!(async { MemoryLinkStore::new() });
+spacebot_core::task_store_conformance!(async { MemoryTaskStore::new() });
+spacebot_core::channel_store_conformance!(async { MemoryChannelStore::new() });
+spacebot_core::delivery_store_conformance!(async { MemoryDeliveryStore::default() });
+spacebot_core::conversation_store_conformance!(async { MemoryConversationStore::new() });
+
+mod through_arc_dyn {
+    use super::*;
+
+    spacebot_core::link_store_conformance!(links, async {
+        Arc::new(MemoryLinkStore::new()) as Arc<dyn LinkStore>
+    });
+    spacebot_core::task_store_conformance!(tasks, async {
+        Arc::new(MemoryTaskStore::new()) as Arc<dyn TaskStore>
+    });
+    spacebot_core::channel_store_conformance!(channels, async {
+        Arc::new(MemoryChannelStore::new()) as Arc<dyn ChannelStore>
+    });
+    spacebot_core::delivery_store_conformance!(deliveries, async {
+        Arc::new(MemoryDeliveryStore::new()) as Arc<dyn DeliveryStore>
+    });
+    spacebot_core::conversation_store_conformance!(conversations, async {
+        Arc::new(MemoryConversationStore::new()) as Arc<dyn ConversationStore>
+    });
+}
+
+spacebot_core::all_store_conformance!(bundle, async { Stores::memory() });

@@ -1,0 +1,316 @@
+//! Opening one database file: checking that it is ours, migrating it, and building its pools.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use spacebot_core::StoreError;
+use sqlx::migrate::Migrator;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
+use sqlx::{Connection, Row, SqliteConnection};
+
+use crate::error::{BACKEND, corrupt, db_error, migrate_error};
+use crate::options::SqliteOptions;
+
+/// Migrations of every agent's `spacebot.db`.
+pub(crate) static AGENT_MIGRATOR: Migrator = sqlx::migrate!("./migrations");
+/// Migrations of `instance.db`.
+pub(crate) static INSTANCE_MIGRATOR: Migrator = sqlx::migrate!("./migrations_instance");
+
+/// `PRAGMA application_id` of an instance database (`SBI1`).
+pub(crate) const INSTANCE_APPLICATION_ID: i64 = 0x5342_4931;
+/// `PRAGMA application_id` of an agent database (`SBA1`).
+pub(crate) const AGENT_APPLICATION_ID: i64 = 0x5342_4131;
+
+const SQLITE_HEADER: &[u8; 16] = b"SQLite format 3\0";
+
+/// Which of the two database kinds a file is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DbKind {
+    /// `instance.db`.
+    Instance,
+    /// `agents/{id}/data/spacebot.db`.
+    Agent,
+}
+
+impl DbKind {
+    fn application_id(self) -> i64 {
+        match self {
+            Self::Instance => INSTANCE_APPLICATION_ID,
+            Self::Agent => AGENT_APPLICATION_ID,
+        }
+    }
+
+    fn migrator(self) -> &'static Migrator {
+        match self {
+            Self::Instance => &INSTANCE_MIGRATOR,
+            Self::Agent => &AGENT_MIGRATOR,
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Self::Instance => "a spacebot instance database",
+            Self::Agent => "a spacebot agent database",
+        }
+    }
+
+    fn describe_id(id: i64) -> Option<&'static str> {
+        match id {
+            INSTANCE_APPLICATION_ID => Some(Self::Instance.describe()),
+            AGENT_APPLICATION_ID => Some(Self::Agent.describe()),
+            _ => None,
+        }
+    }
+}
+
+/// One open database: a single writer connection and a pool of readers (the same single connection
+/// for an in-memory database).
+#[derive(Debug, Clone)]
+pub(crate) struct Db {
+    /// Serializes every write of this process to the file.
+    pub(crate) writer: SqlitePool,
+    /// Serves reads concurrently (WAL lets them run beside the writer).
+    pub(crate) reader: SqlitePool,
+    /// The file (or `:memory:`), for error messages.
+    pub(crate) location: Arc<str>,
+}
+
+impl Db {
+    /// Opens (creating and migrating if needed) the database of `kind` at `path`, or an in-memory
+    /// one when `path` is `None`.
+    pub(crate) async fn open(
+        path: Option<&Path>,
+        kind: DbKind,
+        options: &SqliteOptions,
+    ) -> Result<Self, StoreError> {
+        let db = match path {
+            Some(path) => Self::open_file(path, kind, options).await?,
+            None => Self::open_memory(kind).await?,
+        };
+        kind.migrator()
+            .run(&db.writer)
+            .await
+            .map_err(|e| migrate_error(&db.location, e))?;
+        Ok(db)
+    }
+
+    async fn open_memory(kind: DbKind) -> Result<Self, StoreError> {
+        let location: Arc<str> = Arc::from(match kind {
+            DbKind::Instance => ":memory: (instance)",
+            DbKind::Agent => ":memory: (agent)",
+        });
+        let connect = SqliteConnectOptions::new()
+            .in_memory(true)
+            .foreign_keys(true);
+        // One connection that is never closed: an in-memory database lives as long as it does.
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .min_connections(1)
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .test_before_acquire(false)
+            .connect_with(connect)
+            .await
+            .map_err(|e| db_error(&location, "opening an in-memory database", e))?;
+        Ok(Self {
+            writer: pool.clone(),
+            reader: pool,
+            location,
+        })
+    }
+
+    async fn open_file(
+        path: &Path,
+        kind: DbKind,
+        options: &SqliteOptions,
+    ) -> Result<Self, StoreError> {
+        let location: Arc<str> = Arc::from(path.display().to_string());
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| {
+                StoreError::backend(
+                    BACKEND,
+                    format!(
+                        "creating directory {} for {location}: {e}",
+                        parent.display()
+                    ),
+                    e,
+                )
+            })?;
+        }
+        check_existing(path, &location, kind, options).await?;
+
+        let base = SqliteConnectOptions::new()
+            .filename(path)
+            .busy_timeout(options.busy_timeout)
+            .synchronous(options.synchronous.into())
+            .foreign_keys(true);
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .min_connections(1)
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .test_before_acquire(false)
+            .connect_with(
+                base.clone()
+                    .create_if_missing(true)
+                    .journal_mode(SqliteJournalMode::Wal),
+            )
+            .await
+            .map_err(|e| db_error(&location, "opening the database for writing", e))?;
+        let reader = SqlitePoolOptions::new()
+            .max_connections(options.readers.max(1))
+            .min_connections(0)
+            .idle_timeout(options.reader_idle_timeout)
+            .test_before_acquire(false)
+            .connect_lazy_with(base);
+        Ok(Self {
+            writer,
+            reader,
+            location,
+        })
+    }
+
+    /// Closes both pools, waiting for connections in use to be returned.
+    pub(crate) async fn close(&self) {
+        self.reader.close().await;
+        self.writer.close().await;
+    }
+}
+
+/// Refuses, without writing anything, a file that is not an SQLite database, another
+/// application's database, the other kind of spacebot database, or one with a schema newer than
+/// this build.
+async fn check_existing(
+    path: &Path,
+    location: &str,
+    kind: DbKind,
+    options: &SqliteOptions,
+) -> Result<(), StoreError> {
+    let mut header = Vec::with_capacity(16);
+    match std::fs::File::open(path) {
+        Ok(file) => {
+            file.take(16).read_to_end(&mut header).map_err(|e| {
+                StoreError::backend(BACKEND, format!("reading the header of {location}: {e}"), e)
+            })?;
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => {
+            return Err(StoreError::backend(
+                BACKEND,
+                format!("opening {location}: {e}"),
+                e,
+            ));
+        }
+    }
+    if header.is_empty() {
+        // SQLite treats an empty file as an empty database.
+        return Ok(());
+    }
+    if header.as_slice() != SQLITE_HEADER {
+        return Err(corrupt(
+            location,
+            "not an SQLite database (the file header is wrong): refusing to touch it",
+        ));
+    }
+
+    // Read-write (SQLite falls back to read-only for a write-protected file) but never written
+    // to: as the last connection it removes the WAL side files it opened, where a read-only
+    // connection would leave them behind.
+    let connect = SqliteConnectOptions::new()
+        .filename(path)
+        .create_if_missing(false)
+        .busy_timeout(options.busy_timeout);
+    let mut conn = SqliteConnection::connect_with(&connect)
+        .await
+        .map_err(|e| db_error(location, "opening the database to check it", e))?;
+    let checked = inspect(&mut conn, location, kind).await;
+    // Closing a read-only connection cannot lose anything; its error would hide the real one.
+    let _ = conn.close().await;
+    checked
+}
+
+async fn inspect(
+    conn: &mut SqliteConnection,
+    location: &str,
+    kind: DbKind,
+) -> Result<(), StoreError> {
+    let check = |e| db_error(location, "checking the database", e);
+    let application_id: i64 = sqlx::query_scalar("PRAGMA application_id")
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(check)?;
+    let objects: i64 = sqlx::query_scalar("SELECT count(*) FROM sqlite_schema")
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(check)?;
+    if application_id != kind.application_id() {
+        if application_id == 0 && objects == 0 {
+            return Ok(()); // an empty database: ours to initialize
+        }
+        let what = match DbKind::describe_id(application_id) {
+            Some(other) => format!("{other}, not {}", kind.describe()),
+            None if application_id == 0 => {
+                format!("an SQLite database that is not {}", kind.describe())
+            }
+            None => format!(
+                "an SQLite database of another application (application_id {application_id:#x}), not {}",
+                kind.describe()
+            ),
+        };
+        return Err(corrupt(
+            location,
+            format!("the file is {what}: refusing to touch it"),
+        ));
+    }
+    let has_migrations: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = '_sqlx_migrations'",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(check)?;
+    if has_migrations == 0 {
+        return Err(corrupt(
+            location,
+            "the schema history table _sqlx_migrations is missing",
+        ));
+    }
+    let rows = sqlx::query("SELECT version, success FROM _sqlx_migrations ORDER BY version")
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(check)?;
+    let known = kind.migrator();
+    let latest = known.iter().map(|m| m.version).max().unwrap_or(0);
+    for row in rows {
+        let version: i64 = row.try_get("version").map_err(check)?;
+        let success: bool = row.try_get("success").map_err(check)?;
+        if !known.version_exists(version) {
+            return Err(corrupt(
+                location,
+                format!(
+                    "schema version {version} is newer than this build of spacebot-sqlite knows (latest {latest}): upgrade spacebot"
+                ),
+            ));
+        }
+        if !success {
+            return Err(corrupt(
+                location,
+                format!("schema version {version} was only partly applied"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `{dir}/instance.db`.
+pub(crate) fn instance_path(dir: &Path) -> PathBuf {
+    dir.join("instance.db")
+}
+
+/// `{dir}/agents/{id}/data/spacebot.db`.
+pub(crate) fn agent_path(dir: &Path, agent: &spacebot_core::AgentId) -> PathBuf {
+    dir.join("agents")
+        .join(agent.as_str())
+        .join("data")
+        .join("spacebot.db")
+}

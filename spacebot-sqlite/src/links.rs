@@ -1,0 +1,217 @@
+//! [`LinkStore`] on the instance database.
+
+use async_trait::async_trait;
+use spacebot_core::{AgentId, AgentLink, LinkId, LinkStore, StoreError, Timestamp};
+use sqlx::Row;
+use sqlx::sqlite::SqliteRow;
+
+use crate::SqliteStores;
+use crate::error::{corrupt, db_error, is_unique_violation};
+
+fn decode(location: &str, row: &SqliteRow) -> Result<AgentLink, StoreError> {
+    let read = |e| db_error(location, "reading a link", e);
+    let text = |name: &str| row.try_get::<String, _>(name).map_err(read);
+    let bad = |e: spacebot_core::InvalidInput| corrupt(location, format!("stored link: {e}"));
+    Ok(AgentLink {
+        id: LinkId::new(text("id")?),
+        from: AgentId::parse(text("from_agent_id")?).map_err(bad)?,
+        to: AgentId::parse(text("to_agent_id")?).map_err(bad)?,
+        direction: text("direction")?.parse().map_err(bad)?,
+        relationship: text("relationship")?.parse().map_err(bad)?,
+        enabled: row.try_get("enabled").map_err(read)?,
+        created_at: Timestamp(row.try_get("created_at").map_err(read)?),
+        updated_at: Timestamp(row.try_get("updated_at").map_err(read)?),
+    })
+}
+
+impl SqliteStores {
+    async fn query_links(
+        &self,
+        sql: &'static str,
+        binds: &[&str],
+    ) -> Result<Vec<AgentLink>, StoreError> {
+        let db = self.instance();
+        let mut query = sqlx::query(sql);
+        for b in binds {
+            query = query.bind(*b);
+        }
+        let rows = query
+            .fetch_all(&db.reader)
+            .await
+            .map_err(|e| db_error(&db.location, "reading links", e))?;
+        rows.iter().map(|r| decode(&db.location, r)).collect()
+    }
+}
+
+/// [`LinkStore`] on the instance database. Get one from [`SqliteStores::links`].
+#[derive(Debug, Clone)]
+pub struct SqliteLinkStore(pub(crate) SqliteStores);
+
+#[async_trait]
+impl LinkStore for SqliteLinkStore {
+    async fn create(&self, link: &AgentLink) -> Result<(), StoreError> {
+        let db = self.0.instance();
+        sqlx::query(
+            "INSERT INTO agent_links (id, from_agent_id, to_agent_id, direction, relationship, \
+             enabled, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(link.id.as_str())
+        .bind(link.from.as_str())
+        .bind(link.to.as_str())
+        .bind(link.direction.as_str())
+        .bind(link.relationship.as_str())
+        .bind(link.enabled)
+        .bind(link.created_at.0)
+        .bind(link.updated_at.0)
+        .execute(&db.writer)
+        .await
+        .map_err(|e| {
+            if is_unique_violation(&e) {
+                StoreError::already_exists(format!(
+                    "link {} ({} -> {})",
+                    link.id, link.from, link.to
+                ))
+            } else {
+                db_error(&db.location, "creating a link", e)
+            }
+        })?;
+        Ok(())
+    }
+
+    async fn update(&self, link: &AgentLink) -> Result<(), StoreError> {
+        let db = self.0.instance();
+        let done = sqlx::query(
+            "UPDATE agent_links SET direction = ?, relationship = ?, enabled = ?, updated_at = ? \
+             WHERE id = ?",
+        )
+        .bind(link.direction.as_str())
+        .bind(link.relationship.as_str())
+        .bind(link.enabled)
+        .bind(link.updated_at.0)
+        .bind(link.id.as_str())
+        .execute(&db.writer)
+        .await
+        .map_err(|e| db_error(&db.location, "updating a link", e))?;
+        if done.rows_affected() == 0 {
+            return Err(StoreError::not_found(format!("link {}", link.id)));
+        }
+        Ok(())
+    }
+
+    async fn delete(&self, id: &LinkId) -> Result<(), StoreError> {
+        let db = self.0.instance();
+        let done = sqlx::query("DELETE FROM agent_links WHERE id = ?")
+            .bind(id.as_str())
+            .execute(&db.writer)
+            .await
+            .map_err(|e| db_error(&db.location, "deleting a link", e))?;
+        if done.rows_affected() == 0 {
+            return Err(StoreError::not_found(format!("link {id}")));
+        }
+        Ok(())
+    }
+
+    async fn get(&self, id: &LinkId) -> Result<Option<AgentLink>, StoreError> {
+        Ok(self
+            .0
+            .query_links(
+                "SELECT id, from_agent_id, to_agent_id, direction, relationship, enabled, \
+                 created_at, updated_at FROM agent_links WHERE id = ?",
+                &[id.as_str()],
+            )
+            .await?
+            .pop())
+    }
+
+    async fn get_between(
+        &self,
+        from: &AgentId,
+        to: &AgentId,
+    ) -> Result<Option<AgentLink>, StoreError> {
+        Ok(self
+            .0
+            .query_links(
+                "SELECT id, from_agent_id, to_agent_id, direction, relationship, enabled, \
+                 created_at, updated_at FROM agent_links \
+                 WHERE from_agent_id = ? AND to_agent_id = ?",
+                &[from.as_str(), to.as_str()],
+            )
+            .await?
+            .pop())
+    }
+
+    async fn links_for_agent(&self, agent: &AgentId) -> Result<Vec<AgentLink>, StoreError> {
+        self.0
+            .query_links(
+                "SELECT id, from_agent_id, to_agent_id, direction, relationship, enabled, \
+             created_at, updated_at FROM agent_links \
+             WHERE from_agent_id = ?1 OR to_agent_id = ?1 \
+             ORDER BY from_agent_id, to_agent_id",
+                &[agent.as_str()],
+            )
+            .await
+    }
+
+    async fn list(&self) -> Result<Vec<AgentLink>, StoreError> {
+        self.0
+            .query_links(
+                "SELECT id, from_agent_id, to_agent_id, direction, relationship, enabled, \
+             created_at, updated_at FROM agent_links ORDER BY from_agent_id, to_agent_id",
+                &[],
+            )
+            .await
+    }
+
+    async fn upsert_all(&self, links: &[AgentLink]) -> Result<(), StoreError> {
+        let mut pairs = std::collections::HashMap::with_capacity(links.len());
+        for (i, link) in links.iter().enumerate() {
+            if let Some(first) = pairs.insert((&link.from, &link.to), i) {
+                return Err(StoreError::Invalid(spacebot_core::InvalidInput::new(
+                    format!("links[{i}]"),
+                    format!(
+                        "the pair {} -> {} is already named by links[{first}]",
+                        link.from, link.to
+                    ),
+                )));
+            }
+        }
+        let db = self.0.instance();
+        let fail = |doing: &str, e| db_error(&db.location, doing, e);
+        let mut tx = db
+            .writer
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(|e| fail("starting a transaction", e))?;
+        for link in links {
+            sqlx::query(
+                "INSERT INTO agent_links (id, from_agent_id, to_agent_id, direction, relationship, \
+                 enabled, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) \
+                 ON CONFLICT (from_agent_id, to_agent_id) DO UPDATE SET \
+                 direction = excluded.direction, relationship = excluded.relationship, \
+                 enabled = excluded.enabled, updated_at = excluded.updated_at",
+            )
+            .bind(link.id.as_str())
+            .bind(link.from.as_str())
+            .bind(link.to.as_str())
+            .bind(link.direction.as_str())
+            .bind(link.relationship.as_str())
+            .bind(link.enabled)
+            .bind(link.created_at.0)
+            .bind(link.updated_at.0)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| {
+                if is_unique_violation(&e) {
+                    StoreError::already_exists(format!(
+                        "link {} (its id is taken by another pair than {} -> {})",
+                        link.id, link.from, link.to
+                    ))
+                } else {
+                    fail("writing links", e)
+                }
+            })?;
+        }
+        tx.commit().await.map_err(|e| fail("committing links", e))?;
+        Ok(())
+    }
+}

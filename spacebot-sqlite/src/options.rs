@@ -1,0 +1,111 @@
+//! Durability and connection settings.
+
+use std::path::Path;
+use std::time::Duration;
+
+use spacebot_core::StoreError;
+use sqlx::sqlite::SqliteSynchronous;
+
+use crate::SqliteStores;
+
+/// SQLite's `synchronous` setting: how often a commit waits for the disk.
+///
+/// Every database runs in WAL mode. With [`Synchronous::Normal`] (the default) a commit is atomic
+/// and survives a crash of the process; a power loss or an operating-system crash may undo the
+/// last commits (never corrupting the file). [`Synchronous::Full`] also survives those, at the
+/// price of one `fsync` per commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Synchronous {
+    /// No `fsync` at all: an operating-system crash or power loss may corrupt the database.
+    Off,
+    /// `fsync` at checkpoints only (the default): safe against process crashes.
+    #[default]
+    Normal,
+    /// `fsync` at every commit: safe against power loss.
+    Full,
+    /// Like `Full`, and also syncs the directory after deleting journals.
+    Extra,
+}
+
+impl From<Synchronous> for SqliteSynchronous {
+    fn from(value: Synchronous) -> Self {
+        match value {
+            Synchronous::Off => Self::Off,
+            Synchronous::Normal => Self::Normal,
+            Synchronous::Full => Self::Full,
+            Synchronous::Extra => Self::Extra,
+        }
+    }
+}
+
+/// How [`SqliteStores`] opens its databases. Build with [`SqliteOptions::new`] and the setters,
+/// then call [`SqliteOptions::open`].
+///
+/// ```no_run
+/// # async fn run() -> Result<(), spacebot_core::StoreError> {
+/// use spacebot_sqlite::{SqliteOptions, Synchronous};
+/// use std::time::Duration;
+/// let stores = SqliteOptions::new()
+///     .busy_timeout(Duration::from_secs(10))
+///     .synchronous(Synchronous::Full)
+///     .open("./data")
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct SqliteOptions {
+    pub(crate) busy_timeout: Duration,
+    pub(crate) synchronous: Synchronous,
+    pub(crate) readers: u32,
+    pub(crate) reader_idle_timeout: Option<Duration>,
+}
+
+impl Default for SqliteOptions {
+    fn default() -> Self {
+        Self {
+            busy_timeout: Duration::from_secs(5),
+            synchronous: Synchronous::Normal,
+            readers: 4,
+            reader_idle_timeout: Some(Duration::from_secs(60)),
+        }
+    }
+}
+
+impl SqliteOptions {
+    /// The defaults: 5 s busy timeout, `synchronous = NORMAL`, 4 readers per database.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How long a statement waits for a lock held by another connection or process before
+    /// failing with a backend error.
+    pub fn busy_timeout(mut self, timeout: Duration) -> Self {
+        self.busy_timeout = timeout;
+        self
+    }
+
+    /// The `synchronous` setting of every database.
+    pub fn synchronous(mut self, synchronous: Synchronous) -> Self {
+        self.synchronous = synchronous;
+        self
+    }
+
+    /// The most reader connections per database (at least 1). Writes always go through one
+    /// connection per database.
+    pub fn readers(mut self, readers: u32) -> Self {
+        self.readers = readers.max(1);
+        self
+    }
+
+    /// How long an idle reader connection is kept (`None`: for ever).
+    pub fn reader_idle_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.reader_idle_timeout = timeout;
+        self
+    }
+
+    /// Opens (creating if needed) the stores under `dir`. See [`SqliteStores::open_with`].
+    pub async fn open(self, dir: impl AsRef<Path>) -> Result<SqliteStores, StoreError> {
+        SqliteStores::open_with(dir, self).await
+    }
+}
