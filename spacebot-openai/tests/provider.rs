@@ -799,9 +799,16 @@ async fn a_stream_that_goes_silent_times_out() {
             text: " capital".into()
         }
     );
+    let sleeps = clock.sleeps().len();
     let third = tokio::spawn(async move { stream.next().await });
+    // Once the provider waits for the next piece, the silence starts counting.
+    while clock.sleeps().len() == sleeps {
+        tokio::task::yield_now().await;
+    }
+    clock.manual.advance(IDLE - Duration::from_millis(1));
     tokio::task::yield_now().await;
-    clock.manual.advance(IDLE);
+    assert!(!third.is_finished(), "timed out early");
+    clock.manual.advance(Duration::from_millis(1));
     let error = third.await.unwrap().unwrap().unwrap_err();
     assert!(
         matches!(error, LlmError::Timeout(d) if d == IDLE),
