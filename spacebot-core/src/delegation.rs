@@ -1,1 +1,1121 @@
-//! (in progress)
+//! Delegation (seed 001): work handed from one agent to another as a durable task.
+//!
+//! 1. [`Organization::delegate`] (the `send_agent_message` tool) checks the link, its direction,
+//!    the chain (no cycles, a depth limit) and the approval policy, creates the task on the
+//!    **target's** board, writes "A assigned task #N to B: title" to both link channels, and ends the
+//!    delegator's turn.
+//! 2. The target's ready-task loop claims the task (compare-and-swap with a lease) and runs its
+//!    [`TaskExecutor`]: by default the agent's own tool loop, through its queue, so a task never runs
+//!    beside another turn of the same agent.
+//! 3. Success completes the task with its result; an error requeues it until `max_attempts`, then
+//!    fails it; a worker that dies leaves a lease that expires and requeues the task.
+//! 4. The terminal transition writes a [`CompletionNotice`] to the target's outbox in the same step.
+//!    The outbox is delivered to the delegator at least once and applied exactly once (idempotency
+//!    key): a passive record in both link channels and a system retrigger into the delegator's
+//!    originating channel, which wakes its model with the result. When the delegator was itself
+//!    working on a task (multi-hop), the notice instead marks the child ended on that task; when its
+//!    last child ends, the task is ready again and resumes with the children's results.
+//!
+//! See `docs/delegation.md`.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::Deserialize;
+
+use crate::channel::{NewRecord, RecordKind};
+use crate::envelope::{Envelope, EnvelopeKind, Source};
+use crate::error::{InvalidInput, PolicyDenied, StoreError};
+use crate::event::EventKind;
+use crate::ids::{AgentId, ChannelId, TaskRef};
+use crate::llm::ToolDefinition;
+use crate::org::Organization;
+use crate::policy;
+use crate::runtime::queue::AgentQueue;
+use crate::task::{
+    CompletionNotice, Expect, NewTask, Priority, Task, TaskEvent, TaskFilter, TaskMetadata,
+    TaskStatus, Transition, truncate_chars,
+};
+use crate::tools::{Tool, ToolContext, ToolError, ToolOutput, parse_args};
+
+/// How long a claim lasts before the task goes back to ready. A worker still running when its
+/// lease expires loses the task: it is requeued (one attempt used) and the late worker's result is
+/// refused, since every claim has its own holder id.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(600);
+/// How often (by the organization's clock) each task loop looks for expired leases.
+pub const LEASE_CHECK_INTERVAL: Duration = Duration::from_secs(30);
+/// Longest part of a result quoted in a retrigger; the full result stays on the task.
+pub const RETRIGGER_RESULT_CHARS: usize = 2_000;
+/// Metadata key of a task envelope: the task number.
+pub(crate) const META_TASK: &str = "spacebot.task";
+/// Metadata key of a task envelope: the lease holder.
+pub(crate) const META_HOLDER: &str = "spacebot.holder";
+/// Metadata key of the delegation round (how many delegate-and-retrigger cycles led here).
+pub(crate) const META_ROUND: &str = "spacebot.round";
+
+/// Why a delegation was refused.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DelegationError {
+    /// The target is not an agent the delegator can reach.
+    #[error("unknown agent {target:?}; agents you can delegate to: {}", if reachable.is_empty() { "none".to_string() } else { reachable.join(", ") })]
+    UnknownAgent {
+        /// The target as given.
+        target: String,
+        /// Agents the delegator may delegate to, as `id (name)`.
+        reachable: Vec<String>,
+    },
+    /// The policy refused (no link, disabled, one-way, cycle, depth).
+    #[error(transparent)]
+    Denied(#[from] PolicyDenied),
+    /// Too many delegate-and-retrigger rounds led here.
+    #[error(
+        "{agent} has delegated {limit} times in a row on this request; answer with what you have instead of delegating again"
+    )]
+    RoundLimit {
+        /// The delegator.
+        agent: AgentId,
+        /// The limit.
+        limit: u32,
+    },
+    /// The message was empty.
+    #[error(transparent)]
+    Invalid(#[from] InvalidInput),
+    /// A store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Where a delegation comes from: the delegator's channel, and its task when it is a worker.
+#[derive(Debug, Clone)]
+pub struct DelegationOrigin {
+    /// The delegator's channel to wake with the result.
+    pub channel: ChannelId,
+    /// The delegator's own task, when it delegates while working on one (multi-hop).
+    pub task: Option<TaskRef>,
+    /// How many delegate-and-retrigger rounds led to this delegation.
+    pub round: u32,
+}
+
+/// The first sentence of `message`, at most [`Task::MAX_TITLE`] characters.
+///
+/// ```
+/// use spacebot_core::delegation::title_from;
+/// assert_eq!(title_from("Pick a random word. Then tell me."), "Pick a random word.");
+/// assert_eq!(title_from("  line one\nline two"), "line one");
+/// assert_eq!(title_from(&"x".repeat(300)).chars().count(), 120);
+/// ```
+pub fn title_from(message: &str) -> String {
+    let text = message.trim();
+    let line = text.lines().next().unwrap_or("").trim();
+    let mut end = line.len();
+    let bytes: Vec<(usize, char)> = line.char_indices().collect();
+    for (i, (pos, c)) in bytes.iter().enumerate() {
+        if matches!(c, '.' | '!' | '?') {
+            let next = bytes.get(i + 1).map(|(_, c)| *c);
+            if next.is_none_or(char::is_whitespace) {
+                end = pos + c.len_utf8();
+                break;
+            }
+        }
+    }
+    truncate_chars(&line[..end], Task::MAX_TITLE)
+}
+
+/// What a [`TaskExecutor`] reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TaskOutcome {
+    /// Finished with this result.
+    Done(String),
+    /// The work was delegated further; the task waits for its children.
+    Waiting,
+}
+
+/// What a task executor gets.
+#[derive(Debug, Clone)]
+pub struct TaskContext {
+    /// The organization.
+    pub org: Organization,
+    /// The worker's lease holder id (needed to complete or fail).
+    pub holder: String,
+}
+
+/// Runs a claimed task. The default is the agent's own tool loop (the task goes through the agent's
+/// queue); applications may plug deterministic code per agent with
+/// [`OrganizationBuilder::task_executor`](crate::org::OrganizationBuilder::task_executor).
+///
+/// # Contract
+/// - `execute` returns the outcome or an error; the runtime completes, parks (`Waiting`) or fails the
+///   task accordingly. An error is an attempt that failed: the task is requeued until its
+///   `max_attempts`, then fails.
+/// - Several tasks of one agent may execute concurrently, up to the agent's task concurrency.
+#[async_trait]
+pub trait TaskExecutor: Send + Sync + fmt::Debug {
+    /// Runs the task.
+    async fn execute(&self, ctx: TaskContext, task: Task) -> Result<TaskOutcome, String>;
+}
+
+/// The text a task is worked on with: its description, and the results of its children once they
+/// ended (multi-hop resume).
+pub fn task_input(task: &Task) -> String {
+    let mut text = format!(
+        "You have been assigned task #{}: {}\n\n{}",
+        task.number, task.title, task.description
+    );
+    if let Some(by) = &task.metadata.delegated_by {
+        text.push_str(&format!("\n\n(Delegated by {by}.)"));
+    }
+    let ended: Vec<_> = task
+        .metadata
+        .children
+        .iter()
+        .filter(|c| c.ended.is_some())
+        .collect();
+    if !ended.is_empty() {
+        text.push_str("\n\nThe tasks you delegated have ended:");
+        for child in ended {
+            let status = child.ended.map(|s| s.to_string()).unwrap_or_default();
+            text.push_str(&format!(
+                "\n- {} ({status}): {}",
+                child.task,
+                child.outcome.as_deref().unwrap_or("")
+            ));
+        }
+        text.push_str("\n\nFinish your task with these results.");
+    }
+    text
+}
+
+impl Organization {
+    /// Delegates `message` from `from` to `target` (an id or a display name, case-insensitive):
+    /// checks the policy, creates the task on the target's board, writes the assignment record to
+    /// both link channels and wakes the target's task loop. Returns the created task.
+    pub async fn delegate(
+        &self,
+        from: &AgentId,
+        target: &str,
+        message: &str,
+        origin: DelegationOrigin,
+    ) -> Result<Task, DelegationError> {
+        let inner = &self.inner;
+        let graph = inner.graph();
+        let Ok(target_id) = self.resolve(target) else {
+            return Err(DelegationError::UnknownAgent {
+                target: target.to_string(),
+                reachable: self.reachable_from(from),
+            });
+        };
+        if message.trim().is_empty() {
+            return Err(
+                InvalidInput::new("message", "a delegated task needs a description").into(),
+            );
+        }
+        let limit = inner.settings.max_delegation_depth.max(1) as u32 * 2;
+        if origin.round >= limit {
+            return Err(DelegationError::RoundLimit {
+                agent: from.clone(),
+                limit,
+            });
+        }
+        let (chain, parent_task) = match &origin.task {
+            Some(task_ref) => {
+                let task = inner
+                    .stores
+                    .tasks
+                    .get(&task_ref.agent, task_ref.number)
+                    .await?
+                    .ok_or_else(|| StoreError::not_found(format!("task {task_ref}")))?;
+                // Only the worker on a running task delegates from it; a stale worker whose task
+                // moved on must not leave a child nobody waits for.
+                if task.status != TaskStatus::InProgress {
+                    return Err(InvalidInput::new(
+                        "origin task",
+                        format!(
+                            "task {task_ref} is {}, not in_progress; only its current worker may delegate from it",
+                            task.status
+                        ),
+                    )
+                    .into());
+                }
+                (
+                    task.metadata.delegation_chain.clone(),
+                    Some(task_ref.clone()),
+                )
+            }
+            None => (Vec::new(), None),
+        };
+        let link = policy::check_delegate(
+            &graph,
+            from,
+            &target_id,
+            &chain,
+            inner.settings.max_delegation_depth,
+        )?
+        .clone();
+        let approval = policy::needs_approval(inner.settings.approval, &graph, from, &target_id);
+        let mut full_chain = chain;
+        full_chain.push(from.clone());
+        let mut metadata = TaskMetadata {
+            delegated_by: Some(from.clone()),
+            originating_channel: Some(origin.channel.clone()),
+            link_id: Some(link.id.clone()),
+            delegation_chain: full_chain,
+            parent_task: parent_task.clone(),
+            ..TaskMetadata::default()
+        };
+        metadata
+            .extra
+            .insert(META_ROUND.into(), serde_json::Value::from(origin.round));
+        let new = NewTask {
+            title: title_from(message),
+            description: message.to_string(),
+            status: if approval {
+                TaskStatus::PendingApproval
+            } else {
+                TaskStatus::Ready
+            },
+            priority: Priority::Medium,
+            created_by: format!("agent:{from}"),
+            metadata,
+            max_attempts: 3,
+        };
+        let now = inner.clock.now();
+        let task = inner.stores.tasks.create(&target_id, new, now).await?;
+        if let Some(parent) = &parent_task {
+            let added = inner
+                .stores
+                .tasks
+                .transition(
+                    &parent.agent,
+                    parent.number,
+                    Expect::any(),
+                    TaskEvent::AddChild {
+                        child: task.task_ref(),
+                    },
+                    now,
+                )
+                .await;
+            if let Err(e) = added {
+                // The parent ended meanwhile: withdraw the child so it does not run for nobody.
+                let reason = format!("withdrawn: task {parent} no longer waits for it ({e})");
+                let _ = inner
+                    .stores
+                    .tasks
+                    .transition(
+                        &target_id,
+                        task.number,
+                        Expect::any(),
+                        TaskEvent::Cancel { reason },
+                        now,
+                    )
+                    .await;
+                return Err(e.into());
+            }
+        }
+        let text = format!(
+            "{} assigned task #{} to {}: {}",
+            from, task.number, target_id, task.title
+        );
+        self.audit_pair(from, &target_id, &text, &task).await;
+        let mut event = inner.event(
+            &target_id,
+            EventKind::TaskCreated {
+                created_by: task.created_by.clone(),
+                status: task.status,
+            },
+        );
+        event.task = Some(task.task_ref());
+        event.link = Some(link.id.clone());
+        event.parent = parent_task;
+        inner.emit(event);
+        self.ring(&target_id);
+        Ok(task)
+    }
+
+    /// Agents `from` may delegate to, as `id (name)`.
+    pub(crate) fn reachable_from(&self, from: &AgentId) -> Vec<String> {
+        self.reachable_agents(from)
+            .into_iter()
+            .map(|(a, name)| format!("{a} ({name})"))
+            .collect()
+    }
+
+    /// Agents `from` may delegate to, with their display names.
+    pub(crate) fn reachable_agents(&self, from: &AgentId) -> Vec<(AgentId, String)> {
+        let graph = self.inner.graph();
+        let max = self.inner.settings.max_delegation_depth;
+        graph
+            .agents()
+            .iter()
+            .filter(|a| policy::check_delegate(&graph, from, *a, &[], max).is_ok())
+            .map(|a| (a.clone(), self.display_name(a)))
+            .collect()
+    }
+
+    /// Writes a system record to both sides of the link channel between `a` and `b`.
+    async fn audit_pair(&self, a: &AgentId, b: &AgentId, text: &str, task: &Task) {
+        let now = self.inner.clock.now();
+        for (owner, peer) in [(a, b), (b, a)] {
+            let mut record = NewRecord::new(
+                ChannelId::link(owner, peer),
+                RecordKind::System,
+                "system",
+                text,
+                now,
+            );
+            record.metadata.insert(
+                "task".into(),
+                serde_json::Value::String(task.task_ref().to_string()),
+            );
+            if let Err(e) = self.inner.stores.channels.append(owner, record).await {
+                crate::runtime::agent::report_error(
+                    &self.inner,
+                    owner,
+                    None,
+                    format!("link record not written: {e}"),
+                );
+            }
+        }
+    }
+
+    /// Applies a transition from the runtime and reports it: events, and the outbox flush when the
+    /// task ended.
+    pub(crate) async fn task_transition(
+        &self,
+        agent: &AgentId,
+        number: u64,
+        event: TaskEvent,
+    ) -> Result<Transition, StoreError> {
+        let inner = &self.inner;
+        let transition = inner
+            .stores
+            .tasks
+            .transition(agent, number, Expect::any(), event, inner.clock.now())
+            .await?;
+        self.report_transition(&transition);
+        if transition.notice.is_some() {
+            self.flush_outbox(agent).await;
+        }
+        Ok(transition)
+    }
+
+    fn report_transition(&self, transition: &Transition) {
+        let task = &transition.task;
+        let kind = match task.status {
+            TaskStatus::Done => EventKind::TaskCompleted,
+            TaskStatus::Failed => EventKind::TaskFailed {
+                error: task.error.clone().unwrap_or_default(),
+            },
+            TaskStatus::Cancelled => EventKind::TaskCancelled,
+            TaskStatus::Ready if task.attempts > 0 && task.error.is_some() => {
+                EventKind::TaskRequeued {
+                    attempts: task.attempts,
+                    reason: task.error.clone().unwrap_or_default(),
+                }
+            }
+            _ => return,
+        };
+        let mut event = self.inner.event(&task.agent, kind);
+        event.task = Some(task.task_ref());
+        event.parent = task.metadata.parent_task.clone();
+        event.link = task.metadata.link_id.clone();
+        self.inner.emit(event);
+    }
+
+    /// Delivers every unsent completion notice in `agent`'s outbox, marking each sent once it was
+    /// handed over. A failure leaves the notice in the outbox for the next flush.
+    pub async fn flush_outbox(&self, agent: &AgentId) {
+        let pending = match self.inner.stores.tasks.outbox_pending(agent).await {
+            Ok(p) => p,
+            Err(e) => {
+                crate::runtime::agent::report_error(
+                    &self.inner,
+                    agent,
+                    None,
+                    format!("outbox not read: {e}"),
+                );
+                return;
+            }
+        };
+        for notice in pending {
+            match self.deliver_notice(&notice).await {
+                Ok(()) => {
+                    if let Err(e) = self
+                        .inner
+                        .stores
+                        .tasks
+                        .outbox_mark_sent(agent, &notice.key)
+                        .await
+                    {
+                        crate::runtime::agent::report_error(
+                            &self.inner,
+                            agent,
+                            None,
+                            format!("notice {} delivered but not marked sent: {e}", notice.key),
+                        );
+                    }
+                }
+                Err(e) => crate::runtime::agent::report_error(
+                    &self.inner,
+                    agent,
+                    None,
+                    format!(
+                        "notice {} not delivered (kept in the outbox): {e}",
+                        notice.key
+                    ),
+                ),
+            }
+        }
+    }
+
+    /// Hands one notice to its delegator.
+    async fn deliver_notice(&self, notice: &CompletionNotice) -> Result<(), String> {
+        let inner = &self.inner;
+        let target = &notice.task.agent;
+        let delegator = &notice.delegated_by;
+        let now = inner.clock.now();
+        let summary = truncate_chars(&notice.outcome, 200);
+        let number = notice.task.number;
+        let record_text = match notice.status {
+            TaskStatus::Done => format!("{target} completed task #{number}: {summary}"),
+            TaskStatus::Failed => format!("{target}'s worker failed on task #{number}: {summary}"),
+            _ => format!("task #{number} assigned to {target} was cancelled: {summary}"),
+        };
+        // Passive records in both link channels, each written once per notice.
+        for (owner, peer) in [(target, delegator), (delegator, target)] {
+            let key = format!("record:{}", notice.key);
+            let first = inner
+                .stores
+                .deliveries
+                .mark_applied(owner, &key, now)
+                .await
+                .map_err(|e| e.to_string())?;
+            if first {
+                let mut record = NewRecord::new(
+                    ChannelId::link(owner, peer),
+                    RecordKind::System,
+                    "system",
+                    record_text.clone(),
+                    now,
+                );
+                record.metadata.insert(
+                    "task".into(),
+                    serde_json::Value::String(notice.task.to_string()),
+                );
+                inner
+                    .stores
+                    .channels
+                    .append(owner, record)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+        if let Some(parent) = &notice.parent_task {
+            // Multi-hop: the delegator was working on a task; mark the child ended on it. Applying
+            // it twice changes nothing.
+            let event = TaskEvent::ChildEnded {
+                child: notice.task.clone(),
+                status: notice.status,
+                outcome: notice.outcome.clone(),
+            };
+            // Boxed: a transition may flush an outbox, which may deliver a notice here again.
+            let transition = Box::pin(self.task_transition(&parent.agent, parent.number, event));
+            match transition.await {
+                Ok(t) => {
+                    if t.task.status == TaskStatus::Ready {
+                        self.ring(&parent.agent);
+                    }
+                }
+                // The parent task ended meanwhile (cancelled): nothing left to resume.
+                Err(StoreError::InvalidTransition(_)) => {}
+                Err(e) => return Err(e.to_string()),
+            }
+        } else {
+            let mut quoted = truncate_chars(&notice.outcome, RETRIGGER_RESULT_CHARS);
+            if quoted.len() < notice.outcome.len() {
+                quoted.push_str(&format!(
+                    " … (truncated; the full result is on task {})",
+                    notice.task
+                ));
+            }
+            let outcome = match notice.status {
+                TaskStatus::Done => crate::prompts::TaskOutcome::Completed,
+                TaskStatus::Failed => crate::prompts::TaskOutcome::Failed,
+                _ => crate::prompts::TaskOutcome::Cancelled,
+            };
+            let content = inner
+                .prompts
+                .render_task_retrigger(&crate::prompts::TaskRetriggerContext {
+                    agent_name: inner.display_name(target),
+                    task_number: notice.task.number,
+                    outcome,
+                    summary: quoted,
+                })
+                .map_err(|e| e.to_string())?;
+            let channel = notice
+                .originating_channel
+                .clone()
+                .unwrap_or_else(|| ChannelId::link(delegator, target));
+            let mut envelope = Envelope::new(
+                Source::System,
+                channel,
+                EnvelopeKind::Retrigger,
+                content,
+                now,
+            )
+            .with_idempotency_key(notice.key.clone());
+            let round = notice_round(notice, inner).await + 1;
+            envelope
+                .metadata
+                .insert(META_ROUND.into(), serde_json::Value::from(round));
+            envelope.metadata.insert(
+                "task".into(),
+                serde_json::Value::String(notice.task.to_string()),
+            );
+            inner
+                .enqueue(delegator, envelope, true)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        let mut event = inner.event(
+            delegator,
+            EventKind::NoticeDelivered {
+                key: notice.key.clone(),
+            },
+        );
+        event.task = Some(notice.task.clone());
+        event.channel = notice.originating_channel.clone();
+        inner.emit(event);
+        Ok(())
+    }
+
+    /// Wakes an agent's task loop.
+    pub(crate) fn ring(&self, agent: &AgentId) {
+        if let Some(crate::org::Slot::Running(rt)) = self.inner.slot(agent) {
+            rt.ring();
+        }
+    }
+}
+
+/// The delegation round of the task a notice is about.
+async fn notice_round(notice: &CompletionNotice, inner: &crate::org::OrgInner) -> u32 {
+    inner
+        .stores
+        .tasks
+        .get(&notice.task.agent, notice.task.number)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|t| t.metadata.extra.get(META_ROUND).and_then(|v| v.as_u64()))
+        .map_or(0, |r| u32::try_from(r).unwrap_or(u32::MAX))
+}
+
+/// The task loop of one agent: requeue expired leases, flush the outbox, claim ready tasks up to the
+/// concurrency limit and hand them to the executor; sleep until rung or until the next lease check.
+pub(crate) async fn run_task_loop(
+    org: Organization,
+    agent: Arc<crate::org::AgentRuntime>,
+    mut doorbell: futures::channel::mpsc::Receiver<()>,
+) {
+    use futures::StreamExt;
+    let inner = org.inner.clone();
+    let me = agent.id().clone();
+    let loop_id = uuid::Uuid::new_v4().simple().to_string();
+    let mut claims: u64 = 0;
+    let executor = agent.spec.executor.clone();
+    let limit = inner.settings.task_concurrency.max(1);
+    loop {
+        if agent.queue.is_closed() {
+            break;
+        }
+        match inner
+            .stores
+            .tasks
+            .requeue_expired(&me, inner.clock.now())
+            .await
+        {
+            Ok(transitions) => {
+                let ended = transitions.iter().any(|t| t.notice.is_some());
+                for t in &transitions {
+                    org.report_transition(t);
+                }
+                if ended {
+                    org.flush_outbox(&me).await;
+                }
+            }
+            Err(e) => crate::runtime::agent::report_error(
+                &inner,
+                &me,
+                None,
+                format!("expired leases not requeued: {e}"),
+            ),
+        }
+        org.flush_outbox(&me).await;
+        while agent.running_tasks() < limit {
+            // Every claim gets its own holder id: a worker that outlived its lease cannot complete
+            // the task once another attempt claimed it.
+            claims += 1;
+            let holder = format!("{me}:worker:{loop_id}:{claims}");
+            let claimed = inner
+                .stores
+                .tasks
+                .claim_next(&me, &holder, DEFAULT_LEASE, inner.clock.now())
+                .await;
+            let task = match claimed {
+                Ok(Some(task)) => task,
+                Ok(None) => break,
+                Err(e) => {
+                    crate::runtime::agent::report_error(
+                        &inner,
+                        &me,
+                        None,
+                        format!("claim failed: {e}"),
+                    );
+                    break;
+                }
+            };
+            let mut event = inner.event(
+                &me,
+                EventKind::TaskClaimed {
+                    holder: holder.clone(),
+                },
+            );
+            event.task = Some(task.task_ref());
+            event.parent = task.metadata.parent_task.clone();
+            inner.emit(event);
+            agent.task_started();
+            match &executor {
+                None => dispatch_to_queue(&org, &agent, &task, &holder).await,
+                Some(executor) => {
+                    let ctx = TaskContext {
+                        org: org.clone(),
+                        holder: holder.clone(),
+                    };
+                    let executor = executor.clone();
+                    let org2 = org.clone();
+                    let holder2 = holder.clone();
+                    // Gives the slot back however the executor ends, a panic included; the lease
+                    // of a crashed attempt then expires and the task is requeued.
+                    let slot = SlotGuard(agent.clone());
+                    inner.spawner.spawn(Box::pin(async move {
+                        let number = task.number;
+                        let result = executor.execute(ctx, task).await;
+                        record_outcome(&org2, slot.0.id(), number, &holder2, result).await;
+                        drop(slot);
+                    }));
+                }
+            }
+        }
+        let sleep = inner.clock.sleep(LEASE_CHECK_INTERVAL);
+        let rung = doorbell.next();
+        futures::pin_mut!(rung);
+        match futures::future::select(rung, sleep).await {
+            futures::future::Either::Left((None, _)) => break,
+            _ => {}
+        }
+    }
+}
+
+/// Frees one task slot of an agent when dropped, and wakes its task loop.
+struct SlotGuard(Arc<crate::org::AgentRuntime>);
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        self.0.task_finished();
+        self.0.ring();
+    }
+}
+
+/// The delegation round a turn on `task` runs at: the round of the delegation that created it,
+/// plus one for every child it delegated already, so a worker that re-delegates each time it
+/// resumes reaches the round limit.
+fn task_round(task: &Task) -> u64 {
+    let base = task
+        .metadata
+        .extra
+        .get(META_ROUND)
+        .and_then(serde_json::Value::as_u64)
+        .unwrap_or(0);
+    base.saturating_add(task.metadata.children.len() as u64)
+}
+
+/// Hands a claimed task to the agent's own loop, as a task envelope in its queue.
+async fn dispatch_to_queue(
+    org: &Organization,
+    agent: &crate::org::AgentRuntime,
+    task: &Task,
+    holder: &str,
+) {
+    let mut envelope = Envelope::new(
+        Source::System,
+        ChannelId::new(format!("task:{}", task.task_ref())),
+        EnvelopeKind::TaskAssigned,
+        task_input(task),
+        org.inner.clock.now(),
+    );
+    envelope
+        .metadata
+        .insert(META_TASK.into(), serde_json::Value::from(task.number));
+    envelope
+        .metadata
+        .insert(META_HOLDER.into(), serde_json::Value::String(holder.into()));
+    envelope
+        .metadata
+        .insert(META_ROUND.into(), serde_json::Value::from(task_round(task)));
+    if let Err(e) = org.inner.enqueue(agent.id(), envelope, true).await {
+        // The agent is gone: give the attempt back.
+        finish_task(org, agent, task.number, holder, Err(e.to_string())).await;
+    }
+}
+
+/// Records the outcome of one attempt run through the agent's queue and frees its slot.
+pub(crate) async fn finish_task(
+    org: &Organization,
+    agent: &crate::org::AgentRuntime,
+    number: u64,
+    holder: &str,
+    result: Result<TaskOutcome, String>,
+) {
+    record_outcome(org, agent.id(), number, holder, result).await;
+    agent.task_finished();
+    agent.ring();
+}
+
+/// Records the outcome of one attempt: complete, wait or fail (requeue or fail for good).
+async fn record_outcome(
+    org: &Organization,
+    me: &AgentId,
+    number: u64,
+    holder: &str,
+    result: Result<TaskOutcome, String>,
+) {
+    let event = match result {
+        Ok(TaskOutcome::Done(result)) => TaskEvent::Complete {
+            holder: holder.to_string(),
+            result,
+        },
+        Ok(TaskOutcome::Waiting) => TaskEvent::Wait {
+            holder: holder.to_string(),
+        },
+        Err(error) => TaskEvent::Fail {
+            holder: holder.to_string(),
+            error,
+        },
+    };
+    if let Err(e) = org.task_transition(me, number, event).await {
+        crate::runtime::agent::report_error(
+            &org.inner,
+            me,
+            None,
+            format!("task {me}#{number} not updated: {e}"),
+        );
+    }
+}
+
+/// The `send_agent_message` tool: delegation as a task on the target's board.
+#[derive(Debug, Default)]
+pub struct SendAgentMessage;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SendArgs {
+    target: String,
+    message: String,
+}
+
+#[async_trait]
+impl Tool for SendAgentMessage {
+    fn definition(&self) -> ToolDefinition {
+        ToolDefinition {
+            name: "send_agent_message".into(),
+            description: "Delegate work to another agent you are linked to. The message becomes a \
+                task on that agent's board; your turn ends, and you are woken with the result when \
+                the task is done or failed. `target` is the agent's id or name."
+                .into(),
+            parameters: serde_json::json!({
+                "type": "object",
+                "properties": {
+                    "target": {"type": "string", "description": "The agent's id or display name."},
+                    "message": {"type": "string", "description": "What the agent should do, with the context it needs."}
+                },
+                "required": ["target", "message"],
+                "additionalProperties": false
+            }),
+        }
+    }
+
+    async fn call(
+        &self,
+        ctx: &ToolContext,
+        args: serde_json::Value,
+    ) -> Result<ToolOutput, ToolError> {
+        let args: SendArgs = parse_args("send_agent_message", args)?;
+        let origin = DelegationOrigin {
+            channel: ctx.channel.clone(),
+            task: ctx.task.clone(),
+            round: ctx.round,
+        };
+        match ctx
+            .org
+            .delegate(&ctx.agent, &args.target, &args.message, origin)
+            .await
+        {
+            Ok(task) => {
+                let name = ctx.org.display_name(&task.agent);
+                let waiting = if task.status == TaskStatus::PendingApproval {
+                    " It waits for approval before it runs."
+                } else {
+                    ""
+                };
+                Ok(ToolOutput::end_turn(format!(
+                    "Assigned task #{} to {name} ({}): {}.{waiting} Your turn ends now; you will be \
+                     woken with the result.",
+                    task.number, task.agent, task.title
+                )))
+            }
+            Err(DelegationError::Denied(denied)) => Err(ToolError::Denied(denied)),
+            Err(e) => Err(ToolError::failed("send_agent_message", e.to_string())),
+        }
+    }
+}
+
+/// `task_create`: adds a task to the calling agent's own board.
+#[derive(Debug, Default)]
+pub struct TaskCreate;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateArgs {
+    title: String,
+    #[serde(default)]
+    description: String,
+    #[serde(default)]
+    priority: Option<String>,
+    #[serde(default)]
+    backlog: bool,
+}
+
+#[async_trait]
+impl Tool for TaskCreate {
+    fn definition(&self) -> ToolDefinition {
+        ToolDefinition {
+            name: "task_create".into(),
+            description:
+                "Add a task to your own board. It is ready to run unless `backlog` is true.".into(),
+            parameters: serde_json::json!({
+                "type": "object",
+                "properties": {
+                    "title": {"type": "string"},
+                    "description": {"type": "string"},
+                    "priority": {"type": "string", "enum": ["low", "medium", "high", "urgent"]},
+                    "backlog": {"type": "boolean"}
+                },
+                "required": ["title"],
+                "additionalProperties": false
+            }),
+        }
+    }
+
+    async fn call(
+        &self,
+        ctx: &ToolContext,
+        args: serde_json::Value,
+    ) -> Result<ToolOutput, ToolError> {
+        let args: CreateArgs = parse_args("task_create", args)?;
+        let priority = match &args.priority {
+            Some(p) => p
+                .parse::<Priority>()
+                .map_err(|e| ToolError::invalid_arguments("task_create", e.to_string()))?,
+            None => Priority::Medium,
+        };
+        let mut new = NewTask::new(args.title, args.description);
+        new.priority = priority;
+        new.created_by = format!("agent:{}", ctx.agent);
+        if args.backlog {
+            new.status = TaskStatus::Backlog;
+        }
+        let task = ctx
+            .org
+            .stores()
+            .tasks
+            .create(&ctx.agent, new, ctx.org.clock().now())
+            .await
+            .map_err(|e| ToolError::failed("task_create", e.to_string()))?;
+        ctx.org.ring(&ctx.agent);
+        Ok(ToolOutput::text(format!(
+            "Created task #{} ({}): {}",
+            task.number, task.status, task.title
+        )))
+    }
+}
+
+/// `task_list`: the calling agent's board, or a subordinate's (read-only).
+#[derive(Debug, Default)]
+pub struct TaskList;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListArgs {
+    #[serde(default)]
+    agent: Option<String>,
+    #[serde(default)]
+    status: Option<String>,
+}
+
+#[async_trait]
+impl Tool for TaskList {
+    fn definition(&self) -> ToolDefinition {
+        ToolDefinition {
+            name: "task_list".into(),
+            description: "List tasks on your board, or (read-only) on the board of an agent that \
+                reports to you. Optionally only one status."
+                .into(),
+            parameters: serde_json::json!({
+                "type": "object",
+                "properties": {
+                    "agent": {"type": "string", "description": "A subordinate's id or name; omit for your own board."},
+                    "status": {"type": "string", "enum": TaskStatus::ALL.iter().map(|s| s.as_str()).collect::<Vec<_>>()}
+                },
+                "additionalProperties": false
+            }),
+        }
+    }
+
+    async fn call(
+        &self,
+        ctx: &ToolContext,
+        args: serde_json::Value,
+    ) -> Result<ToolOutput, ToolError> {
+        let args: ListArgs = parse_args("task_list", args)?;
+        let board = match &args.agent {
+            None => ctx.agent.clone(),
+            Some(name) => {
+                let id = ctx
+                    .org
+                    .resolve(name)
+                    .map_err(|e| ToolError::failed("task_list", e.to_string()))?;
+                if id != ctx.agent
+                    && !policy::is_superior(&ctx.org.graph(), ctx.agent.as_str(), id.as_str())
+                {
+                    return Err(ToolError::failed(
+                        "task_list",
+                        format!(
+                            "{id} does not report to you; you can list only your own board and your subordinates' boards"
+                        ),
+                    ));
+                }
+                id
+            }
+        };
+        let mut filter = TaskFilter::default();
+        if let Some(status) = &args.status {
+            filter
+                .statuses
+                .push(status.parse().map_err(|e: InvalidInput| {
+                    ToolError::invalid_arguments("task_list", e.to_string())
+                })?);
+        }
+        let tasks = ctx
+            .org
+            .stores()
+            .tasks
+            .list(&board, &filter)
+            .await
+            .map_err(|e| ToolError::failed("task_list", e.to_string()))?;
+        if tasks.is_empty() {
+            return Ok(ToolOutput::text(format!("No tasks on {board}'s board.")));
+        }
+        let lines: Vec<String> = tasks
+            .iter()
+            .map(|t| {
+                format!(
+                    "#{} [{}] {} ({})",
+                    t.number, t.status, t.title, t.created_by
+                )
+            })
+            .collect();
+        Ok(ToolOutput::text(lines.join("\n")))
+    }
+}
+
+/// `task_update`: changes the status of a task on the calling agent's own board.
+#[derive(Debug, Default)]
+pub struct TaskUpdate;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UpdateArgs {
+    number: u64,
+    action: String,
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+#[async_trait]
+impl Tool for TaskUpdate {
+    fn definition(&self) -> ToolDefinition {
+        ToolDefinition {
+            name: "task_update".into(),
+            description: "Change a task on your own board: approve (pending_approval -> ready), \
+                schedule (backlog -> ready), park (-> backlog) or cancel."
+                .into(),
+            parameters: serde_json::json!({
+                "type": "object",
+                "properties": {
+                    "number": {"type": "integer", "minimum": 1},
+                    "action": {"type": "string", "enum": ["approve", "schedule", "park", "cancel"]},
+                    "reason": {"type": "string"}
+                },
+                "required": ["number", "action"],
+                "additionalProperties": false
+            }),
+        }
+    }
+
+    async fn call(
+        &self,
+        ctx: &ToolContext,
+        args: serde_json::Value,
+    ) -> Result<ToolOutput, ToolError> {
+        let args: UpdateArgs = parse_args("task_update", args)?;
+        let event = match args.action.as_str() {
+            "approve" => TaskEvent::Approve,
+            "schedule" => TaskEvent::Schedule,
+            "park" => TaskEvent::Park,
+            "cancel" => TaskEvent::Cancel {
+                reason: args
+                    .reason
+                    .unwrap_or_else(|| format!("cancelled by {}", ctx.agent)),
+            },
+            other => {
+                return Err(ToolError::invalid_arguments(
+                    "task_update",
+                    format!("unknown action {other:?}; use approve, schedule, park or cancel"),
+                ));
+            }
+        };
+        let t = ctx
+            .org
+            .task_transition(&ctx.agent, args.number, event)
+            .await
+            .map_err(|e| ToolError::failed("task_update", e.to_string()))?;
+        ctx.org.ring(&ctx.agent);
+        Ok(ToolOutput::text(format!(
+            "Task #{} is now {}.",
+            t.task.number, t.task.status
+        )))
+    }
+}
+
+/// The tools every agent gets from the runtime.
+pub(crate) fn builtin_tools() -> Vec<Arc<dyn Tool>> {
+    vec![
+        Arc::new(SendAgentMessage),
+        Arc::new(TaskCreate),
+        Arc::new(TaskList),
+        Arc::new(TaskUpdate),
+    ]
+}

@@ -7,6 +7,7 @@ pub mod channel;
 pub mod config;
 pub mod conversation;
 pub mod delegation;
+pub mod dialogue;
 pub mod envelope;
 pub mod error;
 pub mod event;
@@ -34,7 +35,9 @@ pub mod rt;
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
 
+pub use bus::{EventBus, EventSubscription};
 pub use channel::{ChannelRecord, ChannelStore, NewRecord, RecordKind};
+pub use config::{ConfigError, OrgConfig};
 pub use conversation::{Conversation, ConversationStore};
 pub use envelope::{DeliveryStore, Envelope, EnvelopeKind, Source};
 pub use error::{InvalidInput, LlmError, PolicyDenied, StoreError};
@@ -43,6 +46,14 @@ pub use ids::{AgentId, ChannelId, ConversationId, EnvelopeId, LinkId, TaskRef};
 pub use link::{AgentLink, LinkDirection, LinkRelationship, LinkStore};
 pub use llm::{ChatMessage, ChatRequest, ChatResponse, LlmProvider, ToolCall, ToolDefinition};
 pub use policy::{ApprovalPolicy, LinkGraph, OrgChart};
+pub use prompts::{Identity, Prompts};
 pub use stores::Stores;
 pub use task::{NewTask, Task, TaskStatus, TaskStore};
 pub use time::{Clock, ManualClock, Spawner, Timestamp};
+pub use org::{
+    ChildSpec, DeliveryError, InboundMessage, InternalKind, InternalMessage, OrgError,
+    Organization, OrganizationBuilder,
+};
+pub use runtime::{AgentQueue, ChannelOutbound, Outbound, Reply};
+pub use tools::{Tool, ToolContext, ToolError, ToolOutput, ToolRegistry};
+pub use topology::Topology;

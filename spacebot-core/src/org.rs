@@ -1,1 +1,1053 @@
-//! (in progress)
+//! The [`Organization`]: one running instance of agents, links and stores.
+//!
+//! Build it from an [`OrgConfig`] plus backends with [`Organization::builder`], start the agents, and
+//! hand it messages:
+//!
+//! - [`Organization::deliver`] is the one entry point for external gateways. It resolves the agent
+//!   and enqueues; it never runs the model itself. Each agent's loop is the only consumer of its
+//!   queue and the only caller of the tool loop.
+//! - [`Organization::send_internal`] carries typed envelopes (task, announce, cancel) between agents
+//!   over their links, the sender stamped by the runtime.
+//! - [`Organization::spawn_child`] starts a child agent whose replies go to its parent's queue.
+//!
+//! See `docs/runtime.md` for the queue, the loop, checkpoints and steering.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
+
+use futures::channel::{mpsc, oneshot};
+use futures::future::AbortHandle;
+
+use crate::config::{AgentConfig, ConfigError, OrgConfig, Settings};
+use crate::delegation::TaskExecutor;
+use crate::envelope::{Envelope, EnvelopeKind, Source};
+use crate::error::{InvalidInput, PolicyDenied, StoreError};
+use crate::event::{Event, EventKind, EventSink, NullSink};
+use crate::ids::{AgentId, ChannelId, EnvelopeId};
+use crate::link::AgentLink;
+use crate::llm::LlmProvider;
+use crate::policy::{self, LinkGraph};
+use crate::prompts::{Identity, IdentityError, PromptError, Prompts};
+use crate::runtime::outbound::{ChannelOutbound, Outbound, Reply};
+use crate::runtime::queue::{AgentQueue, BoundedQueue, QueueError};
+use crate::stores::Stores;
+use crate::time::{Clock, Spawner};
+use crate::tools::{Tool, ToolRegistry};
+use crate::topology::{Topology, TopologyAgent};
+
+/// Metadata key set on envelopes that were persisted for a stopped agent and handed over at start.
+pub(crate) const META_PERSISTED: &str = "spacebot.persisted";
+/// Metadata key set on an envelope put back at the front of the queue after a steer.
+pub(crate) const META_RESUMED: &str = "spacebot.resumed";
+
+/// Why the organization could not be built or changed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OrgError {
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// An agent's identity files could not be read.
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
+    /// A prompt template is invalid.
+    #[error(transparent)]
+    Prompt(#[from] PromptError),
+    /// An argument was refused.
+    #[error(transparent)]
+    Invalid(#[from] InvalidInput),
+    /// The builder lacks something it needs.
+    #[error("the organization needs {0}; set it on the builder")]
+    Missing(&'static str),
+    /// The agent is not part of the organization.
+    #[error("unknown agent {0}")]
+    UnknownAgent(AgentId),
+    /// The agent has ended and cannot be started again.
+    #[error("agent {0} has ended")]
+    Ended(AgentId),
+}
+
+/// Why a delivery was refused. The envelope was not taken (and nothing was stored) unless the
+/// variant says otherwise.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DeliveryError {
+    /// No agent has this id.
+    #[error("unknown agent {agent:?}")]
+    UnknownAgent {
+        /// The id as given.
+        agent: String,
+    },
+    /// The agent has ended (a finished child, or one removed from the organization).
+    #[error("agent {agent} has ended and takes no more messages")]
+    Ended {
+        /// The agent.
+        agent: AgentId,
+    },
+    /// The agent's queue is full; try again later.
+    #[error(transparent)]
+    QueueFull(QueueError),
+    /// The policy refused the message.
+    #[error(transparent)]
+    Denied(#[from] PolicyDenied),
+    /// Persisting for a stopped agent failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The message itself was refused.
+    #[error(transparent)]
+    Invalid(#[from] InvalidInput),
+}
+
+/// A message from an external gateway (a chat platform, the application's UI).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InboundMessage {
+    /// The platform, such as `portal` or `discord`.
+    pub platform: String,
+    /// Where replies go on that platform (a chat or thread id).
+    pub reply_target: String,
+    /// The receiving agent's channel; defaults to `{platform}:{reply_target}`.
+    pub channel: Option<ChannelId>,
+    /// The text.
+    pub content: String,
+    /// Free-form metadata kept on the envelope.
+    pub metadata: serde_json::Map<String, serde_json::Value>,
+}
+
+impl InboundMessage {
+    /// A message from `platform`, answered at `reply_target`.
+    pub fn new(
+        platform: impl Into<String>,
+        reply_target: impl Into<String>,
+        content: impl Into<String>,
+    ) -> Self {
+        Self {
+            platform: platform.into(),
+            reply_target: reply_target.into(),
+            channel: None,
+            content: content.into(),
+            metadata: serde_json::Map::new(),
+        }
+    }
+
+    /// Sets the channel.
+    pub fn with_channel(mut self, channel: ChannelId) -> Self {
+        self.channel = Some(channel);
+        self
+    }
+}
+
+/// What an internal envelope asks of the receiving agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum InternalKind {
+    /// Work for the receiver (wakes its model).
+    Task,
+    /// A result or status (wakes its model).
+    Announce,
+    /// Cancel the receiver's running turn; queued envelopes are kept.
+    Cancel,
+}
+
+impl InternalKind {
+    fn envelope_kind(self) -> EnvelopeKind {
+        match self {
+            Self::Task => EnvelopeKind::TaskAssigned,
+            Self::Announce => EnvelopeKind::Announce,
+            Self::Cancel => EnvelopeKind::Cancel,
+        }
+    }
+}
+
+/// A typed envelope between agents.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InternalMessage {
+    /// What it asks.
+    pub kind: InternalKind,
+    /// The text.
+    pub content: String,
+}
+
+impl InternalMessage {
+    /// A task for the receiver.
+    pub fn task(content: impl Into<String>) -> Self {
+        Self {
+            kind: InternalKind::Task,
+            content: content.into(),
+        }
+    }
+    /// An announcement to the receiver.
+    pub fn announce(content: impl Into<String>) -> Self {
+        Self {
+            kind: InternalKind::Announce,
+            content: content.into(),
+        }
+    }
+    /// A cancel request.
+    pub fn cancel(reason: impl Into<String>) -> Self {
+        Self {
+            kind: InternalKind::Cancel,
+            content: reason.into(),
+        }
+    }
+}
+
+/// What a child agent is started with.
+#[derive(Debug, Clone)]
+pub struct ChildSpec {
+    /// Display name.
+    pub name: String,
+    /// The task text the child starts on.
+    pub task: String,
+    /// The parent's channel the child's result wakes (defaults to `child:{parent}:{child}`).
+    pub report_to: Option<ChannelId>,
+    /// Extra instructions appended to the child's system prompt.
+    pub instructions: Option<String>,
+    /// End the child after it delivered its first result (default `true`).
+    pub end_after_reply: bool,
+}
+
+impl ChildSpec {
+    /// A child named `name` starting on `task`.
+    pub fn new(name: impl Into<String>, task: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            task: task.into(),
+            report_to: None,
+            instructions: None,
+            end_after_reply: true,
+        }
+    }
+}
+
+/// The fixed description of an agent.
+#[derive(Debug)]
+pub(crate) struct AgentSpec {
+    pub(crate) id: AgentId,
+    pub(crate) name: String,
+    pub(crate) identity: Identity,
+    pub(crate) parent: Option<ParentLink>,
+    pub(crate) outbound: Arc<dyn Outbound>,
+    pub(crate) instructions: Option<String>,
+    /// A custom task executor; `None` runs tasks as turns of the agent's own tool loop.
+    pub(crate) executor: Option<Arc<dyn TaskExecutor>>,
+}
+
+/// A child's tie to its parent.
+#[derive(Debug, Clone)]
+pub(crate) struct ParentLink {
+    pub(crate) parent: AgentId,
+    pub(crate) report_to: ChannelId,
+    pub(crate) end_after_reply: bool,
+}
+
+/// A running agent: its queue, its outbound, and the handle to cancel its turn.
+#[derive(Debug)]
+pub(crate) struct AgentRuntime {
+    pub(crate) spec: Arc<AgentSpec>,
+    pub(crate) queue: BoundedQueue,
+    /// Set when something was persisted for this agent while it ran (queue full): the loop hands
+    /// the pending deliveries over when its queue runs empty.
+    pub(crate) pending: AtomicBool,
+    pub(crate) abort: Mutex<Option<AbortHandle>>,
+    pub(crate) stopped: Mutex<Option<oneshot::Receiver<()>>>,
+    /// Wakes the task loop (capacity 1: a ring while one is pending is a no-op).
+    pub(crate) doorbell: Mutex<Option<mpsc::Sender<()>>>,
+    /// Tasks claimed and not finished yet.
+    pub(crate) running_tasks: AtomicUsize,
+    /// The last external source seen per channel: a reply to a system message (a retrigger) in that
+    /// channel goes to the same place. Kept in memory only.
+    pub(crate) reply_sources: Mutex<HashMap<ChannelId, Source>>,
+}
+
+impl AgentRuntime {
+    pub(crate) fn id(&self) -> &AgentId {
+        &self.spec.id
+    }
+
+    /// Wakes the task loop.
+    pub(crate) fn ring(&self) {
+        if let Some(bell) = self.doorbell.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+            let _ = bell.try_send(());
+        }
+    }
+
+    pub(crate) fn running_tasks(&self) -> usize {
+        self.running_tasks.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn task_started(&self) {
+        self.running_tasks.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub(crate) fn task_finished(&self) {
+        let _ = self
+            .running_tasks
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) enum Slot {
+    Running(Arc<AgentRuntime>),
+    Stopped(Arc<AgentSpec>),
+    Ended,
+}
+
+/// The shared state behind an [`Organization`].
+pub(crate) struct OrgInner {
+    pub(crate) stores: Stores,
+    pub(crate) llm: Arc<dyn LlmProvider>,
+    pub(crate) spawner: Arc<dyn Spawner>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) events: Arc<dyn EventSink>,
+    pub(crate) prompts: Prompts,
+    pub(crate) settings: Settings,
+    pub(crate) tools: ToolRegistry,
+    pub(crate) graph: RwLock<Arc<LinkGraph>>,
+    pub(crate) agents: RwLock<HashMap<AgentId, Slot>>,
+    pub(crate) config: OrgConfig,
+    pub(crate) replies: Mutex<Option<mpsc::UnboundedReceiver<Reply>>>,
+    pub(crate) child_counter: AtomicU64,
+}
+
+impl fmt::Debug for OrgInner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Organization")
+            .field("agents", &self.read_agents().len())
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One running organization of agents. Cheap to clone (a handle).
+#[derive(Debug, Clone)]
+pub struct Organization {
+    pub(crate) inner: Arc<OrgInner>,
+}
+
+/// Builds an [`Organization`]: configuration plus backends.
+#[derive(Debug)]
+pub struct OrganizationBuilder {
+    config: OrgConfig,
+    stores: Option<Stores>,
+    llm: Option<Arc<dyn LlmProvider>>,
+    spawner: Option<Arc<dyn Spawner>>,
+    clock: Option<Arc<dyn Clock>>,
+    events: Arc<dyn EventSink>,
+    outbound: Option<Arc<dyn Outbound>>,
+    agent_outbounds: HashMap<AgentId, Arc<dyn Outbound>>,
+    prompts: Option<Prompts>,
+    tools: Vec<Arc<dyn Tool>>,
+    executors: HashMap<AgentId, Arc<dyn TaskExecutor>>,
+}
+
+impl Organization {
+    /// Starts building an organization from `config`.
+    pub fn builder(config: OrgConfig) -> OrganizationBuilder {
+        OrganizationBuilder {
+            config,
+            stores: None,
+            llm: None,
+            spawner: None,
+            clock: None,
+            events: Arc::new(NullSink),
+            outbound: None,
+            agent_outbounds: HashMap::new(),
+            prompts: None,
+            tools: Vec::new(),
+            executors: HashMap::new(),
+        }
+    }
+}
+
+impl OrganizationBuilder {
+    /// The stores (required).
+    pub fn stores(mut self, stores: Stores) -> Self {
+        self.stores = Some(stores);
+        self
+    }
+    /// The LLM provider (required).
+    pub fn llm(mut self, llm: Arc<dyn LlmProvider>) -> Self {
+        self.llm = Some(llm);
+        self
+    }
+    /// The spawner for agent loops (required; `TokioSpawner` with the `tokio` feature).
+    pub fn spawner(mut self, spawner: Arc<dyn Spawner>) -> Self {
+        self.spawner = Some(spawner);
+        self
+    }
+    /// The clock (required; `TokioClock` with the `tokio` feature, `ManualClock` in tests).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+    /// Where events go (default: nowhere).
+    pub fn events(mut self, events: Arc<dyn EventSink>) -> Self {
+        self.events = events;
+        self
+    }
+    /// Where root agents' replies go. Without one, replies are read with
+    /// [`Organization::take_replies`].
+    pub fn outbound(mut self, outbound: Arc<dyn Outbound>) -> Self {
+        self.outbound = Some(outbound);
+        self
+    }
+    /// A different outbound for one root agent.
+    pub fn agent_outbound(mut self, agent: AgentId, outbound: Arc<dyn Outbound>) -> Self {
+        self.agent_outbounds.insert(agent, outbound);
+        self
+    }
+    /// The prompt templates (default: the embedded ones).
+    pub fn prompts(mut self, prompts: Prompts) -> Self {
+        self.prompts = Some(prompts);
+        self
+    }
+    /// Runs `agent`'s tasks with `executor` instead of the agent's own tool loop (for example
+    /// deterministic code).
+    pub fn task_executor(mut self, agent: AgentId, executor: Arc<dyn TaskExecutor>) -> Self {
+        self.executors.insert(agent, executor);
+        self
+    }
+    /// A tool every agent gets.
+    pub fn tool(mut self, tool: Arc<dyn Tool>) -> Self {
+        self.tools.push(tool);
+        self
+    }
+
+    /// Validates everything, syncs the configured links into the link store (configuration wins),
+    /// reads every agent's identity files, and returns the organization with every agent stopped.
+    /// Call [`Organization::start_all`] next.
+    pub async fn build(self) -> Result<Organization, OrgError> {
+        let stores = self.stores.ok_or(OrgError::Missing("stores"))?;
+        let llm = self.llm.ok_or(OrgError::Missing("an LLM provider"))?;
+        let spawner = self.spawner.ok_or(OrgError::Missing("a spawner"))?;
+        let clock = self.clock.ok_or(OrgError::Missing("a clock"))?;
+        let config = self.config;
+        validate(&config)?;
+        for agent in self.agent_outbounds.keys().chain(self.executors.keys()) {
+            if !config.agents.iter().any(|a| &a.id == agent) {
+                return Err(OrgError::UnknownAgent(agent.clone()));
+            }
+        }
+        let mut tools = ToolRegistry::new();
+        for tool in crate::delegation::builtin_tools() {
+            tools.register(tool)?;
+        }
+        for tool in crate::dialogue::dialogue_tools() {
+            tools.register(tool)?;
+        }
+        for tool in self.tools {
+            tools.register(tool)?;
+        }
+        let prompts = self.prompts.unwrap_or_default();
+
+        config.sync_links(stores.links.as_ref(), clock.now()).await?;
+        let links = stores.links.list().await?;
+        let graph = LinkGraph::new(config.agents.iter().map(|a| a.id.clone()), links);
+
+        let (default_outbound, replies) = match self.outbound {
+            Some(o) => (o, None),
+            None => {
+                let (o, rx) = ChannelOutbound::new();
+                (Arc::new(o) as Arc<dyn Outbound>, Some(rx))
+            }
+        };
+        let mut agents = HashMap::new();
+        for agent in &config.agents {
+            let mut spec = agent_spec(agent, &self.agent_outbounds, &default_outbound)?;
+            spec.executor = self.executors.get(&agent.id).cloned();
+            agents.insert(agent.id.clone(), Slot::Stopped(Arc::new(spec)));
+        }
+        Ok(Organization {
+            inner: Arc::new(OrgInner {
+                stores,
+                llm,
+                spawner,
+                clock,
+                events: self.events,
+                prompts,
+                settings: config.settings.clone(),
+                tools,
+                graph: RwLock::new(Arc::new(graph)),
+                agents: RwLock::new(agents),
+                config,
+                replies: Mutex::new(replies),
+                child_counter: AtomicU64::new(0),
+            }),
+        })
+    }
+}
+
+/// Checks a configuration built in code with the same rules (and messages) as one read from TOML.
+fn validate(config: &OrgConfig) -> Result<(), OrgError> {
+    let text = config
+        .to_toml_string()
+        .map_err(|e| InvalidInput::new("organization config", e.to_string()))?;
+    OrgConfig::from_toml_str(&text)?;
+    Ok(())
+}
+
+fn agent_spec(
+    agent: &AgentConfig,
+    outbounds: &HashMap<AgentId, Arc<dyn Outbound>>,
+    default: &Arc<dyn Outbound>,
+) -> Result<AgentSpec, OrgError> {
+    let identity = match &agent.workspace {
+        Some(dir) => Identity::load(dir)?,
+        None => Identity::default(),
+    };
+    Ok(AgentSpec {
+        id: agent.id.clone(),
+        name: agent.name.clone(),
+        identity,
+        parent: None,
+        outbound: outbounds
+            .get(&agent.id)
+            .cloned()
+            .unwrap_or_else(|| default.clone()),
+        instructions: None,
+        executor: None,
+    })
+}
+
+impl OrgInner {
+    pub(crate) fn read_agents(&self) -> RwLockReadGuard<'_, HashMap<AgentId, Slot>> {
+        self.agents.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write_agents(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<AgentId, Slot>> {
+        self.agents.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn graph(&self) -> Arc<LinkGraph> {
+        self.graph.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub(crate) fn emit(&self, event: Event) {
+        self.events.emit(event);
+    }
+
+    pub(crate) fn event(&self, agent: &AgentId, kind: EventKind) -> Event {
+        Event::new(self.clock.now(), agent.clone(), kind)
+    }
+
+    pub(crate) fn slot(&self, agent: &AgentId) -> Option<Slot> {
+        self.read_agents().get(agent).cloned()
+    }
+
+    pub(crate) fn display_name(&self, agent: &AgentId) -> String {
+        match self.read_agents().get(agent) {
+            Some(Slot::Running(rt)) => rt.spec.name.clone(),
+            Some(Slot::Stopped(spec)) => spec.name.clone(),
+            _ => agent.to_string(),
+        }
+    }
+
+    /// Hands `envelope` to `agent`: into its queue when it runs, to its pending deliveries when it
+    /// is stopped. With `overflow_to_store`, a full queue also persists (the loop picks the envelope
+    /// up when its queue runs empty) instead of refusing.
+    pub(crate) async fn enqueue(
+        &self,
+        agent: &AgentId,
+        envelope: Envelope,
+        overflow_to_store: bool,
+    ) -> Result<(), DeliveryError> {
+        let envelope = {
+            let agents = self.read_agents();
+            match agents.get(agent) {
+                Some(Slot::Running(rt)) => match rt.queue.try_push(envelope) {
+                    Ok(()) => return Ok(()),
+                    Err((e @ QueueError::Full { .. }, _)) if !overflow_to_store => {
+                        return Err(DeliveryError::QueueFull(e));
+                    }
+                    Err((QueueError::Full { .. }, envelope)) => {
+                        rt.pending.store(true, Ordering::Release);
+                        envelope
+                    }
+                    // Closed: the agent is stopping and its queue goes to the store; so does this.
+                    Err((_, envelope)) => envelope,
+                },
+                Some(Slot::Stopped(_)) => envelope,
+                Some(Slot::Ended) => {
+                    return Err(DeliveryError::Ended {
+                        agent: agent.clone(),
+                    });
+                }
+                None => {
+                    return Err(DeliveryError::UnknownAgent {
+                        agent: agent.to_string(),
+                    });
+                }
+            }
+        };
+        self.persist(agent, envelope).await
+    }
+
+    /// Keeps an envelope for a stopped (or overflowing) agent in its pending deliveries.
+    pub(crate) async fn persist(
+        &self,
+        agent: &AgentId,
+        mut envelope: Envelope,
+    ) -> Result<(), DeliveryError> {
+        envelope
+            .metadata
+            .insert(META_PERSISTED.into(), serde_json::Value::Bool(true));
+        self.stores.deliveries.persist(agent, &envelope).await?;
+        let mut event = self.event(agent, EventKind::DeliveryPersisted);
+        event.channel = Some(envelope.channel.clone());
+        self.emit(event);
+        Ok(())
+    }
+}
+
+impl Organization {
+    /// The organization's settings.
+    pub fn settings(&self) -> &Settings {
+        &self.inner.settings
+    }
+
+    /// The configuration it was built from.
+    pub fn config(&self) -> &OrgConfig {
+        &self.inner.config
+    }
+
+    /// The stores.
+    pub fn stores(&self) -> &Stores {
+        &self.inner.stores
+    }
+
+    /// The clock.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.inner.clock
+    }
+
+    /// The prompt templates.
+    pub fn prompts(&self) -> &Prompts {
+        &self.inner.prompts
+    }
+
+    /// The current link graph (a snapshot).
+    pub fn graph(&self) -> Arc<LinkGraph> {
+        self.inner.graph()
+    }
+
+    /// The stream of root agents' replies, when no outbound was set on the builder. `None` if an
+    /// outbound was set or the stream was taken already.
+    pub fn take_replies(&self) -> Option<mpsc::UnboundedReceiver<Reply>> {
+        self.inner
+            .replies
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+    }
+
+    /// Every agent id (running, stopped and ended children excluded), sorted.
+    pub fn agent_ids(&self) -> Vec<AgentId> {
+        let mut ids: Vec<AgentId> = self
+            .inner
+            .read_agents()
+            .iter()
+            .filter(|(_, s)| !matches!(s, Slot::Ended))
+            .map(|(id, _)| id.clone())
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    /// Whether the agent's loop is running.
+    pub fn is_running(&self, agent: &AgentId) -> bool {
+        matches!(self.inner.slot(agent), Some(Slot::Running(_)))
+    }
+
+    /// The display name of an agent (its id when unknown).
+    pub fn display_name(&self, agent: &AgentId) -> String {
+        self.inner.display_name(agent)
+    }
+
+    /// Number of envelopes waiting in a running agent's queue.
+    pub fn queue_len(&self, agent: &AgentId) -> Option<usize> {
+        match self.inner.slot(agent) {
+            Some(Slot::Running(rt)) => Some(rt.queue.len()),
+            _ => None,
+        }
+    }
+
+    /// Takes every envelope waiting in a running agent's queue, without processing it (for an
+    /// application that moves work elsewhere, or to measure delivery alone). The envelopes are the
+    /// caller's from then on; `None` when the agent is not running.
+    pub fn take_queued(&self, agent: &AgentId) -> Option<Vec<Envelope>> {
+        match self.inner.slot(agent) {
+            Some(Slot::Running(rt)) => Some(rt.queue.drain()),
+            _ => None,
+        }
+    }
+
+    /// The topology: agents (configured ones) and links, as seed 003's JSON, DOT or Mermaid.
+    pub fn topology(&self) -> Topology {
+        let graph = self.inner.graph();
+        let agents = self
+            .inner
+            .config
+            .agents
+            .iter()
+            .map(TopologyAgent::from);
+        Topology::from_parts(agents, graph.links().iter().cloned())
+    }
+
+    /// Replaces the links with what the link store holds now (after links were created, updated or
+    /// deleted through the store at runtime). Configured links win again on the next start.
+    pub async fn reload_links(&self) -> Result<(), OrgError> {
+        let links: Vec<AgentLink> = self.inner.stores.links.list().await?;
+        let agents = self
+            .inner
+            .config
+            .agents
+            .iter()
+            .map(|a| a.id.clone())
+            .collect::<Vec<_>>();
+        let graph = LinkGraph::new(agents, links);
+        *self.inner.graph.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(graph);
+        Ok(())
+    }
+
+    /// Delivers a message from an external gateway to `agent`: resolves the agent and enqueues.
+    /// It never runs the model. A running agent's full queue is [`DeliveryError::QueueFull`]; a
+    /// stopped agent's message is persisted and handed over, once, when it starts.
+    ///
+    /// Returns the id of the envelope, which replies name in [`Reply::in_reply_to`].
+    pub async fn deliver(
+        &self,
+        agent: &str,
+        message: InboundMessage,
+    ) -> Result<EnvelopeId, DeliveryError> {
+        let agent = self.resolve(agent)?;
+        let channel = message.channel.clone().unwrap_or_else(|| {
+            ChannelId::new(format!("{}:{}", message.platform, message.reply_target))
+        });
+        let source = Source::External {
+            platform: message.platform,
+            reply_target: message.reply_target,
+        };
+        let mut envelope = Envelope::new(
+            source,
+            channel,
+            EnvelopeKind::UserMessage,
+            message.content,
+            self.inner.clock.now(),
+        );
+        envelope.metadata = message.metadata;
+        let id = envelope.id.clone();
+        self.inner.enqueue(&agent, envelope, false).await?;
+        Ok(id)
+    }
+
+    /// Resolves an agent by id, or by display name (case-insensitive).
+    pub fn resolve(&self, agent: &str) -> Result<AgentId, DeliveryError> {
+        let agents = self.inner.read_agents();
+        if let Some((id, _)) = agents.get_key_value(agent) {
+            return Ok(id.clone());
+        }
+        let lower = agent.to_lowercase();
+        let mut found = agents.iter().filter_map(|(id, slot)| {
+            let name = match slot {
+                Slot::Running(rt) => &rt.spec.name,
+                Slot::Stopped(spec) => &spec.name,
+                Slot::Ended => return None,
+            };
+            (name.to_lowercase() == lower || id.as_str().to_lowercase() == lower).then_some(id)
+        });
+        match (found.next(), found.next()) {
+            (Some(id), None) => Ok(id.clone()),
+            _ => Err(DeliveryError::UnknownAgent {
+                agent: agent.to_string(),
+            }),
+        }
+    }
+
+    /// Sends a typed envelope from `from` to `to` over the internal channel. The sender is stamped
+    /// here, from `from`, never from model output.
+    ///
+    /// Policy: a task or cancel needs a link that lets `from` start an exchange with `to`; an
+    /// announcement may also travel back along a one-way link. A parent and its child may always
+    /// message each other. A cancel does not enter the queue: it stops the receiver's running turn
+    /// at once and keeps what is queued.
+    ///
+    /// Errors: unknown or ended receiver, a policy denial, or a full queue (the sender may retry).
+    /// A stopped receiver gets the envelope persisted, handed over once when it starts.
+    pub async fn send_internal(
+        &self,
+        from: &AgentId,
+        to: &AgentId,
+        message: InternalMessage,
+    ) -> Result<EnvelopeId, DeliveryError> {
+        let link_id = self.check_internal(from, to, message.kind)?;
+        let envelope = Envelope::new(
+            Source::Internal {
+                from_agent: from.clone(),
+                link_id: link_id.clone(),
+            },
+            ChannelId::link(to, from),
+            message.kind.envelope_kind(),
+            message.content,
+            self.inner.clock.now(),
+        );
+        let id = envelope.id.clone();
+        if message.kind == InternalKind::Cancel {
+            self.cancel_turn(to);
+            let mut event = self.inner.event(to, EventKind::TurnCancelled);
+            event.link = link_id;
+            event.channel = Some(envelope.channel.clone());
+            self.inner.emit(event);
+            return Ok(id);
+        }
+        self.inner.enqueue(to, envelope, false).await?;
+        let mut sent = self
+            .inner
+            .event(from, EventKind::MessageSent { to: to.clone() });
+        sent.link = link_id;
+        self.inner.emit(sent);
+        Ok(id)
+    }
+
+    /// The policy check of [`Organization::send_internal`]; returns the link used, if any.
+    fn check_internal(
+        &self,
+        from: &AgentId,
+        to: &AgentId,
+        kind: InternalKind,
+    ) -> Result<Option<crate::ids::LinkId>, DeliveryError> {
+        let agents = self.inner.read_agents();
+        let related = |a: &AgentId, b: &AgentId| match agents.get(a) {
+            Some(Slot::Running(rt)) => rt.spec.parent.as_ref().is_some_and(|p| &p.parent == b),
+            Some(Slot::Stopped(spec)) => spec.parent.as_ref().is_some_and(|p| &p.parent == b),
+            _ => false,
+        };
+        match agents.get(to) {
+            None => {
+                return Err(DeliveryError::UnknownAgent {
+                    agent: to.to_string(),
+                });
+            }
+            Some(Slot::Ended) => return Err(DeliveryError::Ended { agent: to.clone() }),
+            Some(_) => {}
+        }
+        if related(from, to) || related(to, from) {
+            return Ok(None);
+        }
+        drop(agents);
+        let graph = self.inner.graph.read().unwrap_or_else(|e| e.into_inner());
+        let link = match kind {
+            InternalKind::Announce => policy::check_answer(&graph, from, to, true)?,
+            InternalKind::Task | InternalKind::Cancel => policy::check_start(&graph, from, to)?,
+        };
+        Ok(Some(link.id.clone()))
+    }
+
+    /// Cancels the agent's running turn, if any. The message being answered gets no reply (a
+    /// `TurnCancelled` event and a system record say so); everything queued stays queued, including
+    /// a message that a steer put back. Returns whether a turn was running.
+    pub fn cancel_turn(&self, agent: &AgentId) -> bool {
+        match self.inner.slot(agent) {
+            Some(Slot::Running(rt)) => {
+                let handle = rt.abort.lock().unwrap_or_else(|e| e.into_inner()).take();
+                handle.map(|h| h.abort()).is_some()
+            }
+            _ => false,
+        }
+    }
+
+    /// Starts every configured agent that is not running.
+    pub async fn start_all(&self) -> Result<(), OrgError> {
+        crate::dialogue::ensure_link_channels(self).await?;
+        for agent in self.agent_ids() {
+            self.start_agent(&agent).await?;
+        }
+        Ok(())
+    }
+
+    /// Starts an agent: creates its queue, hands over its pending deliveries (once, in the order
+    /// they were persisted) and spawns its loop. Starting a running agent does nothing.
+    pub async fn start_agent(&self, agent: &AgentId) -> Result<(), OrgError> {
+        let spec = match self.inner.slot(agent) {
+            Some(Slot::Running(_)) => return Ok(()),
+            Some(Slot::Stopped(spec)) => spec,
+            Some(Slot::Ended) => return Err(OrgError::Ended(agent.clone())),
+            None => return Err(OrgError::UnknownAgent(agent.clone())),
+        };
+        let pending = self.inner.stores.deliveries.pending(agent).await?;
+        let (done_tx, done_rx) = oneshot::channel();
+        let (bell_tx, bell_rx) = mpsc::channel(1);
+        let runtime = Arc::new(AgentRuntime {
+            spec: spec.clone(),
+            queue: BoundedQueue::new(agent.clone(), self.inner.settings.queue_capacity),
+            pending: AtomicBool::new(false),
+            abort: Mutex::new(None),
+            stopped: Mutex::new(Some(done_rx)),
+            doorbell: Mutex::new(Some(bell_tx)),
+            running_tasks: AtomicUsize::new(0),
+            reply_sources: Mutex::new(HashMap::new()),
+        });
+        // Handed over past the bound: these were admitted before.
+        for envelope in pending.into_iter().rev() {
+            let _ = runtime.queue.push_front(envelope);
+        }
+        {
+            let mut agents = self.inner.write_agents();
+            match agents.get(agent) {
+                Some(Slot::Stopped(_)) => {
+                    agents.insert(agent.clone(), Slot::Running(runtime.clone()));
+                }
+                // Someone else started (or ended) it meanwhile.
+                _ => return Ok(()),
+            }
+        }
+        self.inner
+            .emit(self.inner.event(agent, EventKind::AgentStarted));
+        let inner = self.inner.clone();
+        let loop_runtime = runtime.clone();
+        self.inner.spawner.spawn(Box::pin(async move {
+            crate::runtime::agent::run_loop(inner, loop_runtime).await;
+            let _ = done_tx.send(());
+        }));
+        if spec.parent.is_none() {
+            self.inner.spawner.spawn(Box::pin(crate::delegation::run_task_loop(
+                self.clone(),
+                runtime,
+                bell_rx,
+            )));
+        }
+        Ok(())
+    }
+
+    /// Stops an agent: closes its queue, persists what was still queued (handed over again at the
+    /// next start), lets the running turn finish, and waits for the loop to end.
+    pub async fn stop_agent(&self, agent: &AgentId) -> Result<(), OrgError> {
+        let runtime = {
+            let mut agents = self.inner.write_agents();
+            match agents.get(agent) {
+                Some(Slot::Running(rt)) => {
+                    let rt = rt.clone();
+                    agents.insert(agent.clone(), Slot::Stopped(rt.spec.clone()));
+                    rt
+                }
+                Some(Slot::Stopped(_)) => return Ok(()),
+                Some(Slot::Ended) => return Err(OrgError::Ended(agent.clone())),
+                None => return Err(OrgError::UnknownAgent(agent.clone())),
+            }
+        };
+        let rest = runtime.queue.close();
+        runtime
+            .doorbell
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        for envelope in rest {
+            self.inner.persist(agent, envelope).await.map_err(|e| match e {
+                DeliveryError::Store(s) => OrgError::Store(s),
+                other => OrgError::Invalid(InvalidInput::new("stop", other.to_string())),
+            })?;
+        }
+        let done = runtime
+            .stopped
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(done) = done {
+            let _ = done.await;
+        }
+        Ok(())
+    }
+
+    /// Stops every running agent.
+    pub async fn shutdown(&self) -> Result<(), OrgError> {
+        let running: Vec<AgentId> = self
+            .inner
+            .read_agents()
+            .iter()
+            .filter(|(_, s)| matches!(s, Slot::Running(_)))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for agent in running {
+            self.stop_agent(&agent).await?;
+        }
+        Ok(())
+    }
+
+    /// Starts a child of `parent` on `spec.task`. The child's replies go to the parent's queue (in
+    /// `spec.report_to`, default `child:{parent}:{child}`) and wake it; a child whose turn fails, or
+    /// whose result cannot be delivered, is reported to the parent as well. Returns the child's id.
+    pub async fn spawn_child(
+        &self,
+        parent: &AgentId,
+        spec: ChildSpec,
+    ) -> Result<AgentId, OrgError> {
+        match self.inner.slot(parent) {
+            Some(Slot::Running(_) | Slot::Stopped(_)) => {}
+            Some(Slot::Ended) => return Err(OrgError::Ended(parent.clone())),
+            None => return Err(OrgError::UnknownAgent(parent.clone())),
+        }
+        let n = self.inner.child_counter.fetch_add(1, Ordering::Relaxed) + 1;
+        let child = AgentId::parse(format!("{parent}.child-{n}"))?;
+        let report_to = spec
+            .report_to
+            .clone()
+            .unwrap_or_else(|| ChannelId::new(format!("child:{parent}:{child}")));
+        let outbound = Arc::new(crate::runtime::agent::ParentOutbound {
+            org: Arc::downgrade(&self.inner),
+            parent: parent.clone(),
+            child: child.clone(),
+            report_to: report_to.clone(),
+        });
+        let agent_spec = AgentSpec {
+            id: child.clone(),
+            name: spec.name.clone(),
+            identity: Identity::default(),
+            parent: Some(ParentLink {
+                parent: parent.clone(),
+                report_to,
+                end_after_reply: spec.end_after_reply,
+            }),
+            outbound,
+            instructions: spec.instructions.clone(),
+            executor: None,
+        };
+        self.inner
+            .write_agents()
+            .insert(child.clone(), Slot::Stopped(Arc::new(agent_spec)));
+        let task = Envelope::new(
+            Source::Internal {
+                from_agent: parent.clone(),
+                link_id: None,
+            },
+            ChannelId::new(format!("parent:{child}:{parent}")),
+            EnvelopeKind::TaskAssigned,
+            spec.task,
+            self.inner.clock.now(),
+        );
+        self.start_agent(&child).await?;
+        self.inner
+            .enqueue(&child, task, true)
+            .await
+            .map_err(|e| OrgError::Invalid(InvalidInput::new("child task", e.to_string())))?;
+        Ok(child)
+    }
+
+    /// Ends an agent for good: it stops, and later deliveries to it are [`DeliveryError::Ended`].
+    /// What was still queued is handed back to the caller.
+    pub(crate) fn end_agent(&self, agent: &AgentId) -> Vec<Envelope> {
+        let previous = self.inner.write_agents().insert(agent.clone(), Slot::Ended);
+        match previous {
+            Some(Slot::Running(rt)) => {
+                rt.doorbell.lock().unwrap_or_else(|e| e.into_inner()).take();
+                rt.queue.close()
+            }
+            _ => Vec::new(),
+        }
+    }
+}

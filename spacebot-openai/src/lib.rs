@@ -1,1 +1,16 @@
-//! placeholder
+#![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+#![forbid(unsafe_code)]
+
+mod config;
+mod error;
+mod provider;
+mod stream;
+mod wire;
+
+pub use config::{
+    ApiKey, ConfigError, DEFAULT_BASE_URL, DEFAULT_MODEL, Dialect, MaxTokensField, OpenAiConfig,
+    RetryPolicy,
+};
+pub use provider::OpenAiProvider;
+pub use stream::StreamAssembler;

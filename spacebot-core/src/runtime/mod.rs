@@ -1,1 +1,15 @@
-//! The agent runtime.
+//! The agent runtime: one inbound queue per agent, its loop, the tool-call loop with steering at
+//! checkpoints, the outbound, and child agents.
+//!
+//! The [`Organization`](crate::org::Organization) owns the agents; this module holds the pieces each
+//! agent is made of. See `docs/runtime.md` for the whole picture.
+
+pub(crate) mod agent;
+pub mod history;
+pub mod outbound;
+pub mod queue;
+pub mod steer;
+
+pub use agent::{TurnError, TurnOutcome};
+pub use outbound::{ChannelOutbound, Outbound, OutboundError, Reply};
+pub use queue::{AgentQueue, BoundedQueue, QueueError, Recv};

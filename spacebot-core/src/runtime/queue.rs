@@ -1,0 +1,309 @@
+//! The agent's one inbound queue.
+//!
+//! Many producers (the external gateway, other agents through the internal channel, the task loop,
+//! timers) push; exactly one consumer, the agent's loop, takes. The queue is bounded: a producer that
+//! finds it full gets [`QueueError::Full`] back, and nothing is dropped silently.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Mutex, MutexGuard};
+use std::task::{Context, Poll};
+
+use futures::task::AtomicWaker;
+
+use crate::envelope::Envelope;
+use crate::ids::AgentId;
+
+/// Why a push was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum QueueError {
+    /// The queue holds `capacity` envelopes already; the envelope was not taken.
+    #[error("the queue of agent {agent} is full ({capacity} envelopes waiting)")]
+    Full {
+        /// The agent whose queue is full.
+        agent: AgentId,
+        /// Its capacity.
+        capacity: usize,
+    },
+    /// The agent stopped; its queue takes nothing more.
+    #[error("the queue of agent {agent} is closed")]
+    Closed {
+        /// The agent.
+        agent: AgentId,
+    },
+}
+
+/// One agent's inbound queue.
+///
+/// # Contract
+/// - `try_push` appends at the back, or hands the envelope back with [`QueueError::Full`] when `len() == capacity()` and
+///   [`QueueError::Closed`] after `close`; a refused envelope is not kept.
+/// - `push_front` puts an envelope the consumer already took back at the front (the interrupted
+///   message of a steer); it ignores the capacity, since that envelope was admitted once already,
+///   and fails only when the queue is closed.
+/// - `drain` takes everything in order; `recv` waits for the next envelope and yields `None` once
+///   the queue is closed and empty.
+/// - Envelopes come out in the order they were admitted: two pushes from one producer keep their order.
+/// - There is one consumer. Calling `recv` from two tasks at once is a misuse (the second waiter may
+///   not be woken).
+pub trait AgentQueue: Send + Sync + fmt::Debug {
+    /// The owning agent.
+    fn agent(&self) -> &AgentId;
+    /// Appends an envelope, or hands it back with the reason it was refused.
+    fn try_push(&self, envelope: Envelope) -> Result<(), (QueueError, Envelope)>;
+    /// Appends an envelope (a refused one is dropped by the caller: see [`AgentQueue::try_push`]
+    /// to keep it).
+    fn push(&self, envelope: Envelope) -> Result<(), QueueError> {
+        self.try_push(envelope).map_err(|(e, _)| e)
+    }
+    /// Puts a taken envelope back at the front.
+    fn push_front(&self, envelope: Envelope) -> Result<(), QueueError>;
+    /// Takes the next envelope, if any, without waiting.
+    fn try_recv(&self) -> Option<Envelope>;
+    /// Takes every waiting envelope, oldest first.
+    fn drain(&self) -> Vec<Envelope>;
+    /// Waits for the next envelope; `None` once closed and empty.
+    fn recv(&self) -> Recv<'_>;
+    /// Envelopes waiting.
+    fn len(&self) -> usize;
+    /// Whether nothing is waiting.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The bound.
+    fn capacity(&self) -> usize;
+    /// Stops taking envelopes; returns those still waiting so the caller can keep them elsewhere.
+    fn close(&self) -> Vec<Envelope>;
+    /// Whether `close` was called.
+    fn is_closed(&self) -> bool;
+    /// Registers the consumer's waker (used by [`Recv`]).
+    fn register(&self, cx: &mut Context<'_>);
+}
+
+/// The future returned by [`AgentQueue::recv`].
+#[must_use = "futures do nothing unless awaited"]
+pub struct Recv<'a> {
+    queue: &'a dyn AgentQueue,
+}
+
+impl fmt::Debug for Recv<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Recv")
+            .field("agent", self.queue.agent())
+            .finish()
+    }
+}
+
+impl<'a> Recv<'a> {
+    /// A receive future over `queue` (for implementors of [`AgentQueue`]).
+    pub fn new(queue: &'a dyn AgentQueue) -> Self {
+        Self { queue }
+    }
+}
+
+impl Future for Recv<'_> {
+    type Output = Option<Envelope>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if let Some(envelope) = self.queue.try_recv() {
+            return Poll::Ready(Some(envelope));
+        }
+        if self.queue.is_closed() {
+            return Poll::Ready(None);
+        }
+        self.queue.register(cx);
+        // Check again: a push between the first check and the registration must not be missed.
+        if let Some(envelope) = self.queue.try_recv() {
+            return Poll::Ready(Some(envelope));
+        }
+        if self.queue.is_closed() {
+            return Poll::Ready(None);
+        }
+        Poll::Pending
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    items: VecDeque<Envelope>,
+    closed: bool,
+}
+
+/// The in-memory [`AgentQueue`]: a mutex-guarded deque and a waker.
+///
+/// Storage is allocated on first use, so an idle agent's queue costs a few dozen bytes.
+///
+/// ```
+/// use spacebot_core::runtime::{AgentQueue, BoundedQueue, QueueError};
+/// use spacebot_core::{AgentId, ChannelId, Envelope, EnvelopeKind, Source, Timestamp};
+/// let agent = AgentId::parse("support").unwrap();
+/// let queue = BoundedQueue::new(agent.clone(), 1);
+/// let env = || Envelope::new(Source::System, ChannelId::portal(&agent), EnvelopeKind::UserMessage, "hi", Timestamp(0));
+/// queue.push(env()).unwrap();
+/// assert!(matches!(queue.push(env()), Err(QueueError::Full { capacity: 1, .. })));
+/// assert_eq!(queue.drain().len(), 1);
+/// ```
+#[derive(Debug)]
+pub struct BoundedQueue {
+    agent: AgentId,
+    capacity: usize,
+    state: Mutex<State>,
+    waker: AtomicWaker,
+}
+
+impl BoundedQueue {
+    /// A queue for `agent` holding at most `capacity` envelopes (at least 1).
+    pub fn new(agent: AgentId, capacity: usize) -> Self {
+        Self {
+            agent,
+            capacity: capacity.max(1),
+            state: Mutex::new(State::default()),
+            waker: AtomicWaker::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // The state is a plain deque: a panic elsewhere cannot leave it half-updated.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl AgentQueue for BoundedQueue {
+    fn agent(&self) -> &AgentId {
+        &self.agent
+    }
+
+    fn try_push(&self, envelope: Envelope) -> Result<(), (QueueError, Envelope)> {
+        {
+            let mut st = self.lock();
+            if st.closed {
+                let error = QueueError::Closed {
+                    agent: self.agent.clone(),
+                };
+                return Err((error, envelope));
+            }
+            if st.items.len() >= self.capacity {
+                let error = QueueError::Full {
+                    agent: self.agent.clone(),
+                    capacity: self.capacity,
+                };
+                return Err((error, envelope));
+            }
+            st.items.push_back(envelope);
+        }
+        self.waker.wake();
+        Ok(())
+    }
+
+    fn push_front(&self, envelope: Envelope) -> Result<(), QueueError> {
+        {
+            let mut st = self.lock();
+            if st.closed {
+                return Err(QueueError::Closed {
+                    agent: self.agent.clone(),
+                });
+            }
+            st.items.push_front(envelope);
+        }
+        self.waker.wake();
+        Ok(())
+    }
+
+    fn try_recv(&self) -> Option<Envelope> {
+        self.lock().items.pop_front()
+    }
+
+    fn drain(&self) -> Vec<Envelope> {
+        self.lock().items.drain(..).collect()
+    }
+
+    fn recv(&self) -> Recv<'_> {
+        Recv::new(self)
+    }
+
+    fn len(&self) -> usize {
+        self.lock().items.len()
+    }
+
+    fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    fn close(&self) -> Vec<Envelope> {
+        let rest = {
+            let mut st = self.lock();
+            st.closed = true;
+            st.items.drain(..).collect()
+        };
+        self.waker.wake();
+        rest
+    }
+
+    fn is_closed(&self) -> bool {
+        self.lock().closed
+    }
+
+    fn register(&self, cx: &mut Context<'_>) {
+        self.waker.register(cx.waker());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::envelope::{EnvelopeKind, Source};
+    use crate::ids::ChannelId;
+    use crate::time::Timestamp;
+    use futures::FutureExt;
+
+    fn env(agent: &AgentId, text: &str) -> Envelope {
+        Envelope::new(
+            Source::System,
+            ChannelId::portal(agent),
+            EnvelopeKind::UserMessage,
+            text,
+            Timestamp(0),
+        )
+    }
+
+    #[test]
+    fn full_queue_refuses_and_keeps_order() {
+        let a = AgentId::parse("a").unwrap();
+        let q = BoundedQueue::new(a.clone(), 2);
+        q.push(env(&a, "1")).unwrap();
+        q.push(env(&a, "2")).unwrap();
+        let err = q.push(env(&a, "3")).unwrap_err();
+        assert_eq!(
+            err,
+            QueueError::Full {
+                agent: a.clone(),
+                capacity: 2
+            }
+        );
+        // push_front ignores the bound: the envelope was admitted before.
+        q.push_front(env(&a, "0")).unwrap();
+        let texts: Vec<String> = q.drain().into_iter().map(|e| e.content).collect();
+        assert_eq!(texts, ["0", "1", "2"]);
+    }
+
+    #[test]
+    fn recv_waits_and_close_ends() {
+        let a = AgentId::parse("a").unwrap();
+        let q = BoundedQueue::new(a.clone(), 4);
+        let mut fut = Box::pin(q.recv());
+        assert!(fut.as_mut().now_or_never().is_none());
+        q.push(env(&a, "x")).unwrap();
+        assert_eq!(
+            fut.now_or_never().flatten().map(|e| e.content).as_deref(),
+            Some("x")
+        );
+        q.push(env(&a, "y")).unwrap();
+        let rest = q.close();
+        assert_eq!(rest.len(), 1);
+        assert!(matches!(q.push(env(&a, "z")), Err(QueueError::Closed { .. })));
+        assert_eq!(q.recv().now_or_never(), Some(None));
+    }
+}

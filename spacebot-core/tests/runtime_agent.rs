@@ -1,0 +1,407 @@
+//! The agent runtime: delivery, queue bounds, the internal channel, children, tool errors, the
+//! round limit, steering and cancellation.
+
+mod runtime_support;
+
+use std::sync::Arc;
+
+use runtime_support::*;
+use serde_json::json;
+use spacebot_core::event::EventKind;
+use spacebot_core::testing::{MockLlm, ScriptedLlm, raw_tool_call, tool_call};
+use spacebot_core::{
+    ChatMessage, ChatResponse, ChildSpec, DeliveryError, DeliveryStore, InboundMessage,
+    InternalMessage, LlmError, RecordKind, ChannelStore, ChannelId,
+};
+
+fn msg(text: &str) -> InboundMessage {
+    InboundMessage::new("portal", "u1", text)
+}
+
+fn last_user_text(req: &spacebot_core::ChatRequest) -> String {
+    req.messages
+        .iter()
+        .rev()
+        .find_map(|m| match m {
+            ChatMessage::User { content } => Some(content.clone()),
+            _ => None,
+        })
+        .unwrap_or_default()
+}
+
+fn tool_results(req: &spacebot_core::ChatRequest) -> Vec<String> {
+    req.messages
+        .iter()
+        .filter_map(|m| match m {
+            ChatMessage::Tool { content, .. } => Some(content.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn delivery_to_a_stopped_agent_is_persisted_and_handed_over_once() {
+    let llm = Arc::new(ScriptedLlm::new());
+    llm.push_text(&id("a"), "hello back");
+    let mut h = harness(llm.clone(), "", vec![]).await;
+    let a = id("a");
+    let envelope = h.org.deliver("a", msg("hello")).await.unwrap();
+    assert_eq!(h.stores.deliveries.pending(&a).await.unwrap().len(), 1);
+    assert!(llm.requests().is_empty(), "a stopped agent must not run");
+
+    h.org.start_agent(&a).await.unwrap();
+    let reply = h.reply().await;
+    assert_eq!(reply.content, "hello back");
+    assert_eq!(reply.in_reply_to, vec![envelope]);
+    h.wait_for("the pending delivery to be removed", |_| true).await;
+    // Restarting must not hand the same envelope over again.
+    h.org.stop_agent(&a).await.unwrap();
+    assert!(h.stores.deliveries.pending(&a).await.unwrap().is_empty());
+    h.org.start_agent(&a).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    assert_eq!(llm.requests_for(&a).len(), 1, "handed over exactly once");
+    assert!(h.replies.try_recv().is_err(), "no second reply");
+}
+
+#[tokio::test]
+async fn a_full_queue_refuses_with_queue_full() {
+    let (llm, mut calls) = MockLlm::pair();
+    let h = harness(Arc::new(llm), "queue_capacity = 2", vec![]).await;
+    let a = id("a");
+    h.org.start_agent(&a).await.unwrap();
+    h.org.deliver("a", msg("1")).await.unwrap();
+    let call = calls.next().await.unwrap(); // the loop took "1" and waits on the model
+    h.org.deliver("a", msg("2")).await.unwrap();
+    h.org.deliver("a", msg("3")).await.unwrap();
+    let err = h.org.deliver("a", msg("4")).await.unwrap_err();
+    assert!(
+        matches!(&err, DeliveryError::QueueFull(_)),
+        "expected QueueFull, got {err:?}"
+    );
+    assert!(err.to_string().contains("queue of agent a is full"), "{err}");
+    assert_eq!(h.org.queue_len(&a), Some(2));
+    call.respond_text("done");
+}
+
+#[tokio::test]
+async fn unknown_and_ended_targets_are_typed_errors() {
+    let llm = Arc::new(ScriptedLlm::new());
+    let h = harness(llm.clone(), "", vec![]).await;
+    let a = id("a");
+    let err = h.org.deliver("nobody", msg("hi")).await.unwrap_err();
+    assert!(matches!(err, DeliveryError::UnknownAgent { ref agent } if agent == "nobody"));
+    let err = h
+        .org
+        .send_internal(&a, &id("nobody"), InternalMessage::task("x"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, DeliveryError::UnknownAgent { .. }), "{err:?}");
+
+    // A child that answered its task ends; later messages to it are refused.
+    h.org.start_agent(&a).await.unwrap();
+    let child = h
+        .org
+        .spawn_child(&a, ChildSpec::new("helper", "say ok"))
+        .await
+        .unwrap();
+    llm.push_text(&child, "ok");
+    llm.push_text(&a, "thanks");
+    // the child's script was pushed after spawn: the first request may have failed; accept both
+    h.wait_for("the child to stop", |ev| {
+        ev.events_for(&child)
+            .iter()
+            .any(|e| e.kind == EventKind::AgentStopped)
+    })
+    .await;
+    let err = h
+        .org
+        .send_internal(&a, &child, InternalMessage::announce("more"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, DeliveryError::Ended { .. }), "{err:?}");
+    assert!(err.to_string().contains("has ended"));
+}
+
+#[tokio::test]
+async fn internal_messages_are_policy_checked_and_stamped() {
+    let (llm, mut calls) = MockLlm::pair();
+    let h = harness(Arc::new(llm), "", vec![]).await;
+    let (a, b, c) = (id("a"), id("b"), id("c"));
+    // a -> b one-way: a may start, b may not; c has no link.
+    let err = h
+        .org
+        .send_internal(&b, &a, InternalMessage::task("do this"))
+        .await
+        .unwrap_err();
+    let DeliveryError::Denied(denied) = err else {
+        panic!("expected a denial")
+    };
+    assert_eq!((denied.actor.as_str(), denied.target.as_str()), ("b", "a"));
+    assert!(denied.to_string().contains("one-way"), "{denied}");
+    let err = h
+        .org
+        .send_internal(&c, &a, InternalMessage::task("x"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, DeliveryError::Denied(_)), "{err:?}");
+    // b may answer back along the one-way link.
+    h.org.start_agent(&b).await.unwrap();
+    h.org
+        .send_internal(&a, &b, InternalMessage::task("count to 3"))
+        .await
+        .unwrap();
+    let call = calls.next().await.unwrap();
+    assert_eq!(call.agent(), Some(&b));
+    assert!(last_user_text(&call.request).contains("count to 3"));
+    call.respond_text("1 2 3");
+    h.org
+        .send_internal(&b, &a, InternalMessage::announce("done"))
+        .await
+        .unwrap();
+    let history = h
+        .stores
+        .channels
+        .history(&b, &ChannelId::link(&b, &a), None)
+        .await
+        .unwrap();
+    assert_eq!(history[0].record.author, "agent a", "sender stamped by the runtime");
+}
+
+#[tokio::test]
+async fn a_child_result_wakes_the_parent() {
+    let (llm, mut calls) = MockLlm::pair();
+    let mut h = harness(Arc::new(llm), "", vec![]).await;
+    let a = id("a");
+    h.org.start_agent(&a).await.unwrap();
+    let child = h
+        .org
+        .spawn_child(&a, ChildSpec::new("word picker", "pick a random word"))
+        .await
+        .unwrap();
+    let call = calls.next().await.unwrap();
+    assert_eq!(call.agent(), Some(&child));
+    assert!(last_user_text(&call.request).contains("pick a random word"));
+    call.respond_text("nebula");
+    let call = calls.next().await.unwrap();
+    assert_eq!(call.agent(), Some(&a), "the parent is woken");
+    assert!(last_user_text(&call.request).contains("nebula"));
+    call.respond_text("the child picked nebula");
+    let reply = h.reply().await;
+    assert_eq!(reply.agent, a);
+    assert_eq!(reply.content, "the child picked nebula");
+}
+
+#[tokio::test]
+async fn a_failed_child_and_an_undeliverable_result_are_reported() {
+    let (llm, mut calls) = MockLlm::pair();
+    let h = harness(Arc::new(llm), "", vec![]).await;
+    let a = id("a");
+    h.org.start_agent(&a).await.unwrap();
+    // The child's model fails: the parent is told.
+    let child = h
+        .org
+        .spawn_child(&a, ChildSpec::new("flaky", "work"))
+        .await
+        .unwrap();
+    let call = calls.next().await.unwrap();
+    assert_eq!(call.agent(), Some(&child));
+    call.fail(LlmError::Other("model unavailable".into()));
+    let call = calls.next().await.unwrap();
+    assert_eq!(call.agent(), Some(&a));
+    let text = last_user_text(&call.request);
+    assert!(text.contains("failed") && text.contains("model unavailable"), "{text}");
+    call.respond_text("noted");
+
+    // A grandchild whose parent ended before it answered: the result cannot be delivered.
+    let mid = h
+        .org
+        .spawn_child(&a, ChildSpec::new("mid", "delegate further"))
+        .await
+        .unwrap();
+    let grandchild = h
+        .org
+        .spawn_child(&mid, ChildSpec::new("leaf", "answer late"))
+        .await
+        .unwrap();
+    // Answer mid first: it ends; then the leaf answers into the void.
+    let mut pending = Vec::new();
+    while pending.len() < 2 {
+        pending.push(calls.next().await.unwrap());
+    }
+    let (mid_call, leaf_call): (Vec<_>, Vec<_>) =
+        pending.into_iter().partition(|c| c.agent() == Some(&mid));
+    mid_call.into_iter().next().unwrap().respond_text("mid done");
+    let parent_call = calls.next().await.unwrap();
+    assert_eq!(parent_call.agent(), Some(&a));
+    parent_call.respond_text("ok");
+    h.wait_for("mid to end", |ev| {
+        ev.events_for(&mid).iter().any(|e| e.kind == EventKind::AgentStopped)
+    })
+    .await;
+    leaf_call.into_iter().next().unwrap().respond_text("too late");
+    h.wait_for("the undeliverable result to be reported", |ev| {
+        ev.events_for(&grandchild).iter().any(|e| {
+            matches!(&e.kind, EventKind::Error { message } if message.contains("reply not delivered") && message.contains("ended"))
+        })
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn tool_errors_go_back_to_the_model() {
+    let llm = Arc::new(ScriptedLlm::new());
+    let a = id("a");
+    llm.push(
+        &a,
+        ChatResponse::tool_calls(vec![
+            tool_call("no_such_tool", json!({})),
+            raw_tool_call("c1", "echo", "{not json"),
+            raw_tool_call("c2", "echo", "[1,2]"),
+            tool_call("echo", json!({"wrong": 1})),
+            tool_call("broken", json!({})),
+            tool_call("ping", json!({"target": "c"})),
+            tool_call("echo", json!({"text": "fine"})),
+        ]),
+    );
+    llm.push_text(&a, "recovered");
+    let mut h = harness(
+        llm.clone(),
+        "",
+        vec![Arc::new(EchoTool), Arc::new(BrokenTool), Arc::new(PingTool)],
+    )
+    .await;
+    h.org.start_agent(&a).await.unwrap();
+    h.org.deliver("a", msg("go")).await.unwrap();
+    assert_eq!(h.reply().await.content, "recovered");
+    let requests = llm.requests_for(&a);
+    let results = tool_results(&requests[1]);
+    assert_eq!(results.len(), 7);
+    assert!(results[0].starts_with("Error: unknown tool \"no_such_tool\"") && results[0].contains("echo"), "{}", results[0]);
+    assert!(results[1].contains("not valid JSON"), "{}", results[1]);
+    assert!(results[2].contains("must be one JSON object"), "{}", results[2]);
+    assert!(results[3].contains("invalid arguments for tool echo"), "{}", results[3]);
+    assert!(results[4].contains("the disk is on fire"), "{}", results[4]);
+    assert!(results[5].contains("a may not") && results[5].contains("c"), "{}", results[5]);
+    assert_eq!(results[6], "echo: fine");
+    let failed = h
+        .events
+        .kinds()
+        .iter()
+        .filter(|k| matches!(k, EventKind::ToolCalled { ok: false, .. }))
+        .count();
+    assert_eq!(failed, 6);
+}
+
+#[tokio::test]
+async fn the_round_limit_stops_a_looping_model() {
+    let a = id("a");
+    let llm = Arc::new(spacebot_core::testing::FnLlm::new(|req| {
+        if req.messages.iter().any(|m| matches!(m, ChatMessage::User { content } if content == "second")) {
+            return Ok(ChatResponse::text("second answered"));
+        }
+        Ok(ChatResponse::tool_calls(vec![tool_call("echo", json!({"text": "again"}))]))
+    }));
+    let mut h = harness(llm.clone(), "max_tool_rounds = 3", vec![Arc::new(EchoTool)]).await;
+    h.org.start_agent(&a).await.unwrap();
+    h.org.deliver("a", msg("loop forever")).await.unwrap();
+    h.wait_for("the round limit", |ev| {
+        ev.kinds().contains(&EventKind::RoundLimitReached { limit: 3 })
+    })
+    .await;
+    // The loop is not stuck: it goes on with the next message.
+    h.org.deliver("a", msg("second")).await.unwrap();
+    assert_eq!(h.reply().await.content, "second answered");
+    assert!(h.events.kinds().iter().any(|k| matches!(k, EventKind::Error { message } if message.contains("3 tool rounds"))));
+    let history = h
+        .stores
+        .channels
+        .history(&a, &ChannelId::new("portal:u1"), None)
+        .await
+        .unwrap();
+    assert!(history.iter().any(|r| r.record.kind == RecordKind::System && r.record.content.contains("tool rounds")));
+    assert_eq!(llm.requests_for(&a).len(), 4, "3 rounds, then the second message");
+}
+
+#[tokio::test]
+async fn steering_answers_the_merged_backlog_then_the_interrupted_message() {
+    let (llm, mut calls) = MockLlm::pair();
+    let mut h = harness(Arc::new(llm), "", vec![Arc::new(EchoTool)]).await;
+    let a = id("a");
+    h.org.start_agent(&a).await.unwrap();
+    let m1 = h.org.deliver("a", msg("write a long report")).await.unwrap();
+    let call = calls.next().await.unwrap();
+    let m2 = h.org.deliver("a", msg("stop, use French")).await.unwrap();
+    let m3 = h.org.deliver("a", msg("and keep it short")).await.unwrap();
+    call.respond_tool_calls(vec![tool_call("echo", json!({"text": "working"}))]);
+    // Checkpoint: m2 and m3 are merged into one user message.
+    let call = calls.next().await.unwrap();
+    let merged = last_user_text(&call.request);
+    assert!(merged.contains("[1] user (portal): stop, use French"), "{merged}");
+    assert!(merged.contains("[2] user (portal): and keep it short"), "{merged}");
+    call.respond_text("d'accord");
+    let reply = h.reply().await;
+    assert_eq!(reply.in_reply_to, vec![m2, m3]);
+    // Then the interrupted message, from the front of the queue.
+    let call = calls.next().await.unwrap();
+    assert_eq!(last_user_text(&call.request), "write a long report");
+    call.respond_text("rapport");
+    let reply = h.reply().await;
+    assert_eq!(reply.in_reply_to, vec![m1]);
+    assert!(h.events.kinds().contains(&EventKind::Steered { merged: 2 }));
+}
+
+#[tokio::test]
+async fn cancelling_a_turn_keeps_what_is_queued() {
+    let (llm, mut calls) = MockLlm::pair();
+    let mut h = harness(Arc::new(llm), "", vec![]).await;
+    let (a, b) = (id("a"), id("b"));
+    h.org.start_agent(&a).await.unwrap();
+    h.org.deliver("a", msg("slow question")).await.unwrap();
+    let slow = calls.next().await.unwrap();
+    let m2 = h.org.deliver("a", msg("next question")).await.unwrap();
+    assert!(h.org.cancel_turn(&a));
+    h.wait_for("the cancel event", |ev| ev.kinds().contains(&EventKind::TurnCancelled)).await;
+    drop(slow);
+    let call = calls.next().await.unwrap();
+    assert_eq!(last_user_text(&call.request), "next question");
+    call.respond_text("answer 2");
+    let reply = h.reply().await;
+    assert_eq!(reply.in_reply_to, vec![m2]);
+    assert!(!h.org.cancel_turn(&a), "nothing runs now");
+
+    // A cancel envelope over the internal channel does the same for b.
+    h.org.start_agent(&b).await.unwrap();
+    h.org.send_internal(&a, &b, InternalMessage::task("long job")).await.unwrap();
+    let job = calls.next().await.unwrap();
+    h.org.send_internal(&a, &b, InternalMessage::task("queued job")).await.unwrap();
+    h.org.send_internal(&a, &b, InternalMessage::cancel("changed my mind")).await.unwrap();
+    drop(job);
+    let call = calls.next().await.unwrap();
+    assert_eq!(call.agent(), Some(&b));
+    assert!(last_user_text(&call.request).contains("queued job"));
+    call.respond_text("ok");
+}
+
+#[tokio::test]
+async fn stopping_an_agent_persists_its_queue_for_the_next_start() {
+    let (llm, mut calls) = MockLlm::pair();
+    let mut h = harness(Arc::new(llm), "", vec![]).await;
+    let a = id("a");
+    h.org.start_agent(&a).await.unwrap();
+    h.org.deliver("a", msg("first")).await.unwrap();
+    let first = calls.next().await.unwrap();
+    let m2 = h.org.deliver("a", msg("second")).await.unwrap();
+    let org = h.org.clone();
+    let stopping = tokio::spawn(async move { org.stop_agent(&id("a")).await });
+    h.wait_for("the queue to be persisted", |_| true).await;
+    first.respond_text("one");
+    stopping.await.unwrap().unwrap();
+    assert_eq!(h.reply().await.content, "one");
+    let pending = h.stores.deliveries.pending(&a).await.unwrap();
+    assert_eq!(pending.iter().map(|e| e.id.clone()).collect::<Vec<_>>(), vec![m2.clone()]);
+    h.org.start_agent(&a).await.unwrap();
+    let call = calls.next().await.unwrap();
+    assert_eq!(last_user_text(&call.request), "second");
+    call.respond_text("two");
+    assert_eq!(h.reply().await.in_reply_to, vec![m2]);
+}

@@ -1,0 +1,219 @@
+//! Property test of the per-agent queue and steer-backlog over random interleavings of external
+//! and internal producers and random checkpoint positions, with the turn-by-turn mock LLM and the
+//! manual clock.
+//!
+//! A model of the queue predicts, at every step, what the agent's loop must present to the model and
+//! what each reply must answer. On top of agreeing with the model, the run must show: no envelope
+//! lost, none answered twice, each producer's envelopes taken in the order sent, an interrupted
+//! envelope answered after the merged reply that interrupted it, and never two model calls of the
+//! agent at the same time.
+
+mod runtime_support;
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use proptest::prelude::*;
+use runtime_support::*;
+use serde_json::json;
+use spacebot_core::testing::{MockLlm, MockLlmHandle, PendingCall, tool_call};
+use spacebot_core::{ChatMessage, EnvelopeId, InboundMessage, InternalMessage};
+
+#[derive(Debug, Clone)]
+enum Step {
+    /// Producer 0 and 1 are external users, 2 is agent b over the internal channel.
+    Send(usize),
+    /// Answer the pending model call with a tool call: a checkpoint follows.
+    Tool,
+    /// Answer the pending model call with a final text.
+    Text,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        3 => (0usize..3).prop_map(Step::Send),
+        2 => Just(Step::Tool),
+        2 => Just(Step::Text),
+    ]
+}
+
+fn last_user(call: &PendingCall) -> String {
+    call.request
+        .messages
+        .iter()
+        .rev()
+        .find_map(|m| match m {
+            ChatMessage::User { content } => Some(content.clone()),
+            _ => None,
+        })
+        .unwrap_or_default()
+}
+
+/// Lets the agent's loop run until it waits again (on the model or on its queue).
+async fn settle() {
+    for _ in 0..64 {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// An envelope as the model sees it: id, raw text, and the line it gets in a merged message.
+type Item = (EnvelopeId, String, String);
+
+struct Model {
+    queue: VecDeque<Item>,
+    current: Vec<Item>,
+}
+
+impl Model {
+    fn expected_prompt(&self) -> String {
+        if self.current.len() == 1 {
+            return self.current[0].1.clone();
+        }
+        self.current
+            .iter()
+            .enumerate()
+            .map(|(i, (_, _, label))| format!("[{}] {label}", i + 1))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+async fn take_call(calls: &mut MockLlmHandle, model: &mut Model, pending: &mut Option<PendingCall>) {
+    settle().await;
+    let call = calls.try_next();
+    if pending.is_some() {
+        assert!(call.is_none(), "two model calls of one agent at the same time");
+        return;
+    }
+    if model.current.is_empty() {
+        if let Some(next) = model.queue.pop_front() {
+            model.current.push(next);
+        }
+    }
+    match (call, model.current.is_empty()) {
+        (None, true) => {}
+        (Some(call), false) => {
+            let text = last_user(&call);
+            for line in model.expected_prompt().lines() {
+                assert!(text.contains(line), "model saw {text:?}, expected {line:?}");
+            }
+            *pending = Some(call);
+        }
+        (None, false) => panic!("the agent did not take {:?}", model.current),
+        (Some(call), true) => panic!("unexpected model call: {:?}", last_user(&call)),
+    }
+}
+
+async fn run(steps: Vec<Step>) {
+    let (llm, mut calls) = MockLlm::pair();
+    let mut h = harness(Arc::new(llm), "queue_capacity = 1000", vec![Arc::new(EchoTool)]).await;
+    let (a, b) = (id("a"), id("b"));
+    h.org.start_agent(&a).await.unwrap();
+    let mut model = Model {
+        queue: VecDeque::new(),
+        current: Vec::new(),
+    };
+    let mut pending: Option<PendingCall> = None;
+    let mut expected_replies: Vec<Vec<EnvelopeId>> = Vec::new();
+    let mut sent: Vec<(usize, EnvelopeId)> = Vec::new();
+    let mut counter = 0;
+
+    // Run the steps, then answer with text until everything is answered.
+    let tail = std::iter::repeat_n(Step::Text, 200);
+    for step in steps.into_iter().chain(tail) {
+        if matches!(step, Step::Text) && pending.is_none() && model.queue.is_empty() {
+            break;
+        }
+        match step {
+            Step::Send(p) => {
+                counter += 1;
+                let text = format!("m{counter}");
+                let (id, label) = if p < 2 {
+                    let msg = InboundMessage::new("portal", format!("u{p}"), text.clone());
+                    (h.org.deliver("a", msg).await.unwrap(), format!("user (portal): {text}"))
+                } else {
+                    let msg = InternalMessage::announce(text.clone());
+                    (h.org.send_internal(&b, &a, msg).await.unwrap(), format!("agent b: {text}"))
+                };
+                sent.push((p, id.clone()));
+                model.queue.push_back((id, text, label));
+            }
+            Step::Tool => {
+                let Some(call) = pending.take() else { continue };
+                call.respond_tool_calls(vec![tool_call("echo", json!({"text": "x"}))]);
+                if !model.queue.is_empty() {
+                    let interrupted = std::mem::take(&mut model.current);
+                    model.current = model.queue.drain(..).collect();
+                    for e in interrupted.into_iter().rev() {
+                        model.queue.push_front(e);
+                    }
+                }
+            }
+            Step::Text => {
+                let Some(call) = pending.take() else { continue };
+                call.respond_text("answer");
+                expected_replies.push(model.current.drain(..).map(|(id, _, _)| id).collect());
+            }
+        }
+        take_call(&mut calls, &mut model, &mut pending).await;
+    }
+    assert!(pending.is_none() && model.queue.is_empty(), "work left over");
+
+    let mut replies = Vec::new();
+    while let Ok(Some(reply)) = h.replies.try_next() {
+        replies.push(reply.in_reply_to);
+    }
+    assert_eq!(replies, expected_replies, "replies differ from the model");
+
+    // Independent of the model: each envelope answered exactly once ...
+    let mut answered: HashMap<EnvelopeId, usize> = HashMap::new();
+    for (i, ids) in replies.iter().enumerate() {
+        for id in ids {
+            assert!(answered.insert(id.clone(), i).is_none(), "{id} answered twice");
+        }
+    }
+    assert_eq!(answered.len(), sent.len(), "an envelope was lost");
+    // ... and each producer's envelopes first presented to the model in the order sent.
+    let mut taken = Vec::new();
+    for request in calls.requests() {
+        let text = request
+            .messages
+            .iter()
+            .rev()
+            .find_map(|m| match m {
+                ChatMessage::User { content } => Some(content.clone()),
+                _ => None,
+            })
+            .unwrap_or_default();
+        for n in 1..=counter {
+            let tag = format!("m{n}");
+            let present = text
+                .split(|c: char| !c.is_ascii_alphanumeric())
+                .any(|w| w == tag);
+            if present && !taken.contains(&n) {
+                taken.push(n);
+            }
+        }
+    }
+    for p in 0..3 {
+        let order: Vec<usize> = taken
+            .iter()
+            .copied()
+            .filter(|n| sent[n - 1].0 == p)
+            .collect();
+        let mut sorted = order.clone();
+        sorted.sort_unstable();
+        assert_eq!(order, sorted, "producer {p} reordered");
+    }
+    h.org.shutdown().await.unwrap();
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn steering_never_loses_duplicates_or_reorders(steps in prop::collection::vec(step(), 1..40)) {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+        rt.block_on(run(steps));
+    }
+}

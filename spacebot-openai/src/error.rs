@@ -1,0 +1,243 @@
+//! HTTP failures to [`LlmError`].
+
+use std::time::{Duration, SystemTime};
+
+use reqwest::header::HeaderMap;
+use serde::Deserialize;
+use spacebot_core::LlmError;
+
+use crate::config::Dialect;
+use crate::wire::preview;
+
+#[derive(Debug, Deserialize)]
+struct ErrorBody {
+    error: ErrorDetail,
+}
+
+/// The `error` object of an error body (OpenAI, vLLM, llama.cpp and Ollama all send one).
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct ErrorDetail {
+    #[serde(default)]
+    message: Option<String>,
+    #[serde(default, rename = "type")]
+    kind: Option<String>,
+    #[serde(default)]
+    code: Option<serde_json::Value>,
+}
+
+impl ErrorDetail {
+    fn code(&self) -> Option<String> {
+        match &self.code {
+            Some(serde_json::Value::String(s)) => Some(s.clone()),
+            _ => None,
+        }
+    }
+
+    fn describe(&self) -> String {
+        let mut text = self.message.clone().unwrap_or_default();
+        if let Some(code) = self.code().or_else(|| self.kind.clone()) {
+            if text.is_empty() {
+                text = code;
+            } else {
+                text = format!("{text} ({code})");
+            }
+        }
+        text
+    }
+
+    /// Whether this error says the prompt does not fit the context window.
+    fn is_context_too_long(&self) -> bool {
+        const CODES: [&str; 2] = ["context_length_exceeded", "exceed_context_size_error"];
+        const PHRASES: [&str; 4] = [
+            "maximum context length",
+            "context length exceeded",
+            "exceeds the available context size",
+            "context window",
+        ];
+        if self
+            .code()
+            .iter()
+            .chain(self.kind.iter())
+            .any(|c| CODES.contains(&c.as_str()))
+        {
+            return true;
+        }
+        let message = self
+            .message
+            .as_deref()
+            .unwrap_or_default()
+            .to_ascii_lowercase();
+        PHRASES.iter().any(|p| message.contains(p))
+    }
+}
+
+/// An error object sent with HTTP 200: inside a stream (`data: {"error": {...}}`), or as the
+/// whole body by some proxies.
+pub(crate) fn stream_error(detail: ErrorDetail) -> LlmError {
+    if detail.is_context_too_long() {
+        return LlmError::ContextTooLong {
+            message: detail.describe(),
+        };
+    }
+    LlmError::Server {
+        status: 200,
+        message: format!(
+            "the server sent an error with HTTP 200: {}",
+            detail.describe()
+        ),
+    }
+}
+
+/// Maps a failed HTTP response to an error. `now` is the clock's time, for `Retry-After` dates.
+pub(crate) fn from_status(
+    status: u16,
+    headers: &HeaderMap,
+    body: &[u8],
+    dialect: &Dialect,
+    now: SystemTime,
+) -> LlmError {
+    let detail = serde_json::from_slice::<ErrorBody>(body)
+        .ok()
+        .map(|b| b.error);
+    let message = match &detail {
+        Some(d) => d.describe(),
+        None if body.is_empty() => format!("HTTP {status} with an empty body"),
+        None => preview(body),
+    };
+    let context_too_long = detail
+        .as_ref()
+        .is_some_and(ErrorDetail::is_context_too_long);
+    match status {
+        401 | 403 => LlmError::Authentication { message },
+        429 => LlmError::RateLimited {
+            retry_after: retry_after(headers, now),
+            message,
+        },
+        400..=499 if context_too_long => LlmError::ContextTooLong { message },
+        400..=499 => LlmError::InvalidRequest { status, message },
+        500 if context_too_long && dialect.invalid_request_as_500 => {
+            LlmError::ContextTooLong { message }
+        }
+        500 if detail.is_some() && dialect.invalid_request_as_500 => {
+            LlmError::InvalidRequest { status, message }
+        }
+        _ => LlmError::Server { status, message },
+    }
+}
+
+/// Whether a 429 should not be retried however long one waits (the account has no quota left).
+pub(crate) fn is_quota_exhausted(message: &str) -> bool {
+    message.contains("insufficient_quota")
+}
+
+/// The wait a response asks for: `retry-after-ms` (milliseconds), else `Retry-After` in seconds or
+/// as an HTTP date.
+pub(crate) fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+    };
+    if let Some(ms) = header("retry-after-ms").and_then(|v| v.parse::<f64>().ok())
+        && ms.is_finite()
+        && ms >= 0.0
+    {
+        return Some(Duration::from_secs_f64(ms / 1000.0));
+    }
+    let value = header("retry-after")?;
+    if let Ok(secs) = value.parse::<f64>() {
+        return (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs));
+    }
+    let date = httpdate::parse_http_date(value).ok()?;
+    Some(date.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reqwest::header::HeaderValue;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (k, v) in pairs {
+            map.insert(*k, HeaderValue::from_str(v).unwrap());
+        }
+        map
+    }
+
+    #[test]
+    fn retry_after_in_seconds_millis_and_dates() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        assert_eq!(
+            retry_after(&headers(&[("retry-after", "7")]), now),
+            Some(Duration::from_secs(7))
+        );
+        assert_eq!(
+            retry_after(
+                &headers(&[("retry-after-ms", "250"), ("retry-after", "7")]),
+                now
+            ),
+            Some(Duration::from_millis(250))
+        );
+        let later = httpdate::fmt_http_date(now + Duration::from_secs(30));
+        assert_eq!(
+            retry_after(&headers(&[("retry-after", &later)]), now),
+            Some(Duration::from_secs(30))
+        );
+        let earlier = httpdate::fmt_http_date(now - Duration::from_secs(30));
+        assert_eq!(
+            retry_after(&headers(&[("retry-after", &earlier)]), now),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(retry_after(&headers(&[("retry-after", "soon")]), now), None);
+        assert_eq!(retry_after(&HeaderMap::new(), now), None);
+    }
+
+    #[test]
+    fn statuses_map_to_kinds() {
+        let d = Dialect::openai();
+        let now = SystemTime::UNIX_EPOCH;
+        let h = HeaderMap::new();
+        let body = br#"{"error":{"message":"nope","type":"invalid_request_error","code":null}}"#;
+        assert!(matches!(
+            from_status(401, &h, body, &d, now),
+            LlmError::Authentication { .. }
+        ));
+        assert!(matches!(
+            from_status(403, &h, body, &d, now),
+            LlmError::Authentication { .. }
+        ));
+        assert!(matches!(
+            from_status(404, &h, body, &d, now),
+            LlmError::InvalidRequest { status: 404, .. }
+        ));
+        assert!(matches!(
+            from_status(503, &h, b"", &d, now),
+            LlmError::Server { status: 503, .. }
+        ));
+        assert!(matches!(
+            from_status(500, &h, body, &d, now),
+            LlmError::Server { .. }
+        ));
+        assert!(matches!(
+            from_status(500, &h, body, &Dialect::llama_cpp(), now),
+            LlmError::InvalidRequest { status: 500, .. }
+        ));
+        assert!(matches!(
+            from_status(
+                500,
+                &h,
+                b"<html>bad gateway</html>",
+                &Dialect::llama_cpp(),
+                now
+            ),
+            LlmError::Server { status: 500, .. }
+        ));
+        let ctx = br#"{"error":{"message":"This model's maximum context length is 8192 tokens.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}"#;
+        assert!(matches!(
+            from_status(400, &h, ctx, &d, now),
+            LlmError::ContextTooLong { .. }
+        ));
+    }
+}

@@ -1,0 +1,413 @@
+//! The provider: HTTP, timeouts, retries and streaming.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use eventsource_stream::{Event, EventStreamError, Eventsource};
+use futures::future::{self, Either};
+use futures::stream::{BoxStream, Stream, StreamExt};
+use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
+use spacebot_core::llm::{ChatRequest, ChatResponse, LlmProvider, StreamEvent};
+use spacebot_core::{Clock, LlmError};
+
+use crate::config::{ConfigError, OpenAiConfig};
+use crate::error::{from_status, is_quota_exhausted, retry_after};
+use crate::stream::StreamAssembler;
+use crate::wire::{build_request, parse_response, preview};
+
+/// An [`LlmProvider`] for OpenAI's Chat Completions API and the servers that speak it.
+///
+/// Timeouts and retry waits are measured by the [`Clock`] given at construction, so a test with a
+/// [`ManualClock`](spacebot_core::ManualClock) decides when they pass. The HTTP client needs a
+/// tokio runtime.
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use spacebot_core::{ChatMessage, ChatRequest, LlmProvider};
+/// use spacebot_core::rt::TokioClock;
+/// use spacebot_openai::{OpenAiConfig, OpenAiProvider};
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let provider = OpenAiProvider::new(OpenAiConfig::from_env()?, Arc::new(TokioClock))?;
+/// let answer = provider
+///     .complete(ChatRequest {
+///         messages: vec![ChatMessage::user("Say hello.")],
+///         ..ChatRequest::default()
+///     })
+///     .await?;
+/// println!("{}", answer.content.unwrap_or_default());
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct OpenAiProvider {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: OpenAiConfig,
+    endpoint: String,
+    client: reqwest::Client,
+    clock: Arc<dyn Clock>,
+}
+
+impl fmt::Debug for OpenAiProvider {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OpenAiProvider")
+            .field("endpoint", &self.inner.endpoint)
+            .field("model", &self.inner.config.model)
+            .field("dialect", &self.inner.config.dialect.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A failed attempt: the error, and how long the server asked to wait before the next one.
+#[derive(Debug)]
+struct Failure {
+    error: LlmError,
+    retry_after: Option<Duration>,
+}
+
+impl From<LlmError> for Failure {
+    fn from(error: LlmError) -> Self {
+        let retry_after = match &error {
+            LlmError::RateLimited { retry_after, .. } => *retry_after,
+            _ => None,
+        };
+        Self { error, retry_after }
+    }
+}
+
+impl OpenAiProvider {
+    /// A provider for `config`, timing timeouts and retries with `clock`.
+    ///
+    /// Fails when the configuration is unusable (a base URL that is not an http(s) URL, an empty
+    /// model, zero timeouts, a header that HTTP cannot carry); the error names the setting.
+    pub fn new(config: OpenAiConfig, clock: Arc<dyn Clock>) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let client = reqwest::Client::builder()
+            .connect_timeout(config.connect_timeout)
+            .default_headers(default_headers(&config)?)
+            .user_agent(concat!("spacebot-openai/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| ConfigError::Client(e.to_string()))?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                endpoint: config.endpoint(),
+                config,
+                client,
+                clock,
+            }),
+        })
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &OpenAiConfig {
+        &self.inner.config
+    }
+
+    /// The request body this provider sends for `request` (streamed or not), as JSON.
+    pub fn request_body(
+        &self,
+        request: &ChatRequest,
+        stream: bool,
+    ) -> Result<serde_json::Value, LlmError> {
+        let config = &self.inner.config;
+        let wire = build_request(request, &config.model, &config.dialect, stream)?;
+        serde_json::to_value(&wire)
+            .map_err(|e| LlmError::Other(format!("cannot encode the request: {e}")))
+    }
+
+    fn encode(&self, request: &ChatRequest, stream: bool) -> Result<Vec<u8>, LlmError> {
+        let config = &self.inner.config;
+        let wire = build_request(request, &config.model, &config.dialect, stream)?;
+        serde_json::to_vec(&wire)
+            .map_err(|e| LlmError::Other(format!("cannot encode the request: {e}")))
+    }
+}
+
+fn default_headers(config: &OpenAiConfig) -> Result<HeaderMap, ConfigError> {
+    let mut headers = HeaderMap::new();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    if let Some(key) = &config.api_key {
+        let mut value =
+            HeaderValue::from_str(&format!("Bearer {}", key.expose())).map_err(|_| {
+                ConfigError::invalid("api_key", "contains characters an HTTP header cannot carry")
+            })?;
+        value.set_sensitive(true);
+        headers.insert(AUTHORIZATION, value);
+    }
+    let named = [
+        ("organization", "openai-organization", &config.organization),
+        ("project", "openai-project", &config.project),
+    ];
+    for (setting, name, value) in named {
+        if let Some(value) = value {
+            let value = HeaderValue::from_str(value).map_err(|_| {
+                ConfigError::invalid(setting, "contains characters an HTTP header cannot carry")
+            })?;
+            headers.insert(HeaderName::from_static(name), value);
+        }
+    }
+    for (i, (name, value)) in config.extra_headers.iter().enumerate() {
+        let setting = format!("extra_headers[{i}]");
+        let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+            ConfigError::invalid(&setting, format!("{name:?} is not a header name"))
+        })?;
+        let mut value = HeaderValue::from_str(value).map_err(|_| {
+            ConfigError::invalid(
+                &setting,
+                "the value contains characters a header cannot carry",
+            )
+        })?;
+        if name == AUTHORIZATION || name.as_str().contains("key") {
+            value.set_sensitive(true);
+        }
+        headers.insert(name, value);
+    }
+    Ok(headers)
+}
+
+impl Inner {
+    fn now(&self) -> SystemTime {
+        let millis = u64::try_from(self.clock.now().as_millis()).unwrap_or(0);
+        SystemTime::UNIX_EPOCH + Duration::from_millis(millis)
+    }
+
+    /// Runs `attempt` until it succeeds, fails in a way retrying cannot help, or the retries are
+    /// spent, waiting between attempts on the clock.
+    async fn with_retries<T, F, Fut>(&self, mut attempt: F) -> Result<T, LlmError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, Failure>>,
+    {
+        let policy = &self.config.retry;
+        let mut retry = 0;
+        loop {
+            let failure = match attempt().await {
+                Ok(value) => return Ok(value),
+                Err(failure) => failure,
+            };
+            let error = failure.error;
+            let retryable = error.is_retryable()
+                && !matches!(&error, LlmError::RateLimited { message, .. } if is_quota_exhausted(message));
+            if !retryable || retry >= policy.max_retries {
+                return Err(error);
+            }
+            let wait = match failure.retry_after {
+                Some(asked) if asked > policy.max_retry_after => return Err(error),
+                Some(asked) => asked,
+                None => policy.jittered_backoff(retry, fastrand::f64()),
+            };
+            tracing::warn!(
+                endpoint = %self.endpoint,
+                retry = retry + 1,
+                of = policy.max_retries,
+                wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+                error = %error,
+                "chat completion failed; retrying"
+            );
+            self.clock.sleep(wait).await;
+            retry += 1;
+        }
+    }
+
+    /// `fut`, or a timeout error once `limit` has passed on the clock.
+    async fn timed<T>(
+        &self,
+        limit: Duration,
+        fut: impl Future<Output = Result<T, Failure>>,
+    ) -> Result<T, Failure> {
+        let fut = std::pin::pin!(fut);
+        match future::select(fut, self.clock.sleep(limit)).await {
+            Either::Left((result, _)) => result,
+            Either::Right(((), _)) => Err(LlmError::Timeout(limit).into()),
+        }
+    }
+
+    /// Sends `body` once; a non-2xx answer becomes a [`Failure`] (its body read in full).
+    async fn send(&self, body: Vec<u8>) -> Result<reqwest::Response, Failure> {
+        let response = self
+            .client
+            .post(&self.endpoint)
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| transport_error(e, self.config.connect_timeout))?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(response);
+        }
+        let headers = response.headers().clone();
+        let body = response
+            .bytes()
+            .await
+            .map_err(|e| transport_error(e, self.config.request_timeout))?;
+        let error = from_status(
+            status.as_u16(),
+            &headers,
+            &body,
+            &self.config.dialect,
+            self.now(),
+        );
+        Err(Failure {
+            error,
+            retry_after: retry_after(&headers, self.now()),
+        })
+    }
+
+    async fn complete_once(&self, body: Vec<u8>) -> Result<ChatResponse, Failure> {
+        self.timed(self.config.request_timeout, async {
+            let response = self.send(body).await?;
+            let bytes = response
+                .bytes()
+                .await
+                .map_err(|e| transport_error(e, self.config.request_timeout))?;
+            Ok(parse_response(&bytes)?)
+        })
+        .await
+    }
+}
+
+fn transport_error(error: reqwest::Error, limit: Duration) -> LlmError {
+    if error.is_timeout() {
+        return LlmError::Timeout(limit);
+    }
+    let mut message = error.to_string();
+    let mut source = std::error::Error::source(&error);
+    while let Some(cause) = source {
+        message = format!("{message}: {cause}");
+        source = cause.source();
+    }
+    LlmError::Transport {
+        message,
+        source: Some(Box::new(error)),
+    }
+}
+
+#[async_trait]
+impl LlmProvider for OpenAiProvider {
+    async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, LlmError> {
+        let body = self.encode(&request, false)?;
+        let inner = &self.inner;
+        inner
+            .with_retries(|| inner.complete_once(body.clone()))
+            .await
+    }
+
+    async fn stream(
+        &self,
+        request: ChatRequest,
+    ) -> Result<BoxStream<'static, Result<StreamEvent, LlmError>>, LlmError> {
+        let body = self.encode(&request, true)?;
+        let inner = &self.inner;
+        let response = inner
+            .with_retries(|| inner.timed(inner.config.request_timeout, inner.send(body.clone())))
+            .await?;
+        let state = StreamState {
+            events: Box::pin(response.bytes_stream().eventsource()),
+            assembler: Some(StreamAssembler::new()),
+            pending: VecDeque::new(),
+            inner: Arc::clone(&self.inner),
+        };
+        Ok(Box::pin(futures::stream::unfold(state, next_event)))
+    }
+}
+
+type SseStream = std::pin::Pin<
+    Box<dyn Stream<Item = Result<Event, EventStreamError<reqwest::Error>>> + Send + 'static>,
+>;
+
+struct StreamState {
+    events: SseStream,
+    /// `None` once the stream has ended (with `Done` or an error).
+    assembler: Option<StreamAssembler>,
+    pending: VecDeque<StreamEvent>,
+    inner: Arc<Inner>,
+}
+
+async fn next_event(
+    mut state: StreamState,
+) -> Option<(Result<StreamEvent, LlmError>, StreamState)> {
+    loop {
+        if let Some(event) = state.pending.pop_front() {
+            return Some((Ok(event), state));
+        }
+        let assembler = state.assembler.as_mut()?;
+        if assembler.saw_done() {
+            return finish(state);
+        }
+        let idle = state.inner.config.stream_idle_timeout;
+        let next = match future::select(state.events.next(), state.inner.clock.sleep(idle)).await {
+            Either::Left((next, _)) => next,
+            Either::Right(((), _)) => {
+                state.assembler = None;
+                return Some((Err(LlmError::Timeout(idle)), state));
+            }
+        };
+        match next {
+            Some(Ok(event)) => {
+                let fed = if event.event == "error" {
+                    Err(LlmError::Server {
+                        status: 200,
+                        message: format!(
+                            "the server sent an error event: {}",
+                            preview(event.data.as_bytes())
+                        ),
+                    })
+                } else {
+                    assembler.feed(&event.data)
+                };
+                match fed {
+                    Ok(events) => state.pending.extend(events),
+                    Err(error) => {
+                        state.assembler = None;
+                        return Some((Err(error), state));
+                    }
+                }
+            }
+            Some(Err(error)) => {
+                let chunks = assembler.chunks();
+                state.assembler = None;
+                let error = match error {
+                    EventStreamError::Transport(e) => {
+                        let cause = transport_error(e, state.inner.config.request_timeout);
+                        match cause {
+                            LlmError::Timeout(_) => cause,
+                            other => LlmError::Transport {
+                                message: format!(
+                                    "the stream was cut after {chunks} chunk(s): {other}"
+                                ),
+                                source: Some(Box::new(other)),
+                            },
+                        }
+                    }
+                    other => LlmError::MalformedResponse(format!(
+                        "the event stream is unreadable after {chunks} chunk(s): {other}"
+                    )),
+                };
+                return Some((Err(error), state));
+            }
+            None if assembler.is_complete() => return finish(state),
+            None => {
+                let chunks = assembler.chunks();
+                state.assembler = None;
+                return Some((
+                    Err(LlmError::MalformedResponse(format!(
+                        "the stream ended after {chunks} chunk(s) without a finish reason or [DONE]: it was cut mid-way"
+                    ))),
+                    state,
+                ));
+            }
+        }
+    }
+}
+
+fn finish(mut state: StreamState) -> Option<(Result<StreamEvent, LlmError>, StreamState)> {
+    let assembler = state.assembler.take()?;
+    let result = assembler.finish().map(StreamEvent::Done);
+    Some((result, state))
+}
