@@ -100,15 +100,15 @@ pub(crate) struct Worker {
 }
 
 impl Worker {
-    /// Starts the thread for `path`; it opens (or creates) the file before taking any operation.
-    /// `ready` receives the outcome of the open.
+    /// Starts the thread for `path`; it opens (or creates) the file before taking any operation,
+    /// and hands the outcome of the open to `ready`.
     pub(crate) fn start(
         path: PathBuf,
         kind: FileKind,
         options: RedbOptions,
-    ) -> Result<(Self, mpsc::Receiver<Result<(), Failure>>), StoreError> {
+        ready: impl FnOnce(Result<(), Failure>) + Send + 'static,
+    ) -> Result<Self, StoreError> {
         let (tx, rx) = mpsc::channel();
-        let (ready_tx, ready_rx) = mpsc::sync_channel(1);
         let failed = Arc::new(OnceLock::new());
         let thread_failed = Arc::clone(&failed);
         let thread_path = path.clone();
@@ -117,7 +117,7 @@ impl Worker {
             .spawn(move || {
                 match open_database(&thread_path, &kind, &options) {
                     Ok(db) => {
-                        let _ = ready_tx.send(Ok(()));
+                        ready(Ok(()));
                         run_loop(db, &thread_path, &options, &rx);
                     }
                     Err(failure) => {
@@ -127,7 +127,7 @@ impl Worker {
                         while let Ok(message) = rx.try_recv() {
                             answer_failed(message, &failure);
                         }
-                        let _ = ready_tx.send(Err(failure));
+                        ready(Err(failure));
                     }
                 }
             })
@@ -138,7 +138,7 @@ impl Worker {
                     e,
                 )
             })?;
-        Ok((Self { path, tx, failed }, ready_rx))
+        Ok(Self { path, tx, failed })
     }
 
     /// Whether the file failed to open (the handle is useless then).

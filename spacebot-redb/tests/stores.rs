@@ -543,7 +543,7 @@ async fn deliveries_are_idempotent_and_applied_keys_survive_reopen() {
 #[tokio::test]
 async fn the_layout_is_one_instance_file_and_one_file_per_agent() {
     let dir = tempfile::tempdir().unwrap();
-    let stores = spacebot_redb::open(dir.path()).unwrap();
+    let stores = spacebot_redb::open_async(dir.path()).await.unwrap();
     stores
         .tasks
         .create(&agent("x"), NewTask::new("t", ""), Timestamp(0))
