@@ -488,6 +488,21 @@ async fn tool_arguments_that_are_not_json_name_the_tool() {
     assert!(error.to_string().contains("`get_weather`"), "{error}");
     assert!(error.to_string().contains("not valid JSON"), "{error}");
     assert_eq!(server.count(), 1, "not retried");
+
+    // Passed on as written when the runtime wants to answer the model itself.
+    let server = FixtureServer::start(vec![
+        Reply::json("openai/tool_calls_bad_arguments.json"),
+        Reply::sse("openai/stream_tool_calls_bad_arguments.sse"),
+    ])
+    .await;
+    let (provider, _) = make(config(&server).with_check_tool_arguments(false));
+    let response = provider.complete(after_tool_round()).await.unwrap();
+    assert_eq!(
+        response.tool_calls[0].arguments,
+        r#"{"city": "Paris", "unit": "#
+    );
+    let streamed = done(&collect(&provider, after_tool_round()).await);
+    assert_eq!(streamed.tool_calls[0].arguments, r#"{"city": Paris}"#);
 }
 
 #[tokio::test]
@@ -784,9 +799,16 @@ async fn a_stream_that_goes_silent_times_out() {
             text: " capital".into()
         }
     );
+    let sleeps = clock.sleeps().len();
     let third = tokio::spawn(async move { stream.next().await });
+    // Once the provider waits for the next piece, the silence starts counting.
+    while clock.sleeps().len() == sleeps {
+        tokio::task::yield_now().await;
+    }
+    clock.manual.advance(IDLE - Duration::from_millis(1));
     tokio::task::yield_now().await;
-    clock.manual.advance(IDLE);
+    assert!(!third.is_finished(), "timed out early");
+    clock.manual.advance(Duration::from_millis(1));
     let error = third.await.unwrap().unwrap().unwrap_err();
     assert!(
         matches!(error, LlmError::Timeout(d) if d == IDLE),

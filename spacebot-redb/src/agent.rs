@@ -212,7 +212,10 @@ impl Txn<'_> {
             if !task.lease_expired(now) || task.status != TaskStatus::InProgress {
                 continue;
             }
-            let transition = task.apply(TaskEvent::ExpireLease, now)?;
+            // Checked above, so the lifecycle accepts it; never fail after earlier writes.
+            let Ok(transition) = task.apply(TaskEvent::ExpireLease, now) else {
+                continue;
+            };
             self.write_task(
                 &mut tasks,
                 Some(&task),

@@ -157,9 +157,11 @@ impl<'a> Txn<'a> {
 
 impl Txn<'_> {
     /// Maps a redb error raised while doing `what`.
-    pub(crate) fn err<E: Into<redb::Error>>(&self, what: &'static str) -> impl Fn(E) -> StoreError {
-        let path = self.path.to_path_buf();
-        move |e| store_err(&path, what, e)
+    pub(crate) fn err<E: Into<redb::Error>>(
+        &self,
+        what: &'static str,
+    ) -> impl Fn(E) -> StoreError + '_ {
+        move |e| store_err(self.path, what, e)
     }
 
     /// Decodes a stored value; a value that does not decode is a corrupt file.

@@ -7,6 +7,7 @@
 //! every operation in it fails. Callers are answered only after the batch's commit has returned, so
 //! an acknowledged write is as durable as the configured [`Durability`](crate::Durability) makes it.
 
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::OnceLock;
@@ -99,15 +100,15 @@ pub(crate) struct Worker {
 }
 
 impl Worker {
-    /// Starts the thread for `path`; it opens (or creates) the file before taking any operation.
-    /// `ready` receives the outcome of the open.
+    /// Starts the thread for `path`; it opens (or creates) the file before taking any operation,
+    /// and hands the outcome of the open to `ready`.
     pub(crate) fn start(
         path: PathBuf,
         kind: FileKind,
         options: RedbOptions,
-    ) -> Result<(Self, mpsc::Receiver<Result<(), Failure>>), StoreError> {
+        ready: impl FnOnce(Result<(), Failure>) + Send + 'static,
+    ) -> Result<Self, StoreError> {
         let (tx, rx) = mpsc::channel();
-        let (ready_tx, ready_rx) = mpsc::sync_channel(1);
         let failed = Arc::new(OnceLock::new());
         let thread_failed = Arc::clone(&failed);
         let thread_path = path.clone();
@@ -116,7 +117,7 @@ impl Worker {
             .spawn(move || {
                 match open_database(&thread_path, &kind, &options) {
                     Ok(db) => {
-                        let _ = ready_tx.send(Ok(()));
+                        ready(Ok(()));
                         run_loop(db, &thread_path, &options, &rx);
                     }
                     Err(failure) => {
@@ -126,7 +127,7 @@ impl Worker {
                         while let Ok(message) = rx.try_recv() {
                             answer_failed(message, &failure);
                         }
-                        let _ = ready_tx.send(Err(failure));
+                        ready(Err(failure));
                     }
                 }
             })
@@ -137,7 +138,7 @@ impl Worker {
                     e,
                 )
             })?;
-        Ok((Self { path, tx, failed }, ready_rx))
+        Ok(Self { path, tx, failed })
     }
 
     /// Whether the file failed to open (the handle is useless then).
@@ -174,7 +175,10 @@ impl Worker {
         }
         StoreError::Backend {
             backend: "redb",
-            message: format!("{}: the store is closed", self.path.display()),
+            message: format!(
+                "{}: the store is closed, or the operation failed on its thread",
+                self.path.display()
+            ),
             source: None,
         }
     }
@@ -223,8 +227,7 @@ fn run_loop(db: Database, path: &Path, options: &RedbOptions, rx: &mpsc::Receive
         };
         let mut finishes: Vec<Finish> = Vec::with_capacity(max_batch.min(256));
         let mut dirty = access == Access::Write;
-        let (finish, mut poisoned) = run.run(&txn);
-        finishes.push(finish);
+        let mut poisoned = run_one(run, &txn, &mut finishes);
         let deadline = Instant::now() + options.max_wait;
         while !poisoned && finishes.len() < max_batch {
             let next = match rx.try_recv() {
@@ -244,9 +247,7 @@ fn run_loop(db: Database, path: &Path, options: &RedbOptions, rx: &mpsc::Receive
             match next {
                 Message::Job { access, run } => {
                     dirty |= access == Access::Write;
-                    let (finish, p) = run.run(&txn);
-                    finishes.push(finish);
-                    poisoned = p;
+                    poisoned = run_one(run, &txn, &mut finishes);
                 }
                 close @ Message::Close(_) => {
                     pending = Some(close);
@@ -280,6 +281,18 @@ fn run_loop(db: Database, path: &Path, options: &RedbOptions, rx: &mpsc::Receive
         for finish in finishes {
             finish(outcome.as_ref());
         }
+    }
+}
+
+/// Runs one operation of a batch; `true` when the batch must not commit. An operation that panics
+/// poisons the batch (its caller sees the store as failed) but not the thread.
+fn run_one(run: Run, txn: &Txn<'_>, finishes: &mut Vec<Finish>) -> bool {
+    match catch_unwind(AssertUnwindSafe(|| run.run(txn))) {
+        Ok((finish, poisoned)) => {
+            finishes.push(finish);
+            poisoned
+        }
+        Err(_) => true,
     }
 }
 

@@ -67,6 +67,10 @@ fn a_file_that_is_not_redb_is_refused_and_kept() {
     std::fs::write(&path, &content).unwrap();
     let reason = corrupt_naming(open_err(dir.path()), &path);
     assert!(!reason.is_empty());
+    let from_async =
+        futures::executor::block_on(RedbStore::open_async(dir.path(), RedbOptions::default()))
+            .unwrap_err();
+    corrupt_naming(from_async, &path);
     assert!(
         std::fs::read(&path).unwrap() == content,
         "the file was changed"

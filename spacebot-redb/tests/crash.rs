@@ -280,7 +280,7 @@ fn killed_at_random_points_loses_and_duplicates_nothing() {
         .unwrap();
     let mut log = Log::default();
     let mut sizes = Vec::new();
-    for round in 0..8 {
+    for round in 0..12 {
         run_child(
             dir.path(),
             &mut log,

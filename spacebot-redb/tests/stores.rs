@@ -543,7 +543,7 @@ async fn deliveries_are_idempotent_and_applied_keys_survive_reopen() {
 #[tokio::test]
 async fn the_layout_is_one_instance_file_and_one_file_per_agent() {
     let dir = tempfile::tempdir().unwrap();
-    let stores = spacebot_redb::open(dir.path()).unwrap();
+    let stores = spacebot_redb::open_async(dir.path()).await.unwrap();
     stores
         .tasks
         .create(&agent("x"), NewTask::new("t", ""), Timestamp(0))
@@ -682,4 +682,67 @@ proptest::proptest! {
             s.close().await;
         });
     }
+}
+
+/// Refused operations share a batch with accepted ones without spoiling them: after a reopen the
+/// board holds exactly what the answers said.
+#[tokio::test]
+async fn a_batch_mixing_refused_and_accepted_operations_keeps_exactly_the_accepted() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = RedbOptions::default().group_commit(64, Duration::from_millis(5));
+    let s = RedbStore::open(dir.path(), options.clone()).unwrap();
+    let w = agent("w");
+    for i in 0..40 {
+        TaskStore::create(&*s, &w, NewTask::new(format!("t{i}"), ""), Timestamp(0))
+            .await
+            .unwrap();
+    }
+    // Even numbers are cancelled with the right revision, odd ones with a stale one.
+    let calls = (1..=40u64).map(|n| {
+        let s = s.clone();
+        let w = w.clone();
+        async move {
+            let revision = if n % 2 == 0 { 1 } else { 7 };
+            let expect = Expect {
+                status: None,
+                revision: Some(revision),
+            };
+            let r = s
+                .transition(
+                    &w,
+                    n,
+                    expect,
+                    TaskEvent::Cancel {
+                        reason: "stop".into(),
+                    },
+                    Timestamp(1),
+                )
+                .await;
+            (n, r.is_ok())
+        }
+    });
+    let answers = futures::future::join_all(calls).await;
+    assert!(answers.iter().all(|(n, ok)| *ok == (n % 2 == 0)));
+    s.close().await;
+    drop(s);
+    let s = RedbStore::open(dir.path(), options).unwrap();
+    for t in TaskStore::list(&*s, &w, &TaskFilter::default())
+        .await
+        .unwrap()
+    {
+        let want = if t.number % 2 == 0 {
+            TaskStatus::Cancelled
+        } else {
+            TaskStatus::Ready
+        };
+        assert_eq!(t.status, want, "task {}", t.number);
+    }
+    assert_eq!(
+        s.claim_next(&w, "h", Duration::from_secs(1), Timestamp(2))
+            .await
+            .unwrap()
+            .unwrap()
+            .number,
+        1
+    );
 }

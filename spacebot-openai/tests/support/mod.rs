@@ -475,6 +475,9 @@ pub mod contract {
     }
 
     fn check(validator: &jsonschema::Validator, instance: &Value, what: &str, schema: &str) {
+        if validator.is_valid(instance) {
+            return;
+        }
         let errors: Vec<String> = validator
             .iter_errors(instance)
             .map(|e| format!("  at {}: {e}", e.instance_path()))
