@@ -62,6 +62,7 @@ fn read_journal(dir: &Path) -> Vec<Vec<String>> {
 /// The workload: delegate, claim, complete, deliver notices, apply them. Resumes from whatever
 /// the stores hold, so every run continues where the killed one stopped.
 #[tokio::test]
+#[ignore = "the child process of sigkill_at_random_points_loses_and_duplicates_nothing"]
 async fn crash_child_workload() {
     let Ok(dir) = std::env::var(CHILD_ENV) else {
         return;
@@ -173,6 +174,7 @@ fn spawn_child(dir: &Path) -> Child {
     Command::new(std::env::current_exe().unwrap())
         .args([
             "crash_child_workload",
+            "--ignored",
             "--exact",
             "--test-threads=1",
             "--quiet",
