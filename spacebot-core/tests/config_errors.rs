@@ -390,10 +390,14 @@ fn sync_links_lets_config_win_and_keeps_other_links() {
 fn validate_checks_configs_built_in_code() {
     let mut config = OrgConfig::from_toml_str(AGENTS).unwrap();
     assert!(config.validate().is_ok());
-    // serde checks only the shape: an agent id that `AgentId::parse` refuses slips through it.
-    let bad: spacebot_core::config::AgentConfig =
-        serde_json::from_value(serde_json::json!({"id": "../etc", "name": "x"})).unwrap();
-    config.agents.push(bad);
+    // Deserializing refuses an agent id that `AgentId::parse` refuses ...
+    let bad = serde_json::from_value::<spacebot_core::config::AgentConfig>(
+        serde_json::json!({"id": "../etc", "name": "x"}),
+    );
+    assert!(bad.unwrap_err().to_string().contains("agent id"));
+    // ... and `validate` catches what serde cannot see: a duplicate agent and a self-link.
+    let duplicate = config.agents[0].clone();
+    config.agents.push(duplicate);
     config.links.push(spacebot_core::config::LinkConfig {
         from: id("support"),
         to: id("support"),
@@ -405,6 +409,6 @@ fn validate_checks_configs_built_in_code() {
     let entries: Vec<&str> = err.issues().iter().map(|i| i.entry.as_str()).collect();
     assert_eq!(
         entries,
-        ["agents[2] (../etc)", "links[0] (support -> support)"]
+        ["agents[2] (support)", "links[0] (support -> support)"]
     );
 }
