@@ -724,3 +724,108 @@ async fn a_notice_delivered_twice_is_applied_once() {
         .count();
     assert_eq!(retriggers, 1);
 }
+
+#[tokio::test]
+async fn a_notice_delivered_twice_while_the_delegator_works_is_applied_once() {
+    use spacebot_core::testing::{MockLlm, tool_call};
+    let (llm, mut calls) = MockLlm::pair();
+    let (a, b) = (id("a"), id("b"));
+    let mut stores = Stores::memory();
+    stores.tasks = Arc::new(ForgetfulOutbox {
+        inner: stores.tasks.clone(),
+        failures: AtomicUsize::new(1),
+    });
+    let exec = Arc::new(Gated::default());
+    let mut h = harness_with(Arc::new(llm), "", stores, vec![(b.clone(), exec.clone())]).await;
+    h.org.start_all().await.unwrap();
+    h.org.deliver("a", user("delegate")).await.unwrap();
+    calls
+        .next()
+        .await
+        .unwrap()
+        .respond_tool_calls(vec![tool_call(
+            "send_agent_message",
+            json!({"target": "b", "message": "Work."}),
+        )]);
+    h.wait_count("the claim", 1, |k| {
+        matches!(k, EventKind::TaskClaimed { .. })
+    })
+    .await;
+    // a is busy with another message when the notice arrives, twice.
+    h.org
+        .deliver("a", user("meanwhile, list your board"))
+        .await
+        .unwrap();
+    let busy = calls.next().await.unwrap();
+    assert_eq!(busy.agent(), Some(&a));
+    exec.open(0, Ok(TaskOutcome::Done("result".into())));
+    h.wait_count("two deliveries", 2, |k| {
+        matches!(k, EventKind::NoticeDelivered { .. })
+    })
+    .await;
+    // The tool round ends at a checkpoint, where the queued notices steer the turn.
+    busy.respond_tool_calls(vec![tool_call("task_list", json!({}))]);
+    let steered = calls.next().await.unwrap();
+    let text = last_user_text(&steered.request);
+    assert_eq!(
+        text.matches("Beta completed task #1: result").count(),
+        1,
+        "the duplicate notice must not reach the model: {text}"
+    );
+    steered.respond_text("Beta's result is in");
+    let reply = h.reply().await;
+    assert_eq!(reply.content, "Beta's result is in");
+    // The interrupted message is answered next; nothing else wakes the model.
+    calls
+        .next()
+        .await
+        .unwrap()
+        .respond_text("your board is empty");
+    h.reply().await;
+    h.settle().await;
+    assert!(calls.try_next().is_none(), "no further model call");
+}
+
+#[tokio::test]
+async fn a_retrigger_interrupted_by_a_steer_is_still_answered() {
+    use spacebot_core::testing::{MockLlm, tool_call};
+    let (llm, mut calls) = MockLlm::pair();
+    let b = id("b");
+    let exec = Scripted::new(vec![Step::Done("done".into())]);
+    let mut h = harness_with(Arc::new(llm), "", Stores::memory(), vec![(b.clone(), exec)]).await;
+    h.org.start_all().await.unwrap();
+    h.org.deliver("a", user("delegate")).await.unwrap();
+    calls
+        .next()
+        .await
+        .unwrap()
+        .respond_tool_calls(vec![tool_call(
+            "send_agent_message",
+            json!({"target": "b", "message": "Work."}),
+        )]);
+    // The retrigger wakes a; while it works on it, the user writes again.
+    let woken = calls.next().await.unwrap();
+    assert_eq!(
+        last_user_text(&woken.request),
+        "Beta completed task #1: done (Work.)"
+    );
+    h.org.deliver("a", user("hurry up")).await.unwrap();
+    woken.respond_tool_calls(vec![tool_call("task_list", json!({}))]);
+    let steered = calls.next().await.unwrap();
+    assert_eq!(last_user_text(&steered.request), "hurry up");
+    steered.respond_text("on it");
+    assert_eq!(h.reply().await.content, "on it");
+    // The interrupted retrigger goes back to the queue and is answered: its idempotency key was
+    // applied when it first ran, which must not make it look like a duplicate now.
+    let resumed = tokio::time::timeout(std::time::Duration::from_secs(5), calls.next())
+        .await
+        .expect("the interrupted retrigger was dropped")
+        .unwrap();
+    assert!(
+        last_user_text(&resumed.request).contains("Beta completed task #1: done (Work.)"),
+        "{}",
+        last_user_text(&resumed.request)
+    );
+    resumed.respond_text("Beta is done");
+    assert_eq!(h.reply().await.content, "Beta is done");
+}
