@@ -7,6 +7,7 @@
 //! scripted mock LLM. Each sample builds a fresh organization so boards do not grow across samples.
 //!
 //! Run: `cargo bench --bench delegation -- --warm-up-time 1 --measurement-time 3`.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

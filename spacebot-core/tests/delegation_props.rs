@@ -1,5 +1,6 @@
 //! Property test over random delegation workloads: every delegated task that ends yields exactly
 //! one notice to its delegator, in the originating channel and nowhere else.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
 
 mod delegation_support;
 

@@ -1,5 +1,6 @@
 //! Delegation end to end on memory stores with scripted models: the round trip, failure, expired
 //! leases, multi-hop, fan-out, idempotent notices, custom executors.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
 
 mod delegation_support;
 

@@ -1,5 +1,6 @@
 //! Property tests of the task lifecycle: the pure state machine (`Task::apply`) against an
 //! independent table, and the in-memory store under random interleavings of workers.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
 
 use std::collections::HashMap;
 use std::time::Duration;
