@@ -130,7 +130,10 @@ impl Db {
             std::fs::create_dir_all(parent).map_err(|e| {
                 StoreError::backend(
                     BACKEND,
-                    format!("creating directory {} for {location}: {e}", parent.display()),
+                    format!(
+                        "creating directory {} for {location}: {e}",
+                        parent.display()
+                    ),
                     e,
                 )
             })?;
@@ -211,9 +214,12 @@ async fn check_existing(
         ));
     }
 
+    // Read-write (SQLite falls back to read-only for a write-protected file) but never written
+    // to: as the last connection it removes the WAL side files it opened, where a read-only
+    // connection would leave them behind.
     let connect = SqliteConnectOptions::new()
         .filename(path)
-        .read_only(true)
+        .create_if_missing(false)
         .busy_timeout(options.busy_timeout);
     let mut conn = SqliteConnection::connect_with(&connect)
         .await

@@ -273,13 +273,7 @@ async fn process(org: &Arc<OrgInner>, agent: &Arc<AgentRuntime>, envelope: Envel
         }
     }
     if persisted {
-        if let Some(key) = Some(format!("delivery:{}", envelope.id)) {
-            let _ = org
-                .stores
-                .deliveries
-                .mark_applied(agent.id(), &key, org.clock.now())
-                .await;
-        }
+        // Removed only now that it was processed: a crash before this point hands it over again.
         if let Err(e) = org
             .stores
             .deliveries
@@ -381,6 +375,32 @@ async fn report_to_parent(org: &OrgInner, agent: &AgentRuntime, text: String) {
     }
 }
 
+/// Remembers the external sources of `current`, per channel.
+fn remember_sources(agent: &AgentRuntime, current: &[Envelope]) {
+    let mut known = agent.reply_sources.lock().unwrap_or_else(|e| e.into_inner());
+    for envelope in current {
+        if matches!(envelope.source, Source::External { .. }) {
+            known.insert(envelope.channel.clone(), envelope.source.clone());
+        }
+    }
+}
+
+/// Where a reply to `current` goes: the source of the first envelope, or, for a system message (a
+/// retrigger), the last external source seen in its channel.
+fn reply_source(agent: &AgentRuntime, current: &[Envelope]) -> Source {
+    match current.first() {
+        Some(first) if first.source == Source::System => agent
+            .reply_sources
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&first.channel)
+            .cloned()
+            .unwrap_or(Source::System),
+        Some(first) => first.source.clone(),
+        None => Source::System,
+    }
+}
+
 /// The system prompt of `agent` answering in `channel`.
 pub(crate) fn system_prompt(
     org: &OrgInner,
@@ -472,6 +492,7 @@ pub(crate) async fn run_turn(
             append(inner, &me, user_record(envelope)).await;
         }
     }
+    remember_sources(agent, &current);
     let system = system_prompt(inner, agent, &channel, options.extra.clone())?;
     let mut messages = Vec::with_capacity(history.len() + 4);
     messages.push(ChatMessage::system(system));
@@ -527,10 +548,7 @@ pub(crate) async fn run_turn(
                 let reply = Reply {
                     agent: me.clone(),
                     channel: reply_channel.clone(),
-                    source: current
-                        .first()
-                        .map(|e| e.source.clone())
-                        .unwrap_or(Source::System),
+                    source: reply_source(agent, &current),
                     in_reply_to: current.iter().map(|e| e.id.clone()).collect(),
                     content: text.clone(),
                     at: inner.clock.now(),
@@ -639,6 +657,7 @@ pub(crate) async fn run_turn(
         for envelope in &current {
             append(inner, &me, user_record(envelope)).await;
         }
+        remember_sources(agent, &current);
         messages.push(ChatMessage::user(merge_backlog(&current)));
         rounds = 0;
     }
