@@ -290,11 +290,25 @@ async fn process(org: &Arc<OrgInner>, agent: &Arc<AgentRuntime>, envelope: Envel
 async fn drop_applied(org: &OrgInner, agent: &AgentId, drained: Vec<Envelope>) -> Vec<Envelope> {
     let mut kept = Vec::with_capacity(drained.len());
     for envelope in drained {
-        if let Some(key) = envelope.idempotency_key.as_ref().filter(|_| !is_resumed(&envelope)) {
-            match org.stores.deliveries.mark_applied(agent, key, org.clock.now()).await {
+        if let Some(key) = envelope
+            .idempotency_key
+            .as_ref()
+            .filter(|_| !is_resumed(&envelope))
+        {
+            match org
+                .stores
+                .deliveries
+                .mark_applied(agent, key, org.clock.now())
+                .await
+            {
                 Ok(false) => continue,
                 Ok(true) => {}
-                Err(e) => report_error(org, agent, None, format!("idempotency key {key} not checked: {e}")),
+                Err(e) => report_error(
+                    org,
+                    agent,
+                    None,
+                    format!("idempotency key {key} not checked: {e}"),
+                ),
             }
         }
         kept.push(envelope);
