@@ -830,3 +830,69 @@ async fn a_retrigger_interrupted_by_a_steer_is_still_answered() {
     resumed.respond_text("Beta is done");
     assert_eq!(h.reply().await.content, "Beta is done");
 }
+
+#[tokio::test]
+async fn a_stopped_delegator_gets_its_notice_when_it_starts() {
+    let llm = Arc::new(ScriptedLlm::new());
+    let (a, b) = (id("a"), id("b"));
+    llm.push_text(&a, "caught up");
+    let exec = Scripted::new(vec![Step::Done("late news".into())]);
+    let mut h = harness_with(llm.clone(), "", Stores::memory(), vec![(b.clone(), exec)]).await;
+    h.org
+        .delegate(
+            &a,
+            "b",
+            "Tell me later.",
+            spacebot_core::delegation::DelegationOrigin {
+                channel: portal(),
+                task: None,
+                round: 0,
+            },
+        )
+        .await
+        .unwrap();
+    h.org.start_agent(&b).await.unwrap();
+    h.wait_for("the notice", |ev| {
+        ev.kinds()
+            .iter()
+            .any(|k| matches!(k, EventKind::NoticeDelivered { .. }))
+    })
+    .await;
+    assert_eq!(h.count(|k| *k == EventKind::DeliveryPersisted), 1);
+    assert!(llm.requests_for(&a).is_empty(), "a is not running");
+    h.org.start_agent(&a).await.unwrap();
+    assert_eq!(h.reply().await.content, "caught up");
+    assert_eq!(
+        last_user_text(&llm.requests_for(&a)[0]),
+        "Beta completed task #1: late news (Tell me later.)"
+    );
+}
+
+#[tokio::test]
+async fn a_long_result_is_quoted_in_part_and_kept_whole_on_the_task() {
+    use spacebot_core::delegation::RETRIGGER_RESULT_CHARS;
+    let llm = Arc::new(ScriptedLlm::new());
+    let (a, b) = (id("a"), id("b"));
+    llm.push_tool_call(
+        &a,
+        "send_agent_message",
+        delegate_call("b", "Write a long report."),
+    );
+    let report = "é".repeat(RETRIGGER_RESULT_CHARS + 500);
+    llm.push_text(&b, &report);
+    llm.push_text(&a, "summarized");
+    let mut h = harness(llm.clone(), "").await;
+    h.org.deliver("a", user("report please")).await.unwrap();
+    h.reply().await;
+    assert_eq!(
+        h.task("b", 1).await.result.as_deref(),
+        Some(report.as_str())
+    );
+    let woken = last_user_text(&llm.requests_for(&a)[1]);
+    assert!(
+        woken.len() < report.len(),
+        "the retrigger quotes part of the result"
+    );
+    assert_eq!(woken.matches('é').count(), RETRIGGER_RESULT_CHARS);
+    assert!(woken.contains("the full result is on task b#1"), "{woken}");
+}
