@@ -712,9 +712,9 @@ pub(crate) async fn run_task_loop(
         let sleep = inner.clock.sleep(LEASE_CHECK_INTERVAL);
         let rung = doorbell.next();
         futures::pin_mut!(rung);
-        match futures::future::select(rung, sleep).await {
-            futures::future::Either::Left((None, _)) => break,
-            _ => {}
+        if let futures::future::Either::Left((None, _)) = futures::future::select(rung, sleep).await
+        {
+            break;
         }
     }
 }

@@ -1,5 +1,6 @@
 //! Adversarial models: one that re-delegates on every result, and three that delegate in a
 //! circle. Both end, with clear errors, within the limits.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
 
 mod delegation_support;
 

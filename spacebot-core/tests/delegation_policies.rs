@@ -1,4 +1,5 @@
 //! Delegation refusals (one test per error path), the approval policy, and the board tools.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
 
 mod delegation_support;
 

@@ -1,5 +1,6 @@
 //! Delegation end to end on memory stores with scripted models: the round trip, failure, expired
 //! leases, multi-hop, fan-out, idempotent notices, custom executors.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
 
 mod delegation_support;
 
@@ -723,4 +724,175 @@ async fn a_notice_delivered_twice_is_applied_once() {
         .filter(|r| r.record.content.starts_with("Beta completed task #1"))
         .count();
     assert_eq!(retriggers, 1);
+}
+
+#[tokio::test]
+async fn a_notice_delivered_twice_while_the_delegator_works_is_applied_once() {
+    use spacebot_core::testing::{MockLlm, tool_call};
+    let (llm, mut calls) = MockLlm::pair();
+    let (a, b) = (id("a"), id("b"));
+    let mut stores = Stores::memory();
+    stores.tasks = Arc::new(ForgetfulOutbox {
+        inner: stores.tasks.clone(),
+        failures: AtomicUsize::new(1),
+    });
+    let exec = Arc::new(Gated::default());
+    let mut h = harness_with(Arc::new(llm), "", stores, vec![(b.clone(), exec.clone())]).await;
+    h.org.start_all().await.unwrap();
+    h.org.deliver("a", user("delegate")).await.unwrap();
+    calls
+        .next()
+        .await
+        .unwrap()
+        .respond_tool_calls(vec![tool_call(
+            "send_agent_message",
+            json!({"target": "b", "message": "Work."}),
+        )]);
+    h.wait_count("the claim", 1, |k| {
+        matches!(k, EventKind::TaskClaimed { .. })
+    })
+    .await;
+    // a is busy with another message when the notice arrives, twice.
+    h.org
+        .deliver("a", user("meanwhile, list your board"))
+        .await
+        .unwrap();
+    let busy = calls.next().await.unwrap();
+    assert_eq!(busy.agent(), Some(&a));
+    exec.open(0, Ok(TaskOutcome::Done("result".into())));
+    h.wait_count("two deliveries", 2, |k| {
+        matches!(k, EventKind::NoticeDelivered { .. })
+    })
+    .await;
+    // The tool round ends at a checkpoint, where the queued notices steer the turn.
+    busy.respond_tool_calls(vec![tool_call("task_list", json!({}))]);
+    let steered = calls.next().await.unwrap();
+    let text = last_user_text(&steered.request);
+    assert_eq!(
+        text.matches("Beta completed task #1: result").count(),
+        1,
+        "the duplicate notice must not reach the model: {text}"
+    );
+    steered.respond_text("Beta's result is in");
+    let reply = h.reply().await;
+    assert_eq!(reply.content, "Beta's result is in");
+    // The interrupted message is answered next; nothing else wakes the model.
+    calls
+        .next()
+        .await
+        .unwrap()
+        .respond_text("your board is empty");
+    h.reply().await;
+    h.settle().await;
+    assert!(calls.try_next().is_none(), "no further model call");
+}
+
+#[tokio::test]
+async fn a_retrigger_interrupted_by_a_steer_is_still_answered() {
+    use spacebot_core::testing::{MockLlm, tool_call};
+    let (llm, mut calls) = MockLlm::pair();
+    let b = id("b");
+    let exec = Scripted::new(vec![Step::Done("done".into())]);
+    let mut h = harness_with(Arc::new(llm), "", Stores::memory(), vec![(b.clone(), exec)]).await;
+    h.org.start_all().await.unwrap();
+    h.org.deliver("a", user("delegate")).await.unwrap();
+    calls
+        .next()
+        .await
+        .unwrap()
+        .respond_tool_calls(vec![tool_call(
+            "send_agent_message",
+            json!({"target": "b", "message": "Work."}),
+        )]);
+    // The retrigger wakes a; while it works on it, the user writes again.
+    let woken = calls.next().await.unwrap();
+    assert_eq!(
+        last_user_text(&woken.request),
+        "Beta completed task #1: done (Work.)"
+    );
+    h.org.deliver("a", user("hurry up")).await.unwrap();
+    woken.respond_tool_calls(vec![tool_call("task_list", json!({}))]);
+    let steered = calls.next().await.unwrap();
+    assert_eq!(last_user_text(&steered.request), "hurry up");
+    steered.respond_text("on it");
+    assert_eq!(h.reply().await.content, "on it");
+    // The interrupted retrigger goes back to the queue and is answered: its idempotency key was
+    // applied when it first ran, which must not make it look like a duplicate now.
+    let resumed = tokio::time::timeout(std::time::Duration::from_secs(5), calls.next())
+        .await
+        .expect("the interrupted retrigger was dropped")
+        .unwrap();
+    assert!(
+        last_user_text(&resumed.request).contains("Beta completed task #1: done (Work.)"),
+        "{}",
+        last_user_text(&resumed.request)
+    );
+    resumed.respond_text("Beta is done");
+    assert_eq!(h.reply().await.content, "Beta is done");
+}
+
+#[tokio::test]
+async fn a_stopped_delegator_gets_its_notice_when_it_starts() {
+    let llm = Arc::new(ScriptedLlm::new());
+    let (a, b) = (id("a"), id("b"));
+    llm.push_text(&a, "caught up");
+    let exec = Scripted::new(vec![Step::Done("late news".into())]);
+    let mut h = harness_with(llm.clone(), "", Stores::memory(), vec![(b.clone(), exec)]).await;
+    h.org
+        .delegate(
+            &a,
+            "b",
+            "Tell me later.",
+            spacebot_core::delegation::DelegationOrigin {
+                channel: portal(),
+                task: None,
+                round: 0,
+            },
+        )
+        .await
+        .unwrap();
+    h.org.start_agent(&b).await.unwrap();
+    h.wait_for("the notice", |ev| {
+        ev.kinds()
+            .iter()
+            .any(|k| matches!(k, EventKind::NoticeDelivered { .. }))
+    })
+    .await;
+    assert_eq!(h.count(|k| *k == EventKind::DeliveryPersisted), 1);
+    assert!(llm.requests_for(&a).is_empty(), "a is not running");
+    h.org.start_agent(&a).await.unwrap();
+    assert_eq!(h.reply().await.content, "caught up");
+    assert_eq!(
+        last_user_text(&llm.requests_for(&a)[0]),
+        "Beta completed task #1: late news (Tell me later.)"
+    );
+}
+
+#[tokio::test]
+async fn a_long_result_is_quoted_in_part_and_kept_whole_on_the_task() {
+    use spacebot_core::delegation::RETRIGGER_RESULT_CHARS;
+    let llm = Arc::new(ScriptedLlm::new());
+    let (a, b) = (id("a"), id("b"));
+    llm.push_tool_call(
+        &a,
+        "send_agent_message",
+        delegate_call("b", "Write a long report."),
+    );
+    let report = "é".repeat(RETRIGGER_RESULT_CHARS + 500);
+    llm.push_text(&b, &report);
+    llm.push_text(&a, "summarized");
+    let mut h = harness(llm.clone(), "").await;
+    h.org.deliver("a", user("report please")).await.unwrap();
+    h.reply().await;
+    assert_eq!(
+        h.task("b", 1).await.result.as_deref(),
+        Some(report.as_str())
+    );
+    let woken = last_user_text(&llm.requests_for(&a)[1]);
+    assert!(
+        woken.len() < report.len(),
+        "the retrigger quotes part of the result"
+    );
+    assert_eq!(woken.matches('é').count(), RETRIGGER_RESULT_CHARS);
+    assert!(woken.contains("the full result is on task b#1"), "{woken}");
 }

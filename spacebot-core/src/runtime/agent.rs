@@ -188,7 +188,9 @@ fn meta_u64(envelope: &Envelope, key: &str) -> Option<u64> {
 /// Takes one envelope off the queue and handles it.
 async fn process(org: &Arc<OrgInner>, agent: &Arc<AgentRuntime>, envelope: Envelope) {
     let persisted = envelope.metadata.contains_key(META_PERSISTED);
-    let duplicate = match &envelope.idempotency_key {
+    // A resumed envelope (interrupted by a steer) had its key applied when it first ran.
+    let key = envelope.idempotency_key.as_ref().filter(|_| !is_resumed(&envelope));
+    let duplicate = match key {
         Some(key) => match org
             .stores
             .deliveries
@@ -281,6 +283,37 @@ async fn process(org: &Arc<OrgInner>, agent: &Arc<AgentRuntime>, envelope: Envel
             report_error(org, agent.id(), None, format!("pending delivery kept: {e}"));
         }
     }
+}
+
+/// Drops drained envelopes whose idempotency key was applied before (a notice delivered twice)
+/// and marks the others' keys applied, as [`process`] does for envelopes taken one at a time.
+async fn drop_applied(org: &OrgInner, agent: &AgentId, drained: Vec<Envelope>) -> Vec<Envelope> {
+    let mut kept = Vec::with_capacity(drained.len());
+    for envelope in drained {
+        if let Some(key) = envelope
+            .idempotency_key
+            .as_ref()
+            .filter(|_| !is_resumed(&envelope))
+        {
+            match org
+                .stores
+                .deliveries
+                .mark_applied(agent, key, org.clock.now())
+                .await
+            {
+                Ok(false) => continue,
+                Ok(true) => {}
+                Err(e) => report_error(
+                    org,
+                    agent,
+                    None,
+                    format!("idempotency key {key} not checked: {e}"),
+                ),
+            }
+        }
+        kept.push(envelope);
+    }
+    kept
 }
 
 /// Runs a claimed task as a turn of the agent's own tool loop and records the outcome.
@@ -605,7 +638,7 @@ pub(crate) async fn run_turn(
         }
 
         // Checkpoint: anything that arrived meanwhile steers the turn.
-        let backlog = split_backlog(agent.queue.drain());
+        let backlog = split_backlog(drop_applied(inner, &me, agent.queue.drain()).await);
         for record in &backlog.records {
             append(inner, &me, user_record(record)).await;
         }
