@@ -40,9 +40,11 @@ use crate::task::{
 };
 use crate::tools::{Tool, ToolContext, ToolError, ToolOutput, parse_args};
 
-/// How long a claim lasts before the task goes back to ready. A worker still running when its
-/// lease expires loses the task: it is requeued (one attempt used) and the late worker's result is
-/// refused, since every claim has its own holder id.
+/// How long a claim lasts before the task goes back to ready. A task run as a turn of the agent's
+/// tool loop renews its lease at every checkpoint (after each tool round), so only a single model
+/// call or tool round longer than this loses it. A worker whose lease expired loses the task: it is
+/// requeued (one attempt used), and the late worker's next renewal or result is refused, since every
+/// claim has its own holder id.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(600);
 /// How often (by the organization's clock) each task loop looks for expired leases.
 pub const LEASE_CHECK_INTERVAL: Duration = Duration::from_secs(30);

@@ -896,3 +896,43 @@ async fn a_long_result_is_quoted_in_part_and_kept_whole_on_the_task() {
     assert_eq!(woken.matches('é').count(), RETRIGGER_RESULT_CHARS);
     assert!(woken.contains("the full result is on task b#1"), "{woken}");
 }
+
+#[tokio::test]
+async fn a_long_task_turn_renews_its_lease_at_every_checkpoint() {
+    let (llm, mut calls) = spacebot_core::testing::MockLlm::pair();
+    let (a, b) = (id("a"), id("b"));
+    let mut h = harness(Arc::new(llm), "").await;
+    h.org.start_all().await.unwrap();
+    h.org.deliver("a", user("go")).await.unwrap();
+    let call = calls.next().await.unwrap();
+    assert_eq!(call.agent(), Some(&a));
+    call.respond_tool_calls(vec![spacebot_core::testing::tool_call(
+        "send_agent_message",
+        delegate_call("b", "Long work."),
+    )]);
+    // b works on the task for three lease periods, one tool round per period.
+    for _ in 0..3 {
+        let call = calls.next().await.unwrap();
+        assert_eq!(call.agent(), Some(&b));
+        h.clock.advance(DEFAULT_LEASE - LEASE_CHECK_INTERVAL - std::time::Duration::from_secs(1));
+        call.respond_tool_calls(vec![spacebot_core::testing::tool_call(
+            "task_list",
+            serde_json::json!({}),
+        )]);
+        h.settle().await;
+        // The lease check runs and finds the lease renewed, not expired.
+        h.clock.advance(LEASE_CHECK_INTERVAL);
+        h.settle().await;
+        assert_eq!(h.task("b", 1).await.status, TaskStatus::InProgress);
+    }
+    let call = calls.next().await.unwrap();
+    assert_eq!(call.agent(), Some(&b));
+    call.respond_text("finished");
+    let call = calls.next().await.unwrap();
+    assert_eq!(call.agent(), Some(&a));
+    call.respond_text("b finished");
+    assert_eq!(h.reply().await.content, "b finished");
+    let task = h.task("b", 1).await;
+    assert_eq!((task.status, task.attempts), (TaskStatus::Done, 0));
+    assert_eq!(h.count(|k| matches!(k, EventKind::TaskRequeued { .. })), 0);
+}

@@ -66,6 +66,8 @@ pub(crate) struct TurnOptions {
     pub(crate) extra: Option<String>,
     /// The delegation round of the message (see [`ToolContext::round`]).
     pub(crate) round: u32,
+    /// The lease holder when the turn runs a claimed task: the lease is renewed at every checkpoint.
+    pub(crate) holder: Option<String>,
 }
 
 /// The loop of one agent: take an envelope, run a turn, repeat until the queue closes.
@@ -347,6 +349,7 @@ async fn run_task(org: &Arc<OrgInner>, agent: &Arc<AgentRuntime>, envelope: Enve
         send_reply: false,
         extra: None,
         round: meta_u64(&envelope, META_ROUND).map_or(0, |r| u32::try_from(r).unwrap_or(u32::MAX)),
+        holder: Some(holder.clone()),
     };
     let (abort, registration) = AbortHandle::new_pair();
     *agent.abort.lock().unwrap_or_else(|e| e.into_inner()) = Some(abort);
@@ -637,7 +640,25 @@ pub(crate) async fn run_turn(
             return Ok(TurnOutcome::Ended(text));
         }
 
-        // Checkpoint: anything that arrived meanwhile steers the turn.
+        // Checkpoint: a task's lease is renewed, so a long turn keeps its claim ...
+        if let (Some(task), Some(holder)) = (&options.task, &options.holder) {
+            let renew = crate::task::TaskEvent::Renew {
+                holder: holder.clone(),
+                lease_until: inner.clock.now().plus(crate::delegation::DEFAULT_LEASE),
+            };
+            inner
+                .stores
+                .tasks
+                .transition(
+                    &task.agent,
+                    task.number,
+                    crate::task::Expect::any(),
+                    renew,
+                    inner.clock.now(),
+                )
+                .await?;
+        }
+        // ... and anything that arrived meanwhile steers the turn.
         let backlog = split_backlog(drop_applied(inner, &me, agent.queue.drain()).await);
         for record in &backlog.records {
             append(inner, &me, user_record(record)).await;
