@@ -11,6 +11,8 @@
 //! batches, outside the measured time, and no agent loop consumes them (an inert spawner), so only
 //! delivery is measured.
 
+#![allow(clippy::expect_used)] // A benchmark set-up that fails should stop the run.
+
 use std::collections::HashMap;
 use std::hint::black_box;
 use std::sync::Arc;
@@ -22,8 +24,8 @@ use futures::future::BoxFuture;
 use spacebot_core::config::OrgConfig;
 use spacebot_core::testing::ScriptedLlm;
 use spacebot_core::{
-    AgentId, ChannelId, Envelope, EnvelopeKind, InternalMessage, ManualClock, Organization,
-    Source, Spawner, Stores,
+    AgentId, ChannelId, Envelope, EnvelopeKind, InternalMessage, ManualClock, Organization, Source,
+    Spawner, Stores,
 };
 
 const AGENTS: usize = 1_000;

@@ -31,18 +31,22 @@ struct LocalModel {
 #[async_trait]
 impl LlmProvider for LocalModel {
     async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, LlmError> {
-        let agent = request.agent.as_ref().ok_or(LlmError::Other("no agent".into()))?;
+        let agent = request
+            .agent
+            .as_ref()
+            .ok_or(LlmError::Other("no agent".into()))?;
         let input = match request.messages.last() {
             Some(ChatMessage::User { content }) => content.clone(),
             // After a tool result the turn has ended already (delegation ends it); nothing to add.
             _ => return Ok(ChatResponse::text("Done.")),
         };
         // A result came back (a retrigger, or a resumed task with its children's results): relay it.
-        if let Some((_, result)) = input.rsplit_once("): ").or_else(|| input.rsplit_once(": ")) {
-            if input.contains("completed task") || input.contains("have ended") {
-                let word = result.lines().next().unwrap_or(result).trim();
-                return Ok(ChatResponse::text(format!("The word is: {word}")));
-            }
+        let relayed = input.contains("completed task") || input.contains("have ended");
+        if let Some((_, result)) = input.rsplit_once("): ").or_else(|| input.rsplit_once(": "))
+            && relayed
+        {
+            let word = result.lines().next().unwrap_or(result).trim();
+            return Ok(ChatResponse::text(format!("The word is: {word}")));
         }
         // A fresh request: delegate if this agent has someone to delegate to, else do the work.
         if let Some(target) = self.delegates_to.get(agent.as_str()) {
@@ -81,8 +85,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     org.start_all().await?;
     let request = "Ask the community manager to pick a random word for me.";
     println!("user -> chief-ai-officer: {request}");
-    org.deliver("chief-ai-officer", InboundMessage::new("portal", "user-1", request))
-        .await?;
+    org.deliver(
+        "chief-ai-officer",
+        InboundMessage::new("portal", "user-1", request),
+    )
+    .await?;
     let reply = tokio::time::timeout(Duration::from_secs(30), replies.next())
         .await?
         .ok_or("no reply")?;

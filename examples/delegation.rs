@@ -73,7 +73,9 @@ fn args() -> Result<Args, BoxError> {
     while let Some(arg) = it.next() {
         match arg.as_str() {
             "--store" => args.store = it.next().ok_or("--store needs sqlite, redb or memory")?,
-            "--data-dir" => args.data_dir = Some(it.next().ok_or("--data-dir needs a path")?.into()),
+            "--data-dir" => {
+                args.data_dir = Some(it.next().ok_or("--data-dir needs a path")?.into())
+            }
             "-h" | "--help" => {
                 println!("usage: delegation [--store sqlite|redb|memory] [--data-dir DIR]");
                 std::process::exit(0);
@@ -96,14 +98,18 @@ async fn stores(args: &Args, dir: &std::path::Path) -> Result<Stores, BoxError> 
     }
 }
 
-fn id(s: &str) -> AgentId {
-    AgentId::parse(s).unwrap_or_else(|e| panic!("{e}"))
+fn id(s: &str) -> Result<AgentId, BoxError> {
+    Ok(AgentId::parse(s)?)
 }
 
 /// The scripted mock LLM: what each agent's model answers, turn by turn.
-fn scripted() -> Arc<dyn LlmProvider> {
+fn scripted() -> Result<Arc<dyn LlmProvider>, BoxError> {
     let llm = ScriptedLlm::new();
-    let (chief, lead, cm) = (id("chief-ai-officer"), id("spacebot-tech-lead"), id("community-manager"));
+    let (chief, lead, cm) = (
+        id("chief-ai-officer")?,
+        id("spacebot-tech-lead")?,
+        id("community-manager")?,
+    );
     llm.push_tool_call(
         &chief,
         "send_agent_message",
@@ -122,8 +128,11 @@ fn scripted() -> Arc<dyn LlmProvider> {
     );
     llm.push_text(&cm, "nebula");
     llm.push_text(&lead, "The community manager picked the word \"nebula\".");
-    llm.push_text(&chief, "The community manager picked a random word for you: nebula.");
-    Arc::new(llm)
+    llm.push_text(
+        &chief,
+        "The community manager picked a random word for you: nebula.",
+    );
+    Ok(Arc::new(llm))
 }
 
 #[cfg(feature = "openai")]
@@ -133,26 +142,35 @@ fn provider() -> Result<(Arc<dyn LlmProvider>, &'static str), BoxError> {
         let provider = spacebot_openai::OpenAiProvider::new(config, Arc::new(TokioClock))?;
         return Ok((Arc::new(provider), "the OpenAI-compatible provider"));
     }
-    Ok((scripted(), "the scripted mock LLM"))
+    Ok((scripted()?, "the scripted mock LLM"))
 }
 
 #[cfg(not(feature = "openai"))]
 fn provider() -> Result<(Arc<dyn LlmProvider>, &'static str), BoxError> {
     if std::env::var_os("OPENAI_API_KEY").is_some() {
-        eprintln!("OPENAI_API_KEY is set but this build has no provider: run with --features openai");
+        eprintln!(
+            "OPENAI_API_KEY is set but this build has no provider: run with --features openai"
+        );
     }
-    Ok((scripted(), "the scripted mock LLM"))
+    Ok((scripted()?, "the scripted mock LLM"))
 }
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     let args = args()?;
     let temp = tempfile::tempdir()?;
-    let dir = args.data_dir.clone().unwrap_or_else(|| temp.path().to_path_buf());
+    let dir = args
+        .data_dir
+        .clone()
+        .unwrap_or_else(|| temp.path().to_path_buf());
     std::fs::create_dir_all(&dir)?;
     let stores = stores(&args, &dir).await?;
     let (llm, llm_name) = provider()?;
-    println!("spacebot delegation example: store {} in {}, {llm_name}\n", args.store, dir.display());
+    println!(
+        "spacebot delegation example: store {} in {}, {llm_name}\n",
+        args.store,
+        dir.display()
+    );
 
     let config = OrgConfig::from_toml_str(ORG)?;
     let org = Organization::builder(config)
@@ -165,7 +183,7 @@ async fn main() -> Result<(), BoxError> {
     let mut replies = org.take_replies().ok_or("replies already taken")?;
     org.start_all().await?;
 
-    let chief = id("chief-ai-officer");
+    let chief = id("chief-ai-officer")?;
     let message = InboundMessage::new("portal", "user-1", USER_MESSAGE)
         .with_channel(ChannelId::portal(&chief));
     org.deliver("chief-ai-officer", message).await?;
@@ -175,13 +193,23 @@ async fn main() -> Result<(), BoxError> {
         .ok_or("the reply stream closed")?;
     org.shutdown().await?;
 
-    println!("== The user's conversation with {}", org.display_name(&chief));
+    println!(
+        "== The user's conversation with {}",
+        org.display_name(&chief)
+    );
     print_channel(&stores, &chief, &ChannelId::portal(&chief), false).await?;
-    println!("\n   reply delivered to {:?}: {}\n", reply.reply_target(), reply.content);
+    println!(
+        "\n   reply delivered to {:?}: {}\n",
+        reply.reply_target(),
+        reply.content
+    );
 
     for link in org.graph().links() {
         for (owner, peer) in [(&link.from, &link.to), (&link.to, &link.from)] {
-            println!("== Link channel {} (audit log)", ChannelId::link(owner, peer));
+            println!(
+                "== Link channel {} (audit log)",
+                ChannelId::link(owner, peer)
+            );
             print_channel(&stores, owner, &ChannelId::link(owner, peer), true).await?;
             println!();
         }
@@ -210,7 +238,10 @@ async fn main() -> Result<(), BoxError> {
         println!();
     }
     if args.data_dir.is_some() {
-        println!("The data stays in {}: run again to see the boards and logs grow.", dir.display());
+        println!(
+            "The data stays in {}: run again to see the boards and logs grow.",
+            dir.display()
+        );
     }
     Ok(())
 }

@@ -19,8 +19,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use spacebot_core::config::OrgConfig;
 use spacebot_core::event::{Event, EventKind, EventSink};
-use spacebot_core::runtime::{Outbound, OutboundError, Reply};
 use spacebot_core::rt::{TokioClock, TokioSpawner};
+use spacebot_core::runtime::{Outbound, OutboundError, Reply};
 use spacebot_core::testing::{FnLlm, tool_call};
 use spacebot_core::tools::{Tool, ToolContext, ToolError, ToolOutput};
 use spacebot_core::{
@@ -49,10 +49,17 @@ impl Tool for Research {
         }
     }
 
-    async fn call(&self, ctx: &ToolContext, args: serde_json::Value) -> Result<ToolOutput, ToolError> {
+    async fn call(
+        &self,
+        ctx: &ToolContext,
+        args: serde_json::Value,
+    ) -> Result<ToolOutput, ToolError> {
         let step = args.get("step").and_then(|s| s.as_u64()).unwrap_or(0);
         if self.calls.fetch_add(1, Ordering::SeqCst) == 1 {
-            for text in ["Actually, answer in French.", "And keep it to one sentence."] {
+            for text in [
+                "Actually, answer in French.",
+                "And keep it to one sentence.",
+            ] {
                 println!("user (while the tool runs): {text}");
                 ctx.org
                     .deliver("analyst", InboundMessage::new("portal", "user-1", text))
@@ -79,7 +86,9 @@ fn model(request: &ChatRequest) -> Result<ChatResponse, spacebot_core::LlmError>
         return Ok(ChatResponse::text("?"));
     };
     if content.starts_with("2 messages arrived") {
-        return Ok(ChatResponse::text("D'accord : je réponds en français, en une phrase."));
+        return Ok(ChatResponse::text(
+            "D'accord : je réponds en français, en une phrase.",
+        ));
     }
     if rounds < 4 {
         let step = rounds + 1;
@@ -125,7 +134,9 @@ impl Outbound for PrintReplies {
             reply.in_reply_to.len(),
             reply.content
         );
-        self.0.send(()).map_err(|e| OutboundError::Failed(e.to_string()))
+        self.0
+            .send(())
+            .map_err(|e| OutboundError::Failed(e.to_string()))
     }
 }
 
@@ -148,7 +159,11 @@ async fn main() -> Result<(), BoxError> {
     println!("user: Write a long report on the history of spaceflight.");
     org.deliver(
         "analyst",
-        InboundMessage::new("portal", "user-1", "Write a long report on the history of spaceflight."),
+        InboundMessage::new(
+            "portal",
+            "user-1",
+            "Write a long report on the history of spaceflight.",
+        ),
     )
     .await?;
     for _ in 0..2 {

@@ -45,15 +45,15 @@ pub use event::{Event, EventKind, EventSink};
 pub use ids::{AgentId, ChannelId, ConversationId, EnvelopeId, LinkId, TaskRef};
 pub use link::{AgentLink, LinkDirection, LinkRelationship, LinkStore};
 pub use llm::{ChatMessage, ChatRequest, ChatResponse, LlmProvider, ToolCall, ToolDefinition};
-pub use policy::{ApprovalPolicy, LinkGraph, OrgChart};
-pub use prompts::{Identity, Prompts};
-pub use stores::Stores;
-pub use task::{NewTask, Task, TaskStatus, TaskStore};
-pub use time::{Clock, ManualClock, Spawner, Timestamp};
 pub use org::{
     ChildSpec, DeliveryError, InboundMessage, InternalKind, InternalMessage, OrgError,
     Organization, OrganizationBuilder,
 };
+pub use policy::{ApprovalPolicy, LinkGraph, OrgChart};
+pub use prompts::{Identity, Prompts};
 pub use runtime::{AgentQueue, ChannelOutbound, Outbound, Reply};
+pub use stores::Stores;
+pub use task::{NewTask, Task, TaskStatus, TaskStore};
+pub use time::{Clock, ManualClock, Spawner, Timestamp};
 pub use tools::{Tool, ToolContext, ToolError, ToolOutput, ToolRegistry};
 pub use topology::Topology;

@@ -272,7 +272,12 @@ impl AgentRuntime {
 
     /// Wakes the task loop.
     pub(crate) fn ring(&self) {
-        if let Some(bell) = self.doorbell.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+        if let Some(bell) = self
+            .doorbell
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_mut()
+        {
             let _ = bell.try_send(());
         }
     }
@@ -447,7 +452,9 @@ impl OrganizationBuilder {
         }
         let prompts = self.prompts.unwrap_or_default();
 
-        config.sync_links(stores.links.as_ref(), clock.now()).await?;
+        config
+            .sync_links(stores.links.as_ref(), clock.now())
+            .await?;
         let links = stores.links.list().await?;
         let graph = LinkGraph::new(config.agents.iter().map(|a| a.id.clone()), links);
 
@@ -682,12 +689,7 @@ impl Organization {
     /// The topology: agents (configured ones) and links, as seed 003's JSON, DOT or Mermaid.
     pub fn topology(&self) -> Topology {
         let graph = self.inner.graph();
-        let agents = self
-            .inner
-            .config
-            .agents
-            .iter()
-            .map(TopologyAgent::from);
+        let agents = self.inner.config.agents.iter().map(TopologyAgent::from);
         Topology::from_parts(agents, graph.links().iter().cloned())
     }
 
@@ -907,11 +909,13 @@ impl Organization {
             let _ = done_tx.send(());
         }));
         if spec.parent.is_none() {
-            self.inner.spawner.spawn(Box::pin(crate::delegation::run_task_loop(
-                self.clone(),
-                runtime,
-                bell_rx,
-            )));
+            self.inner
+                .spawner
+                .spawn(Box::pin(crate::delegation::run_task_loop(
+                    self.clone(),
+                    runtime,
+                    bell_rx,
+                )));
         }
         Ok(())
     }
@@ -939,10 +943,13 @@ impl Organization {
             .unwrap_or_else(|e| e.into_inner())
             .take();
         for envelope in rest {
-            self.inner.persist(agent, envelope).await.map_err(|e| match e {
-                DeliveryError::Store(s) => OrgError::Store(s),
-                other => OrgError::Invalid(InvalidInput::new("stop", other.to_string())),
-            })?;
+            self.inner
+                .persist(agent, envelope)
+                .await
+                .map_err(|e| match e {
+                    DeliveryError::Store(s) => OrgError::Store(s),
+                    other => OrgError::Invalid(InvalidInput::new("stop", other.to_string())),
+                })?;
         }
         let done = runtime
             .stopped

@@ -914,7 +914,8 @@ async fn a_long_task_turn_renews_its_lease_at_every_checkpoint() {
     for _ in 0..3 {
         let call = calls.next().await.unwrap();
         assert_eq!(call.agent(), Some(&b));
-        h.clock.advance(DEFAULT_LEASE - LEASE_CHECK_INTERVAL - std::time::Duration::from_secs(1));
+        h.clock
+            .advance(DEFAULT_LEASE - LEASE_CHECK_INTERVAL - std::time::Duration::from_secs(1));
         call.respond_tool_calls(vec![spacebot_core::testing::tool_call(
             "task_list",
             serde_json::json!({}),

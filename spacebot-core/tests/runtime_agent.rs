@@ -1,6 +1,9 @@
 //! The agent runtime: delivery, queue bounds, the internal channel, children, tool errors, the
 //! round limit, steering and cancellation.
 
+// Helpers outside #[test] functions assert too.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod runtime_support;
 
 use std::sync::Arc;
@@ -10,8 +13,8 @@ use serde_json::json;
 use spacebot_core::event::EventKind;
 use spacebot_core::testing::{MockLlm, ScriptedLlm, raw_tool_call, tool_call};
 use spacebot_core::{
-    ChatMessage, ChatResponse, ChildSpec, DeliveryError, DeliveryStore, InboundMessage,
-    InternalMessage, LlmError, RecordKind, ChannelStore, ChannelId,
+    ChannelId, ChannelStore, ChatMessage, ChatResponse, ChildSpec, DeliveryError, DeliveryStore,
+    InboundMessage, InternalMessage, LlmError, RecordKind,
 };
 
 fn msg(text: &str) -> InboundMessage {
@@ -53,7 +56,8 @@ async fn delivery_to_a_stopped_agent_is_persisted_and_handed_over_once() {
     let reply = h.reply().await;
     assert_eq!(reply.content, "hello back");
     assert_eq!(reply.in_reply_to, vec![envelope]);
-    h.wait_for("the pending delivery to be removed", |_| true).await;
+    h.wait_for("the pending delivery to be removed", |_| true)
+        .await;
     // Restarting must not hand the same envelope over again.
     h.org.stop_agent(&a).await.unwrap();
     assert!(h.stores.deliveries.pending(&a).await.unwrap().is_empty());
@@ -78,7 +82,10 @@ async fn a_full_queue_refuses_with_queue_full() {
         matches!(&err, DeliveryError::QueueFull(_)),
         "expected QueueFull, got {err:?}"
     );
-    assert!(err.to_string().contains("queue of agent a is full"), "{err}");
+    assert!(
+        err.to_string().contains("queue of agent a is full"),
+        "{err}"
+    );
     assert_eq!(h.org.queue_len(&a), Some(2));
     call.respond_text("done");
 }
@@ -164,7 +171,10 @@ async fn internal_messages_are_policy_checked_and_stamped() {
         .history(&b, &ChannelId::link(&b, &a), None)
         .await
         .unwrap();
-    assert_eq!(history[0].record.author, "agent a", "sender stamped by the runtime");
+    assert_eq!(
+        history[0].record.author, "agent a",
+        "sender stamped by the runtime"
+    );
 }
 
 #[tokio::test]
@@ -209,7 +219,10 @@ async fn a_failed_child_and_an_undeliverable_result_are_reported() {
     let call = calls.next().await.unwrap();
     assert_eq!(call.agent(), Some(&a));
     let text = last_user_text(&call.request);
-    assert!(text.contains("failed") && text.contains("model unavailable"), "{text}");
+    assert!(
+        text.contains("failed") && text.contains("model unavailable"),
+        "{text}"
+    );
     call.respond_text("noted");
 
     // A grandchild whose parent ended before it answered: the result cannot be delivered.
@@ -230,15 +243,25 @@ async fn a_failed_child_and_an_undeliverable_result_are_reported() {
     }
     let (mid_call, leaf_call): (Vec<_>, Vec<_>) =
         pending.into_iter().partition(|c| c.agent() == Some(&mid));
-    mid_call.into_iter().next().unwrap().respond_text("mid done");
+    mid_call
+        .into_iter()
+        .next()
+        .unwrap()
+        .respond_text("mid done");
     let parent_call = calls.next().await.unwrap();
     assert_eq!(parent_call.agent(), Some(&a));
     parent_call.respond_text("ok");
     h.wait_for("mid to end", |ev| {
-        ev.events_for(&mid).iter().any(|e| e.kind == EventKind::AgentStopped)
+        ev.events_for(&mid)
+            .iter()
+            .any(|e| e.kind == EventKind::AgentStopped)
     })
     .await;
-    leaf_call.into_iter().next().unwrap().respond_text("too late");
+    leaf_call
+        .into_iter()
+        .next()
+        .unwrap()
+        .respond_text("too late");
     h.wait_for("the undeliverable result to be reported", |ev| {
         ev.events_for(&grandchild).iter().any(|e| {
             matches!(&e.kind, EventKind::Error { message } if message.contains("reply not delivered") && message.contains("ended"))
@@ -276,12 +299,29 @@ async fn tool_errors_go_back_to_the_model() {
     let requests = llm.requests_for(&a);
     let results = tool_results(&requests[1]);
     assert_eq!(results.len(), 7);
-    assert!(results[0].starts_with("Error: unknown tool \"no_such_tool\"") && results[0].contains("echo"), "{}", results[0]);
+    assert!(
+        results[0].starts_with("Error: unknown tool \"no_such_tool\"")
+            && results[0].contains("echo"),
+        "{}",
+        results[0]
+    );
     assert!(results[1].contains("not valid JSON"), "{}", results[1]);
-    assert!(results[2].contains("must be one JSON object"), "{}", results[2]);
-    assert!(results[3].contains("invalid arguments for tool echo"), "{}", results[3]);
+    assert!(
+        results[2].contains("must be one JSON object"),
+        "{}",
+        results[2]
+    );
+    assert!(
+        results[3].contains("invalid arguments for tool echo"),
+        "{}",
+        results[3]
+    );
     assert!(results[4].contains("the disk is on fire"), "{}", results[4]);
-    assert!(results[5].contains("a may not") && results[5].contains("c"), "{}", results[5]);
+    assert!(
+        results[5].contains("a may not") && results[5].contains("c"),
+        "{}",
+        results[5]
+    );
     assert_eq!(results[6], "echo: fine");
     let failed = h
         .events
@@ -296,30 +336,50 @@ async fn tool_errors_go_back_to_the_model() {
 async fn the_round_limit_stops_a_looping_model() {
     let a = id("a");
     let llm = Arc::new(spacebot_core::testing::FnLlm::new(|req| {
-        if req.messages.iter().any(|m| matches!(m, ChatMessage::User { content } if content == "second")) {
+        if req
+            .messages
+            .iter()
+            .any(|m| matches!(m, ChatMessage::User { content } if content == "second"))
+        {
             return Ok(ChatResponse::text("second answered"));
         }
-        Ok(ChatResponse::tool_calls(vec![tool_call("echo", json!({"text": "again"}))]))
+        Ok(ChatResponse::tool_calls(vec![tool_call(
+            "echo",
+            json!({"text": "again"}),
+        )]))
     }));
     let mut h = harness(llm.clone(), "max_tool_rounds = 3", vec![Arc::new(EchoTool)]).await;
     h.org.start_agent(&a).await.unwrap();
     h.org.deliver("a", msg("loop forever")).await.unwrap();
     h.wait_for("the round limit", |ev| {
-        ev.kinds().contains(&EventKind::RoundLimitReached { limit: 3 })
+        ev.kinds()
+            .contains(&EventKind::RoundLimitReached { limit: 3 })
     })
     .await;
     // The loop is not stuck: it goes on with the next message.
     h.org.deliver("a", msg("second")).await.unwrap();
     assert_eq!(h.reply().await.content, "second answered");
-    assert!(h.events.kinds().iter().any(|k| matches!(k, EventKind::Error { message } if message.contains("3 tool rounds"))));
+    assert!(
+        h.events.kinds().iter().any(
+            |k| matches!(k, EventKind::Error { message } if message.contains("3 tool rounds"))
+        )
+    );
     let history = h
         .stores
         .channels
         .history(&a, &ChannelId::new("portal:u1"), None)
         .await
         .unwrap();
-    assert!(history.iter().any(|r| r.record.kind == RecordKind::System && r.record.content.contains("tool rounds")));
-    assert_eq!(llm.requests_for(&a).len(), 4, "3 rounds, then the second message");
+    assert!(
+        history.iter().any(
+            |r| r.record.kind == RecordKind::System && r.record.content.contains("tool rounds")
+        )
+    );
+    assert_eq!(
+        llm.requests_for(&a).len(),
+        4,
+        "3 rounds, then the second message"
+    );
 }
 
 #[tokio::test]
@@ -328,7 +388,11 @@ async fn steering_answers_the_merged_backlog_then_the_interrupted_message() {
     let mut h = harness(Arc::new(llm), "", vec![Arc::new(EchoTool)]).await;
     let a = id("a");
     h.org.start_agent(&a).await.unwrap();
-    let m1 = h.org.deliver("a", msg("write a long report")).await.unwrap();
+    let m1 = h
+        .org
+        .deliver("a", msg("write a long report"))
+        .await
+        .unwrap();
     let call = calls.next().await.unwrap();
     let m2 = h.org.deliver("a", msg("stop, use French")).await.unwrap();
     let m3 = h.org.deliver("a", msg("and keep it short")).await.unwrap();
@@ -336,8 +400,14 @@ async fn steering_answers_the_merged_backlog_then_the_interrupted_message() {
     // Checkpoint: m2 and m3 are merged into one user message.
     let call = calls.next().await.unwrap();
     let merged = last_user_text(&call.request);
-    assert!(merged.contains("[1] user (portal): stop, use French"), "{merged}");
-    assert!(merged.contains("[2] user (portal): and keep it short"), "{merged}");
+    assert!(
+        merged.contains("[1] user (portal): stop, use French"),
+        "{merged}"
+    );
+    assert!(
+        merged.contains("[2] user (portal): and keep it short"),
+        "{merged}"
+    );
     call.respond_text("d'accord");
     let reply = h.reply().await;
     assert_eq!(reply.in_reply_to, vec![m2, m3]);
@@ -360,7 +430,10 @@ async fn cancelling_a_turn_keeps_what_is_queued() {
     let slow = calls.next().await.unwrap();
     let m2 = h.org.deliver("a", msg("next question")).await.unwrap();
     assert!(h.org.cancel_turn(&a));
-    h.wait_for("the cancel event", |ev| ev.kinds().contains(&EventKind::TurnCancelled)).await;
+    h.wait_for("the cancel event", |ev| {
+        ev.kinds().contains(&EventKind::TurnCancelled)
+    })
+    .await;
     drop(slow);
     let call = calls.next().await.unwrap();
     assert_eq!(last_user_text(&call.request), "next question");
@@ -371,10 +444,19 @@ async fn cancelling_a_turn_keeps_what_is_queued() {
 
     // A cancel envelope over the internal channel does the same for b.
     h.org.start_agent(&b).await.unwrap();
-    h.org.send_internal(&a, &b, InternalMessage::task("long job")).await.unwrap();
+    h.org
+        .send_internal(&a, &b, InternalMessage::task("long job"))
+        .await
+        .unwrap();
     let job = calls.next().await.unwrap();
-    h.org.send_internal(&a, &b, InternalMessage::task("queued job")).await.unwrap();
-    h.org.send_internal(&a, &b, InternalMessage::cancel("changed my mind")).await.unwrap();
+    h.org
+        .send_internal(&a, &b, InternalMessage::task("queued job"))
+        .await
+        .unwrap();
+    h.org
+        .send_internal(&a, &b, InternalMessage::cancel("changed my mind"))
+        .await
+        .unwrap();
     drop(job);
     let call = calls.next().await.unwrap();
     assert_eq!(call.agent(), Some(&b));
@@ -398,7 +480,10 @@ async fn stopping_an_agent_persists_its_queue_for_the_next_start() {
     stopping.await.unwrap().unwrap();
     assert_eq!(h.reply().await.content, "one");
     let pending = h.stores.deliveries.pending(&a).await.unwrap();
-    assert_eq!(pending.iter().map(|e| e.id.clone()).collect::<Vec<_>>(), vec![m2.clone()]);
+    assert_eq!(
+        pending.iter().map(|e| e.id.clone()).collect::<Vec<_>>(),
+        vec![m2.clone()]
+    );
     h.org.start_agent(&a).await.unwrap();
     let call = calls.next().await.unwrap();
     assert_eq!(last_user_text(&call.request), "second");

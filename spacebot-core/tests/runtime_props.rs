@@ -8,6 +8,9 @@
 //! envelope answered after the merged reply that interrupted it, and never two model calls of the
 //! agent at the same time.
 
+// Helpers outside #[test] functions assert too.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod runtime_support;
 
 use std::collections::{HashMap, VecDeque};
@@ -78,17 +81,24 @@ impl Model {
     }
 }
 
-async fn take_call(calls: &mut MockLlmHandle, model: &mut Model, pending: &mut Option<PendingCall>) {
+async fn take_call(
+    calls: &mut MockLlmHandle,
+    model: &mut Model,
+    pending: &mut Option<PendingCall>,
+) {
     settle().await;
     let call = calls.try_next();
     if pending.is_some() {
-        assert!(call.is_none(), "two model calls of one agent at the same time");
+        assert!(
+            call.is_none(),
+            "two model calls of one agent at the same time"
+        );
         return;
     }
-    if model.current.is_empty() {
-        if let Some(next) = model.queue.pop_front() {
-            model.current.push(next);
-        }
+    if model.current.is_empty()
+        && let Some(next) = model.queue.pop_front()
+    {
+        model.current.push(next);
     }
     match (call, model.current.is_empty()) {
         (None, true) => {}
@@ -106,7 +116,12 @@ async fn take_call(calls: &mut MockLlmHandle, model: &mut Model, pending: &mut O
 
 async fn run(steps: Vec<Step>) {
     let (llm, mut calls) = MockLlm::pair();
-    let mut h = harness(Arc::new(llm), "queue_capacity = 1000", vec![Arc::new(EchoTool)]).await;
+    let mut h = harness(
+        Arc::new(llm),
+        "queue_capacity = 1000",
+        vec![Arc::new(EchoTool)],
+    )
+    .await;
     let (a, b) = (id("a"), id("b"));
     h.org.start_agent(&a).await.unwrap();
     let mut model = Model {
@@ -130,10 +145,16 @@ async fn run(steps: Vec<Step>) {
                 let text = format!("m{counter}");
                 let (id, label) = if p < 2 {
                     let msg = InboundMessage::new("portal", format!("u{p}"), text.clone());
-                    (h.org.deliver("a", msg).await.unwrap(), format!("user (portal): {text}"))
+                    (
+                        h.org.deliver("a", msg).await.unwrap(),
+                        format!("user (portal): {text}"),
+                    )
                 } else {
                     let msg = InternalMessage::announce(text.clone());
-                    (h.org.send_internal(&b, &a, msg).await.unwrap(), format!("agent b: {text}"))
+                    (
+                        h.org.send_internal(&b, &a, msg).await.unwrap(),
+                        format!("agent b: {text}"),
+                    )
                 };
                 sent.push((p, id.clone()));
                 model.queue.push_back((id, text, label));
@@ -157,10 +178,13 @@ async fn run(steps: Vec<Step>) {
         }
         take_call(&mut calls, &mut model, &mut pending).await;
     }
-    assert!(pending.is_none() && model.queue.is_empty(), "work left over");
+    assert!(
+        pending.is_none() && model.queue.is_empty(),
+        "work left over"
+    );
 
     let mut replies = Vec::new();
-    while let Ok(Some(reply)) = h.replies.try_next() {
+    while let Ok(reply) = h.replies.try_recv() {
         replies.push(reply.in_reply_to);
     }
     assert_eq!(replies, expected_replies, "replies differ from the model");
@@ -169,7 +193,10 @@ async fn run(steps: Vec<Step>) {
     let mut answered: HashMap<EnvelopeId, usize> = HashMap::new();
     for (i, ids) in replies.iter().enumerate() {
         for id in ids {
-            assert!(answered.insert(id.clone(), i).is_none(), "{id} answered twice");
+            assert!(
+                answered.insert(id.clone(), i).is_none(),
+                "{id} answered twice"
+            );
         }
     }
     assert_eq!(answered.len(), sent.len(), "an envelope was lost");

@@ -7,12 +7,12 @@ use async_trait::async_trait;
 use futures::future::{AbortHandle, Abortable};
 
 use crate::channel::{NewRecord, RecordKind};
+use crate::delegation::{META_HOLDER, META_ROUND, META_TASK};
 use crate::envelope::{Envelope, EnvelopeKind, Source};
 use crate::error::{LlmError, StoreError};
 use crate::event::EventKind;
 use crate::ids::{AgentId, ChannelId, TaskRef};
 use crate::llm::{ChatMessage, ChatRequest};
-use crate::delegation::{META_HOLDER, META_ROUND, META_TASK};
 use crate::org::{AgentRuntime, META_PERSISTED, META_RESUMED, OrgInner, Organization};
 use crate::policy;
 use crate::prompts::{LinkContext, OrgContext, PromptError, SystemPromptContext};
@@ -184,14 +184,20 @@ fn is_resumed(envelope: &Envelope) -> bool {
 }
 
 fn meta_u64(envelope: &Envelope, key: &str) -> Option<u64> {
-    envelope.metadata.get(key).and_then(serde_json::Value::as_u64)
+    envelope
+        .metadata
+        .get(key)
+        .and_then(serde_json::Value::as_u64)
 }
 
 /// Takes one envelope off the queue and handles it.
 async fn process(org: &Arc<OrgInner>, agent: &Arc<AgentRuntime>, envelope: Envelope) {
     let persisted = envelope.metadata.contains_key(META_PERSISTED);
     // A resumed envelope (interrupted by a steer) had its key applied when it first ran.
-    let key = envelope.idempotency_key.as_ref().filter(|_| !is_resumed(&envelope));
+    let key = envelope
+        .idempotency_key
+        .as_ref()
+        .filter(|_| !is_resumed(&envelope));
     let duplicate = match key {
         Some(key) => match org
             .stores
@@ -201,7 +207,12 @@ async fn process(org: &Arc<OrgInner>, agent: &Arc<AgentRuntime>, envelope: Envel
         {
             Ok(first) => !first,
             Err(e) => {
-                report_error(org, agent.id(), None, format!("idempotency key {key} not checked: {e}"));
+                report_error(
+                    org,
+                    agent.id(),
+                    None,
+                    format!("idempotency key {key} not checked: {e}"),
+                );
                 false
             }
         },
@@ -220,7 +231,8 @@ async fn process(org: &Arc<OrgInner>, agent: &Arc<AgentRuntime>, envelope: Envel
         *agent.abort.lock().unwrap_or_else(|e| e.into_inner()) = Some(abort);
         let options = TurnOptions {
             send_reply: true,
-            round: meta_u64(&envelope, META_ROUND).map_or(0, |r| u32::try_from(r).unwrap_or(u32::MAX)),
+            round: meta_u64(&envelope, META_ROUND)
+                .map_or(0, |r| u32::try_from(r).unwrap_or(u32::MAX)),
             ..TurnOptions::default()
         };
         let turn = Abortable::new(
@@ -276,12 +288,7 @@ async fn process(org: &Arc<OrgInner>, agent: &Arc<AgentRuntime>, envelope: Envel
     }
     if persisted {
         // Removed only now that it was processed: a crash before this point hands it over again.
-        if let Err(e) = org
-            .stores
-            .deliveries
-            .remove(agent.id(), &envelope.id)
-            .await
-        {
+        if let Err(e) = org.stores.deliveries.remove(agent.id(), &envelope.id).await {
             report_error(org, agent.id(), None, format!("pending delivery kept: {e}"));
         }
     }
@@ -340,7 +347,12 @@ async fn run_task(org: &Arc<OrgInner>, agent: &Arc<AgentRuntime>, envelope: Enve
             return;
         }
         Err(e) => {
-            report_error(org, agent.id(), None, format!("task {number} not read: {e}"));
+            report_error(
+                org,
+                agent.id(),
+                None,
+                format!("task {number} not read: {e}"),
+            );
             return;
         }
     }
@@ -394,7 +406,10 @@ async fn report_to_parent(org: &OrgInner, agent: &AgentRuntime, text: String) {
 
 /// Remembers the external sources of `current`, per channel.
 fn remember_sources(agent: &AgentRuntime, current: &[Envelope]) {
-    let mut known = agent.reply_sources.lock().unwrap_or_else(|e| e.into_inner());
+    let mut known = agent
+        .reply_sources
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
     for envelope in current {
         if matches!(envelope.source, Source::External { .. }) {
             known.insert(envelope.channel.clone(), envelope.source.clone());
@@ -429,10 +444,9 @@ pub(crate) fn system_prompt(
     let me = agent.id();
     let name = |id: &AgentId| org.display_name(id);
     let chart = policy::org_chart(&graph, me);
-    let org_context = (!chart.superiors.is_empty()
-        || !chart.subordinates.is_empty()
-        || !chart.peers.is_empty())
-    .then(|| OrgContext::from_chart(&chart, name));
+    let org_context =
+        (!chart.superiors.is_empty() || !chart.subordinates.is_empty() || !chart.peers.is_empty())
+            .then(|| OrgContext::from_chart(&chart, name));
     let link_context = channel.as_link().and_then(|(owner, peer)| {
         if &owner != me {
             return None;
@@ -473,9 +487,10 @@ fn tool_definitions(
                 .into_iter()
                 .map(|(id, name)| crate::prompts::AgentSummary { id, name })
                 .collect();
-            definition.description = org.inner.prompts.render_send_agent_message(
-                &crate::prompts::SendAgentMessageContext { targets },
-            )?;
+            definition.description = org
+                .inner
+                .prompts
+                .render_send_agent_message(&crate::prompts::SendAgentMessageContext { targets })?;
         }
     }
     Ok(definitions)
@@ -579,9 +594,12 @@ pub(crate) async fn run_turn(
                     );
                 }
             }
-            let mut event = inner.event(&me, EventKind::TurnFinished {
-                rounds: total_rounds,
-            });
+            let mut event = inner.event(
+                &me,
+                EventKind::TurnFinished {
+                    rounds: total_rounds,
+                },
+            );
             event.channel = Some(reply_channel);
             event.task = options.task.clone();
             inner.emit(event);
@@ -609,10 +627,13 @@ pub(crate) async fn run_turn(
                 }
                 Err(e) => (e.to_model_text(), false),
             };
-            let mut event = inner.event(&me, EventKind::ToolCalled {
-                tool: call.name.clone(),
-                ok,
-            });
+            let mut event = inner.event(
+                &me,
+                EventKind::ToolCalled {
+                    tool: call.name.clone(),
+                    ok,
+                },
+            );
             event.channel = Some(reply_channel.clone());
             event.task = options.task.clone();
             inner.emit(event);
@@ -631,9 +652,12 @@ pub(crate) async fn run_turn(
             messages.push(ChatMessage::tool(call.id.clone(), text));
         }
         if let Some(text) = ended {
-            let mut event = inner.event(&me, EventKind::TurnFinished {
-                rounds: total_rounds,
-            });
+            let mut event = inner.event(
+                &me,
+                EventKind::TurnFinished {
+                    rounds: total_rounds,
+                },
+            );
             event.channel = Some(reply_channel);
             event.task = options.task.clone();
             inner.emit(event);
@@ -683,9 +707,12 @@ pub(crate) async fn run_turn(
                 }
             }
         }
-        let mut event = inner.event(&me, EventKind::Steered {
-            merged: current.len(),
-        });
+        let mut event = inner.event(
+            &me,
+            EventKind::Steered {
+                merged: current.len(),
+            },
+        );
         event.channel = current.first().map(|e| e.channel.clone());
         event.task = options.task.clone();
         inner.emit(event);

@@ -26,10 +26,7 @@ pub fn to_messages(records: &[ChannelRecord]) -> Vec<crate::llm::ChatMessage> {
                     format!("[{}] {}", rec.author, rec.content)
                 })),
                 RecordKind::Assistant => Some(ChatMessage::assistant(rec.content.clone())),
-                RecordKind::Sent => Some(ChatMessage::assistant(format!(
-                    "(sent) {}",
-                    rec.content
-                ))),
+                RecordKind::Sent => Some(ChatMessage::assistant(format!("(sent) {}", rec.content))),
                 RecordKind::System => Some(ChatMessage::user(format!("[system] {}", rec.content))),
                 _ => None,
             }

@@ -303,7 +303,10 @@ mod tests {
         q.push(env(&a, "y")).unwrap();
         let rest = q.close();
         assert_eq!(rest.len(), 1);
-        assert!(matches!(q.push(env(&a, "z")), Err(QueueError::Closed { .. })));
+        assert!(matches!(
+            q.push(env(&a, "z")),
+            Err(QueueError::Closed { .. })
+        ));
         assert_eq!(q.recv().now_or_never(), Some(None));
     }
 }

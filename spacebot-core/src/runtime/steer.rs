@@ -89,7 +89,13 @@ mod tests {
 
     fn env(kind: EnvelopeKind, text: &str) -> Envelope {
         let a = AgentId::parse("a").unwrap();
-        Envelope::new(Source::System, ChannelId::portal(&a), kind, text, Timestamp(0))
+        Envelope::new(
+            Source::System,
+            ChannelId::portal(&a),
+            kind,
+            text,
+            Timestamp(0),
+        )
     }
 
     #[test]

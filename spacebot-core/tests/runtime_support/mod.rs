@@ -1,5 +1,7 @@
 //! Shared set-up for the runtime tests.
 #![allow(dead_code, unreachable_pub)]
+// Test set-up: a failure should stop the test with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -57,7 +59,11 @@ pub struct Harness {
     pub clock: ManualClock,
 }
 
-pub async fn harness(llm: Arc<dyn LlmProvider>, settings: &str, tools: Vec<Arc<dyn Tool>>) -> Harness {
+pub async fn harness(
+    llm: Arc<dyn LlmProvider>,
+    settings: &str,
+    tools: Vec<Arc<dyn Tool>>,
+) -> Harness {
     let stores = Stores::memory();
     let events = Arc::new(RecordingSink::new());
     let clock = ManualClock::new(1_000);
@@ -94,7 +100,10 @@ impl Harness {
     pub async fn wait_for(&self, what: &str, pred: impl Fn(&RecordingSink) -> bool) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while !pred(&self.events) {
-            assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting for {what}"
+            );
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
     }
@@ -117,7 +126,11 @@ impl Tool for EchoTool {
             }),
         }
     }
-    async fn call(&self, _ctx: &ToolContext, args: serde_json::Value) -> Result<ToolOutput, ToolError> {
+    async fn call(
+        &self,
+        _ctx: &ToolContext,
+        args: serde_json::Value,
+    ) -> Result<ToolOutput, ToolError> {
         #[derive(serde::Deserialize)]
         struct Args {
             text: String,
@@ -140,7 +153,11 @@ impl Tool for BrokenTool {
             parameters: serde_json::json!({"type": "object"}),
         }
     }
-    async fn call(&self, _ctx: &ToolContext, _args: serde_json::Value) -> Result<ToolOutput, ToolError> {
+    async fn call(
+        &self,
+        _ctx: &ToolContext,
+        _args: serde_json::Value,
+    ) -> Result<ToolOutput, ToolError> {
         Err(ToolError::failed("broken", "the disk is on fire"))
     }
 }
@@ -162,7 +179,11 @@ impl Tool for PingTool {
             }),
         }
     }
-    async fn call(&self, ctx: &ToolContext, args: serde_json::Value) -> Result<ToolOutput, ToolError> {
+    async fn call(
+        &self,
+        ctx: &ToolContext,
+        args: serde_json::Value,
+    ) -> Result<ToolOutput, ToolError> {
         #[derive(serde::Deserialize)]
         struct Args {
             target: String,
