@@ -59,11 +59,22 @@ async fn open(h: &mut Harness, llm: &ScriptedLlm, members: &[&str], message: &st
         json!({"members": members, "message": message}),
     );
     llm.push_text(&id("a"), "opened");
+    let before: Vec<_> = h
+        .all_conversations()
+        .await
+        .into_iter()
+        .map(|c| c.id)
+        .collect();
     h.org.deliver("a", chat("a", "gather them")).await.unwrap();
     assert_eq!(h.reply().await.content, "opened");
     h.quiesce().await;
     let all = h.all_conversations().await;
-    all.into_iter().last().unwrap()
+    if let Some(new) = all.iter().find(|c| !before.contains(&c.id)) {
+        return new.clone();
+    }
+    all.into_iter()
+        .find(|c| c.status == ConversationStatus::Open)
+        .expect("a new or an open conversation")
 }
 
 fn conv_lines(lines: &[(RecordKind, String)]) -> Vec<(RecordKind, String)> {
