@@ -4,6 +4,8 @@
 //! ever raised, results reach the `initiated_from` channel and no other, and nothing of a
 //! conversation leaks to the outbound.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod conversation_support;
 
 use std::collections::HashMap;
