@@ -20,9 +20,9 @@
 //! remaining budget, same history); a severed one stays severed. When an agent's session ends, its
 //! open conversations are severed.
 //!
-//! The runtime calls into this module at two points: [`route_reply`] when a turn produced a final
+//! The runtime calls into this module at two points: `route_reply` when a turn produced a final
 //! answer (a reply in a conversation channel goes to the other members instead of the agent's
-//! outbound), and [`on_agent_stopped`] when an agent's session ends.
+//! outbound), and `on_agent_stopped` when an agent's session ends.
 
 mod tools;
 
