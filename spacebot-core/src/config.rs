@@ -645,6 +645,25 @@ impl OrgConfig {
         settings
     }
 
+    /// Checks a configuration built in code (or deserialized with serde, which checks only the
+    /// shape) by the same rules, and with the same messages, as [`from_toml_str`](Self::from_toml_str).
+    ///
+    /// ```
+    /// use spacebot_core::config::{AgentConfig, OrgConfig};
+    /// use spacebot_core::AgentId;
+    /// let agent = AgentConfig { id: AgentId::parse("a").unwrap(), name: "A".into(), workspace: None };
+    /// let config = OrgConfig { agents: vec![agent.clone(), agent], ..Default::default() };
+    /// let err = config.validate().unwrap_err();
+    /// assert!(err.to_string().contains("agents[1] (a): field \"id\": duplicate agent id"));
+    /// ```
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let text = self.to_toml_string().map_err(|e| ConfigError::Syntax {
+            path: None,
+            message: e.to_string(),
+        })?;
+        Self::from_toml_str(&text).map(|_| ())
+    }
+
     /// Reads and validates the configuration file at `path`; errors name the file.
     pub fn load(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
         let path = path.as_ref();

@@ -33,15 +33,18 @@ use crate::ids::{AgentId, ChannelId, TaskRef};
 use crate::llm::ToolDefinition;
 use crate::org::Organization;
 use crate::policy;
+use crate::runtime::queue::AgentQueue;
 use crate::task::{
     CompletionNotice, Expect, NewTask, Priority, Task, TaskEvent, TaskFilter, TaskMetadata,
     TaskStatus, Transition, truncate_chars,
 };
-use crate::runtime::queue::AgentQueue;
 use crate::tools::{Tool, ToolContext, ToolError, ToolOutput, parse_args};
 
-/// How long a claim lasts before the task goes back to ready (renewed at every checkpoint of a
-/// running turn).
+/// How long a claim lasts before the task goes back to ready. A task run as a turn of the agent's
+/// tool loop renews its lease at every checkpoint (after each tool round), so only a single model
+/// call or tool round longer than this loses it. A worker whose lease expired loses the task: it is
+/// requeued (one attempt used), and the late worker's next renewal or result is refused, since every
+/// claim has its own holder id.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(600);
 /// How often (by the organization's clock) each task loop looks for expired leases.
 pub const LEASE_CHECK_INTERVAL: Duration = Duration::from_secs(30);
@@ -208,7 +211,9 @@ impl Organization {
             });
         };
         if message.trim().is_empty() {
-            return Err(InvalidInput::new("message", "a delegated task needs a description").into());
+            return Err(
+                InvalidInput::new("message", "a delegated task needs a description").into(),
+            );
         }
         let limit = inner.settings.max_delegation_depth.max(1) as u32 * 2;
         if origin.round >= limit {
@@ -225,7 +230,22 @@ impl Organization {
                     .get(&task_ref.agent, task_ref.number)
                     .await?
                     .ok_or_else(|| StoreError::not_found(format!("task {task_ref}")))?;
-                (task.metadata.delegation_chain.clone(), Some(task_ref.clone()))
+                // Only the worker on a running task delegates from it; a stale worker whose task
+                // moved on must not leave a child nobody waits for.
+                if task.status != TaskStatus::InProgress {
+                    return Err(InvalidInput::new(
+                        "origin task",
+                        format!(
+                            "task {task_ref} is {}, not in_progress; only its current worker may delegate from it",
+                            task.status
+                        ),
+                    )
+                    .into());
+                }
+                (
+                    task.metadata.delegation_chain.clone(),
+                    Some(task_ref.clone()),
+                )
             }
             None => (Vec::new(), None),
         };
@@ -267,7 +287,7 @@ impl Organization {
         let now = inner.clock.now();
         let task = inner.stores.tasks.create(&target_id, new, now).await?;
         if let Some(parent) = &parent_task {
-            inner
+            let added = inner
                 .stores
                 .tasks
                 .transition(
@@ -279,7 +299,23 @@ impl Organization {
                     },
                     now,
                 )
-                .await?;
+                .await;
+            if let Err(e) = added {
+                // The parent ended meanwhile: withdraw the child so it does not run for nobody.
+                let reason = format!("withdrawn: task {parent} no longer waits for it ({e})");
+                let _ = inner
+                    .stores
+                    .tasks
+                    .transition(
+                        &target_id,
+                        task.number,
+                        Expect::any(),
+                        TaskEvent::Cancel { reason },
+                        now,
+                    )
+                    .await;
+                return Err(e.into());
+            }
         }
         let text = format!(
             "{} assigned task #{} to {}: {}",
@@ -409,7 +445,12 @@ impl Organization {
         for notice in pending {
             match self.deliver_notice(&notice).await {
                 Ok(()) => {
-                    if let Err(e) = self.inner.stores.tasks.outbox_mark_sent(agent, &notice.key).await
+                    if let Err(e) = self
+                        .inner
+                        .stores
+                        .tasks
+                        .outbox_mark_sent(agent, &notice.key)
+                        .await
                     {
                         crate::runtime::agent::report_error(
                             &self.inner,
@@ -423,7 +464,10 @@ impl Organization {
                     &self.inner,
                     agent,
                     None,
-                    format!("notice {} not delivered (kept in the outbox): {e}", notice.key),
+                    format!(
+                        "notice {} not delivered (kept in the outbox): {e}",
+                        notice.key
+                    ),
                 ),
             }
         }
@@ -435,13 +479,13 @@ impl Organization {
         let target = &notice.task.agent;
         let delegator = &notice.delegated_by;
         let now = inner.clock.now();
-        let verb = match notice.status {
-            TaskStatus::Done => "completed",
-            TaskStatus::Failed => "failed",
-            _ => "cancelled",
-        };
         let summary = truncate_chars(&notice.outcome, 200);
-        let record_text = format!("{target} {verb} task #{}: {summary}", notice.task.number);
+        let number = notice.task.number;
+        let record_text = match notice.status {
+            TaskStatus::Done => format!("{target} completed task #{number}: {summary}"),
+            TaskStatus::Failed => format!("{target}'s worker failed on task #{number}: {summary}"),
+            _ => format!("task #{number} assigned to {target} was cancelled: {summary}"),
+        };
         // Passive records in both link channels, each written once per notice.
         for (owner, peer) in [(target, delegator), (delegator, target)] {
             let key = format!("record:{}", notice.key);
@@ -581,7 +625,8 @@ pub(crate) async fn run_task_loop(
     use futures::StreamExt;
     let inner = org.inner.clone();
     let me = agent.id().clone();
-    let holder = format!("{me}:worker:{}", uuid::Uuid::new_v4().simple());
+    let loop_id = uuid::Uuid::new_v4().simple().to_string();
+    let mut claims: u64 = 0;
     let executor = agent.spec.executor.clone();
     let limit = inner.settings.task_concurrency.max(1);
     loop {
@@ -612,6 +657,10 @@ pub(crate) async fn run_task_loop(
         }
         org.flush_outbox(&me).await;
         while agent.running_tasks() < limit {
+            // Every claim gets its own holder id: a worker that outlived its lease cannot complete
+            // the task once another attempt claimed it.
+            claims += 1;
+            let holder = format!("{me}:worker:{loop_id}:{claims}");
             let claimed = inner
                 .stores
                 .tasks
@@ -649,12 +698,15 @@ pub(crate) async fn run_task_loop(
                     };
                     let executor = executor.clone();
                     let org2 = org.clone();
-                    let agent2 = agent.clone();
                     let holder2 = holder.clone();
+                    // Gives the slot back however the executor ends, a panic included; the lease
+                    // of a crashed attempt then expires and the task is requeued.
+                    let slot = SlotGuard(agent.clone());
                     inner.spawner.spawn(Box::pin(async move {
                         let number = task.number;
                         let result = executor.execute(ctx, task).await;
-                        finish_task(&org2, &agent2, number, &holder2, result).await;
+                        record_outcome(&org2, slot.0.id(), number, &holder2, result).await;
+                        drop(slot);
                     }));
                 }
             }
@@ -662,11 +714,34 @@ pub(crate) async fn run_task_loop(
         let sleep = inner.clock.sleep(LEASE_CHECK_INTERVAL);
         let rung = doorbell.next();
         futures::pin_mut!(rung);
-        match futures::future::select(rung, sleep).await {
-            futures::future::Either::Left((None, _)) => break,
-            _ => {}
+        if let futures::future::Either::Left((None, _)) = futures::future::select(rung, sleep).await
+        {
+            break;
         }
     }
+}
+
+/// Frees one task slot of an agent when dropped, and wakes its task loop.
+struct SlotGuard(Arc<crate::org::AgentRuntime>);
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        self.0.task_finished();
+        self.0.ring();
+    }
+}
+
+/// The delegation round a turn on `task` runs at: the round of the delegation that created it,
+/// plus one for every child it delegated already, so a worker that re-delegates each time it
+/// resumes reaches the round limit.
+fn task_round(task: &Task) -> u64 {
+    let base = task
+        .metadata
+        .extra
+        .get(META_ROUND)
+        .and_then(serde_json::Value::as_u64)
+        .unwrap_or(0);
+    base.saturating_add(task.metadata.children.len() as u64)
 }
 
 /// Hands a claimed task to the agent's own loop, as a task envelope in its queue.
@@ -689,16 +764,16 @@ async fn dispatch_to_queue(
     envelope
         .metadata
         .insert(META_HOLDER.into(), serde_json::Value::String(holder.into()));
-    if let Some(round) = task.metadata.extra.get(META_ROUND) {
-        envelope.metadata.insert(META_ROUND.into(), round.clone());
-    }
+    envelope
+        .metadata
+        .insert(META_ROUND.into(), serde_json::Value::from(task_round(task)));
     if let Err(e) = org.inner.enqueue(agent.id(), envelope, true).await {
         // The agent is gone: give the attempt back.
         finish_task(org, agent, task.number, holder, Err(e.to_string())).await;
     }
 }
 
-/// Records the outcome of one attempt.
+/// Records the outcome of one attempt run through the agent's queue and frees its slot.
 pub(crate) async fn finish_task(
     org: &Organization,
     agent: &crate::org::AgentRuntime,
@@ -706,7 +781,19 @@ pub(crate) async fn finish_task(
     holder: &str,
     result: Result<TaskOutcome, String>,
 ) {
-    let me = agent.id();
+    record_outcome(org, agent.id(), number, holder, result).await;
+    agent.task_finished();
+    agent.ring();
+}
+
+/// Records the outcome of one attempt: complete, wait or fail (requeue or fail for good).
+async fn record_outcome(
+    org: &Organization,
+    me: &AgentId,
+    number: u64,
+    holder: &str,
+    result: Result<TaskOutcome, String>,
+) {
     let event = match result {
         Ok(TaskOutcome::Done(result)) => TaskEvent::Complete {
             holder: holder.to_string(),
@@ -728,8 +815,6 @@ pub(crate) async fn finish_task(
             format!("task {me}#{number} not updated: {e}"),
         );
     }
-    agent.task_finished();
-    agent.ring();
 }
 
 /// The `send_agent_message` tool: delegation as a task on the target's board.
@@ -820,8 +905,8 @@ impl Tool for TaskCreate {
     fn definition(&self) -> ToolDefinition {
         ToolDefinition {
             name: "task_create".into(),
-            description: "Add a task to your own board. It is ready to run unless `backlog` is true."
-                .into(),
+            description:
+                "Add a task to your own board. It is ready to run unless `backlog` is true.".into(),
             parameters: serde_json::json!({
                 "type": "object",
                 "properties": {
@@ -914,10 +999,14 @@ impl Tool for TaskList {
                     .org
                     .resolve(name)
                     .map_err(|e| ToolError::failed("task_list", e.to_string()))?;
-                if id != ctx.agent && !policy::is_superior(&ctx.org.graph(), ctx.agent.as_str(), id.as_str()) {
+                if id != ctx.agent
+                    && !policy::is_superior(&ctx.org.graph(), ctx.agent.as_str(), id.as_str())
+                {
                     return Err(ToolError::failed(
                         "task_list",
-                        format!("{id} does not report to you; you can list only your own board and your subordinates' boards"),
+                        format!(
+                            "{id} does not report to you; you can list only your own board and your subordinates' boards"
+                        ),
                     ));
                 }
                 id
@@ -925,11 +1014,11 @@ impl Tool for TaskList {
         };
         let mut filter = TaskFilter::default();
         if let Some(status) = &args.status {
-            filter.statuses.push(
-                status
-                    .parse()
-                    .map_err(|e: InvalidInput| ToolError::invalid_arguments("task_list", e.to_string()))?,
-            );
+            filter
+                .statuses
+                .push(status.parse().map_err(|e: InvalidInput| {
+                    ToolError::invalid_arguments("task_list", e.to_string())
+                })?);
         }
         let tasks = ctx
             .org
@@ -943,7 +1032,12 @@ impl Tool for TaskList {
         }
         let lines: Vec<String> = tasks
             .iter()
-            .map(|t| format!("#{} [{}] {} ({})", t.number, t.status, t.title, t.created_by))
+            .map(|t| {
+                format!(
+                    "#{} [{}] {} ({})",
+                    t.number, t.status, t.title, t.created_by
+                )
+            })
             .collect();
         Ok(ToolOutput::text(lines.join("\n")))
     }
@@ -994,7 +1088,9 @@ impl Tool for TaskUpdate {
             "schedule" => TaskEvent::Schedule,
             "park" => TaskEvent::Park,
             "cancel" => TaskEvent::Cancel {
-                reason: args.reason.unwrap_or_else(|| format!("cancelled by {}", ctx.agent)),
+                reason: args
+                    .reason
+                    .unwrap_or_else(|| format!("cancelled by {}", ctx.agent)),
             },
             other => {
                 return Err(ToolError::invalid_arguments(

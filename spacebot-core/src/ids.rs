@@ -13,9 +13,16 @@ use crate::error::InvalidInput;
 macro_rules! string_id {
     ($(#[$meta:meta])* $name:ident) => {
         $(#[$meta])*
-        #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+        #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
         #[serde(transparent)]
         pub struct $name(String);
+
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                let text = String::deserialize(deserializer)?;
+                Self::from_wire(text).map_err(serde::de::Error::custom)
+            }
+        }
 
         impl $name {
             /// The id as a string slice.
@@ -87,6 +94,13 @@ impl AgentId {
     }
 }
 
+impl AgentId {
+    /// Deserialized ids are validated like parsed ones.
+    fn from_wire(text: String) -> Result<Self, InvalidInput> {
+        Self::parse(text)
+    }
+}
+
 impl TryFrom<&str> for AgentId {
     type Error = InvalidInput;
     fn try_from(value: &str) -> Result<Self, Self::Error> {
@@ -100,6 +114,10 @@ string_id!(
 );
 
 impl LinkId {
+    fn from_wire(text: String) -> Result<Self, InvalidInput> {
+        Ok(Self(text))
+    }
+
     /// Wraps an existing link id (for example one read back from a store).
     pub fn new(id: impl Into<String>) -> Self {
         Self(id.into())
@@ -120,6 +138,10 @@ string_id!(
 );
 
 impl ChannelId {
+    fn from_wire(text: String) -> Result<Self, InvalidInput> {
+        Ok(Self(text))
+    }
+
     /// Wraps a channel id.
     pub fn new(id: impl Into<String>) -> Self {
         Self(id.into())
@@ -156,6 +178,10 @@ string_id!(
 );
 
 impl EnvelopeId {
+    fn from_wire(text: String) -> Result<Self, InvalidInput> {
+        Ok(Self(text))
+    }
+
     /// Wraps an existing envelope id.
     pub fn new(id: impl Into<String>) -> Self {
         Self(id.into())
@@ -173,6 +199,10 @@ string_id!(
 );
 
 impl ConversationId {
+    fn from_wire(text: String) -> Result<Self, InvalidInput> {
+        Ok(Self(text))
+    }
+
     /// Wraps an existing conversation id.
     pub fn new(id: impl Into<String>) -> Self {
         Self(id.into())
@@ -218,6 +248,13 @@ mod tests {
         for good in ["a", "A-b_c.d", "chief-ai-officer", &"x".repeat(64)] {
             assert!(AgentId::parse(good).is_ok(), "{good:?} refused");
         }
+    }
+
+    #[test]
+    fn deserialized_agent_ids_are_validated() {
+        assert!(serde_json::from_str::<AgentId>("\"support\"").is_ok());
+        let err = serde_json::from_str::<AgentId>("\"../etc\"").unwrap_err();
+        assert!(err.to_string().contains("agent id"), "{err}");
     }
 
     #[test]

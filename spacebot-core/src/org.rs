@@ -260,6 +260,9 @@ pub(crate) struct AgentRuntime {
     pub(crate) doorbell: Mutex<Option<mpsc::Sender<()>>>,
     /// Tasks claimed and not finished yet.
     pub(crate) running_tasks: AtomicUsize,
+    /// The last external source seen per channel: a reply to a system message (a retrigger) in that
+    /// channel goes to the same place. Kept in memory only.
+    pub(crate) reply_sources: Mutex<HashMap<ChannelId, Source>>,
 }
 
 impl AgentRuntime {
@@ -426,7 +429,7 @@ impl OrganizationBuilder {
         let spawner = self.spawner.ok_or(OrgError::Missing("a spawner"))?;
         let clock = self.clock.ok_or(OrgError::Missing("a clock"))?;
         let config = self.config;
-        validate(&config)?;
+        config.validate()?;
         for agent in self.agent_outbounds.keys().chain(self.executors.keys()) {
             if !config.agents.iter().any(|a| &a.id == agent) {
                 return Err(OrgError::UnknownAgent(agent.clone()));
@@ -479,15 +482,6 @@ impl OrganizationBuilder {
             }),
         })
     }
-}
-
-/// Checks a configuration built in code with the same rules (and messages) as one read from TOML.
-fn validate(config: &OrgConfig) -> Result<(), OrgError> {
-    let text = config
-        .to_toml_string()
-        .map_err(|e| InvalidInput::new("organization config", e.to_string()))?;
-    OrgConfig::from_toml_str(&text)?;
-    Ok(())
 }
 
 fn agent_spec(
@@ -565,10 +559,10 @@ impl OrgInner {
                     }
                     Err((QueueError::Full { .. }, envelope)) => {
                         rt.pending.store(true, Ordering::Release);
-                        envelope
+                        *envelope
                     }
                     // Closed: the agent is stopping and its queue goes to the store; so does this.
-                    Err((_, envelope)) => envelope,
+                    Err((_, envelope)) => *envelope,
                 },
                 Some(Slot::Stopped(_)) => envelope,
                 Some(Slot::Ended) => {
@@ -671,6 +665,16 @@ impl Organization {
     pub fn queue_len(&self, agent: &AgentId) -> Option<usize> {
         match self.inner.slot(agent) {
             Some(Slot::Running(rt)) => Some(rt.queue.len()),
+            _ => None,
+        }
+    }
+
+    /// Takes every envelope waiting in a running agent's queue, without processing it (for an
+    /// application that moves work elsewhere, or to measure delivery alone). The envelopes are the
+    /// caller's from then on; `None` when the agent is not running.
+    pub fn take_queued(&self, agent: &AgentId) -> Option<Vec<Envelope>> {
+        match self.inner.slot(agent) {
+            Some(Slot::Running(rt)) => Some(rt.queue.drain()),
             _ => None,
         }
     }
@@ -878,6 +882,7 @@ impl Organization {
             stopped: Mutex::new(Some(done_rx)),
             doorbell: Mutex::new(Some(bell_tx)),
             running_tasks: AtomicUsize::new(0),
+            reply_sources: Mutex::new(HashMap::new()),
         });
         // Handed over past the bound: these were admitted before.
         for envelope in pending.into_iter().rev() {

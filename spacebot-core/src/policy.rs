@@ -48,10 +48,12 @@ pub struct LinkGraph {
     agents: Vec<AgentId>,
     /// Sorted by `(from, to)`, one per ordered pair.
     links: Vec<AgentLink>,
-    /// `from -> to -> index into links`.
-    pairs: HashMap<AgentId, HashMap<AgentId, usize>>,
-    /// `agent -> indexes of the links with the agent at either end`, sorted.
-    by_agent: HashMap<AgentId, Vec<usize>>,
+    /// `agent -> position in agents`.
+    index: HashMap<AgentId, usize>,
+    /// Per agent position: `(to position, link index)` of its outgoing links, sorted by `to`.
+    outgoing: Vec<Vec<(usize, usize)>>,
+    /// Per agent position: indexes of the links with the agent at either end, sorted.
+    touching: Vec<Vec<usize>>,
 }
 
 impl LinkGraph {
@@ -75,25 +77,28 @@ impl LinkGraph {
         agents.sort();
         agents.dedup();
 
-        let mut pairs: HashMap<AgentId, HashMap<AgentId, usize>> = HashMap::new();
-        let mut by_agent: HashMap<AgentId, Vec<usize>> =
-            agents.iter().map(|a| (a.clone(), Vec::new())).collect();
+        let index: HashMap<AgentId, usize> = agents
+            .iter()
+            .enumerate()
+            .map(|(i, a)| (a.clone(), i))
+            .collect();
+        let mut outgoing = vec![Vec::new(); agents.len()];
+        let mut touching = vec![Vec::new(); agents.len()];
         for (i, link) in links.iter().enumerate() {
-            pairs
-                .entry(link.from.clone())
-                .or_default()
-                .insert(link.to.clone(), i);
-            for end in [&link.from, &link.to] {
-                if let Some(list) = by_agent.get_mut(end.as_str()) {
-                    list.push(i);
-                }
+            // Every end is in `index` (added above); links are sorted by (from, to), so each
+            // outgoing list comes out sorted by `to`.
+            if let (Some(&f), Some(&t)) = (index.get(&link.from), index.get(&link.to)) {
+                outgoing[f].push((t, i));
+                touching[f].push(i);
+                touching[t].push(i);
             }
         }
         Self {
             agents,
             links,
-            pairs,
-            by_agent,
+            index,
+            outgoing,
+            touching,
         }
     }
 
@@ -108,14 +113,13 @@ impl LinkGraph {
 
     /// The link for the exact ordered pair `(from, to)`; it does not look at `(to, from)`.
     pub fn between(&self, from: &str, to: &str) -> Option<&AgentLink> {
-        let i = *self.pairs.get(from)?.get(to)?;
-        self.links.get(i)
+        self.link_at(self.position(from)?, self.position(to)?)
     }
 
     /// Every link with `agent` at either end, sorted by `(from, to)`.
     pub fn links_of<'a>(&'a self, agent: &str) -> impl Iterator<Item = &'a AgentLink> + 'a {
-        self.by_agent
-            .get(agent)
+        self.position(agent)
+            .and_then(|p| self.touching.get(p))
             .map(Vec::as_slice)
             .unwrap_or_default()
             .iter()
@@ -134,12 +138,36 @@ impl LinkGraph {
 
     /// Whether `agent` is known.
     pub fn contains(&self, agent: &str) -> bool {
-        self.by_agent.contains_key(agent)
+        self.index.contains_key(agent)
+    }
+
+    fn position(&self, agent: &str) -> Option<usize> {
+        self.index.get(agent).copied()
+    }
+
+    fn link_at(&self, from: usize, to: usize) -> Option<&AgentLink> {
+        let out = self.outgoing.get(from)?;
+        let at = out.binary_search_by_key(&to, |&(t, _)| t).ok()?;
+        self.links.get(out.get(at)?.1)
     }
 
     /// The links in both directions between `a` and `b`: `(a -> b, b -> a)`.
     fn pair(&self, a: &str, b: &str) -> (Option<&AgentLink>, Option<&AgentLink>) {
-        (self.between(a, b), self.between(b, a))
+        self.pair_with_known(a, b).unwrap_or((None, None))
+    }
+
+    /// Like [`pair`](Self::pair), but `None` when `target` is not a known agent.
+    #[allow(clippy::type_complexity)]
+    fn pair_with_known(
+        &self,
+        actor: &str,
+        target: &str,
+    ) -> Option<(Option<&AgentLink>, Option<&AgentLink>)> {
+        let t = self.position(target)?;
+        Some(match self.position(actor) {
+            Some(a) => (self.link_at(a, t), self.link_at(t, a)),
+            None => (None, None),
+        })
     }
 }
 
@@ -167,10 +195,9 @@ fn start_rules<'g>(
     if actor.as_str() == target {
         return Err(deny(actor, target, action, DenialReason::SelfTarget));
     }
-    if !graph.contains(target) {
+    let Some((forward, reverse)) = graph.pair_with_known(actor.as_str(), target) else {
         return Err(deny(actor, target, action, DenialReason::UnknownAgent));
-    }
-    let (forward, reverse) = graph.pair(actor.as_str(), target);
+    };
     let candidates = [forward, reverse];
     let mut links = candidates.iter().flatten();
     if let Some(link) = links
@@ -233,10 +260,9 @@ pub fn check_answer<'g, T: AsRef<str> + ?Sized>(
     if actor.as_str() == target {
         return Err(deny(actor, target, action, DenialReason::SelfTarget));
     }
-    if !graph.contains(target) {
+    let Some((forward, reverse)) = graph.pair_with_known(actor.as_str(), target) else {
         return Err(deny(actor, target, action, DenialReason::UnknownAgent));
-    }
-    let (forward, reverse) = graph.pair(actor.as_str(), target);
+    };
     let link = match [reverse, forward].into_iter().flatten().find(|l| l.enabled) {
         Some(link) => link,
         None if forward.is_none() && reverse.is_none() => {

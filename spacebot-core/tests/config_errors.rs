@@ -242,7 +242,7 @@ fn error_unknown_field() {
     );
     assert_eq!(
         single_issue("[settings]\nmax_depth = 3"),
-        "settings: field \"max_depth\": unknown field; expected approval, max_delegation_depth, max_tool_rounds, queue_capacity, conversation_turn_budget"
+        "settings: field \"max_depth\": unknown field; expected approval, max_delegation_depth, max_tool_rounds, queue_capacity, conversation_turn_budget, task_concurrency"
     );
     assert_eq!(
         single_issue("[agent]\nid = \"x\""),
@@ -366,6 +366,17 @@ fn sync_links_lets_config_win_and_keeps_other_links() {
             "links config does not name stay"
         );
 
+        // The runtime's policy snapshot comes from the store: it sees the stored id and the
+        // link created at run time.
+        let graph = spacebot_core::LinkGraph::load(&store, config.agent_ids().cloned())
+            .await
+            .unwrap();
+        assert_eq!(
+            graph.between("support", "engineering").map(|l| &l.id),
+            Some(&stale.id)
+        );
+        assert!(spacebot_core::policy::check_start(&graph, &id("ops"), "support").is_ok());
+
         // A fresh store gets the config's own ids.
         let fresh = MemoryLinkStore::new();
         config.sync_links(&fresh, Timestamp(7)).await.unwrap();
@@ -373,4 +384,31 @@ fn sync_links_lets_config_win_and_keeps_other_links() {
         assert_eq!(links, config.links_at(Timestamp(7)));
         assert_eq!(links[0].id.as_str(), "support:engineering");
     });
+}
+
+#[test]
+fn validate_checks_configs_built_in_code() {
+    let mut config = OrgConfig::from_toml_str(AGENTS).unwrap();
+    assert!(config.validate().is_ok());
+    // Deserializing refuses an agent id that `AgentId::parse` refuses ...
+    let bad = serde_json::from_value::<spacebot_core::config::AgentConfig>(
+        serde_json::json!({"id": "../etc", "name": "x"}),
+    );
+    assert!(bad.unwrap_err().to_string().contains("agent id"));
+    // ... and `validate` catches what serde cannot see: a duplicate agent and a self-link.
+    let duplicate = config.agents[0].clone();
+    config.agents.push(duplicate);
+    config.links.push(spacebot_core::config::LinkConfig {
+        from: id("support"),
+        to: id("support"),
+        direction: LinkDirection::OneWay,
+        relationship: LinkRelationship::Peer,
+        enabled: true,
+    });
+    let err = config.validate().unwrap_err();
+    let entries: Vec<&str> = err.issues().iter().map(|i| i.entry.as_str()).collect();
+    assert_eq!(
+        entries,
+        ["agents[2] (support)", "links[0] (support -> support)"]
+    );
 }

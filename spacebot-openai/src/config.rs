@@ -354,6 +354,11 @@ pub struct OpenAiConfig {
     pub retry: RetryPolicy,
     /// How the server differs from OpenAI.
     pub dialect: Dialect,
+    /// Refuse an answer whose tool-call arguments are not a JSON object, with
+    /// [`LlmError::MalformedResponse`](spacebot_core::LlmError::MalformedResponse) naming the tool
+    /// (default). When false, such arguments are passed on as written, for a runtime that answers
+    /// the model with a tool error instead.
+    pub check_tool_arguments: bool,
 }
 
 impl OpenAiConfig {
@@ -371,6 +376,7 @@ impl OpenAiConfig {
             stream_idle_timeout: Duration::from_secs(120),
             retry: RetryPolicy::default(),
             dialect: Dialect::openai(),
+            check_tool_arguments: true,
         }
     }
 
@@ -461,6 +467,13 @@ impl OpenAiConfig {
     /// This configuration with another dialect.
     pub fn with_dialect(mut self, dialect: Dialect) -> Self {
         self.dialect = dialect;
+        self
+    }
+
+    /// This configuration passing tool-call arguments on unchecked (see
+    /// [`check_tool_arguments`](Self::check_tool_arguments)).
+    pub fn with_check_tool_arguments(mut self, check: bool) -> Self {
+        self.check_tool_arguments = check;
         self
     }
 

@@ -71,7 +71,8 @@ impl ErrorDetail {
     }
 }
 
-/// An error object sent inside a stream (`data: {"error": {...}}`).
+/// An error object sent with HTTP 200: inside a stream (`data: {"error": {...}}`), or as the
+/// whole body by some proxies.
 pub(crate) fn stream_error(detail: ErrorDetail) -> LlmError {
     if detail.is_context_too_long() {
         return LlmError::ContextTooLong {
@@ -80,7 +81,10 @@ pub(crate) fn stream_error(detail: ErrorDetail) -> LlmError {
     }
     LlmError::Server {
         status: 200,
-        message: format!("error inside the stream: {}", detail.describe()),
+        message: format!(
+            "the server sent an error with HTTP 200: {}",
+            detail.describe()
+        ),
     }
 }
 

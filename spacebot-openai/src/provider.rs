@@ -266,7 +266,7 @@ impl Inner {
                 .bytes()
                 .await
                 .map_err(|e| transport_error(e, self.config.request_timeout))?;
-            Ok(parse_response(&bytes)?)
+            Ok(parse_response(&bytes, self.config.check_tool_arguments)?)
         })
         .await
     }
@@ -309,7 +309,9 @@ impl LlmProvider for OpenAiProvider {
             .await?;
         let state = StreamState {
             events: Box::pin(response.bytes_stream().eventsource()),
-            assembler: Some(StreamAssembler::new()),
+            assembler: Some(
+                StreamAssembler::new().check_arguments(self.inner.config.check_tool_arguments),
+            ),
             pending: VecDeque::new(),
             inner: Arc::clone(&self.inner),
         };

@@ -93,6 +93,7 @@ pub struct StreamAssembler {
     usage: Option<Usage>,
     done: bool,
     chunks: usize,
+    lenient_arguments: bool,
 }
 
 impl StreamAssembler {
@@ -212,6 +213,13 @@ impl StreamAssembler {
         })
     }
 
+    /// Whether [`finish`](Self::finish) refuses tool-call arguments that are not a JSON object
+    /// (the default: `true`).
+    pub fn check_arguments(mut self, check: bool) -> Self {
+        self.lenient_arguments = !check;
+        self
+    }
+
     /// Whether the stream said it was over: `[DONE]` arrived, or a finish reason did (some servers
     /// end without `[DONE]`). A body that ends before this was cut.
     pub fn is_complete(&self) -> bool {
@@ -238,7 +246,7 @@ impl StreamAssembler {
                 name: call.name,
                 arguments: call.arguments,
             };
-            tool_calls.push(check_tool_call(call, index)?);
+            tool_calls.push(check_tool_call(call, index, !self.lenient_arguments)?);
         }
         let content = if !self.content.is_empty() {
             Some(self.content)

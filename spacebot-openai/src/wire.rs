@@ -8,6 +8,7 @@ use spacebot_core::llm::{
 };
 
 use crate::config::{Dialect, MaxTokensField};
+use crate::error::{ErrorDetail, stream_error};
 
 /// A request body.
 #[derive(Debug, Serialize)]
@@ -224,6 +225,8 @@ pub(crate) struct WireResponse {
     choices: Vec<WireChoice>,
     #[serde(default)]
     usage: Option<WireUsage>,
+    #[serde(default)]
+    error: Option<ErrorDetail>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -282,13 +285,17 @@ impl From<WireUsage> for Usage {
 }
 
 /// Parses a non-streamed response body.
-pub(crate) fn parse_response(body: &[u8]) -> Result<ChatResponse, LlmError> {
+pub(crate) fn parse_response(body: &[u8], check_arguments: bool) -> Result<ChatResponse, LlmError> {
     let wire: WireResponse = serde_json::from_slice(body).map_err(|e| {
         LlmError::MalformedResponse(format!(
             "the response body is not a chat completion: {e} (body starts with {:?})",
             preview(body)
         ))
     })?;
+    if let (true, Some(error)) = (wire.choices.is_empty(), wire.error) {
+        // Some proxies answer HTTP 200 with an error object.
+        return Err(stream_error(error));
+    }
     let choice = wire
         .choices
         .into_iter()
@@ -307,7 +314,7 @@ pub(crate) fn parse_response(body: &[u8]) -> Result<ChatResponse, LlmError> {
             name: function.name,
             arguments: function.arguments.unwrap_or_default(),
         };
-        tool_calls.push(check_tool_call(call, index)?);
+        tool_calls.push(check_tool_call(call, index, check_arguments)?);
     }
     Ok(ChatResponse {
         content: message.content.or(message.refusal),
@@ -317,9 +324,13 @@ pub(crate) fn parse_response(body: &[u8]) -> Result<ChatResponse, LlmError> {
     })
 }
 
-/// Checks one finished tool call: a name, and arguments that are a JSON object (empty arguments
-/// become `{}`).
-pub(crate) fn check_tool_call(mut call: ToolCall, index: usize) -> Result<ToolCall, LlmError> {
+/// Checks one finished tool call: a name, and (when `check_arguments`) arguments that are a JSON
+/// object. Empty arguments become `{}`.
+pub(crate) fn check_tool_call(
+    mut call: ToolCall,
+    index: usize,
+    check_arguments: bool,
+) -> Result<ToolCall, LlmError> {
     if call.name.is_empty() {
         return Err(LlmError::MalformedResponse(format!(
             "tool call {index} (id {:?}) has no tool name",
@@ -328,6 +339,9 @@ pub(crate) fn check_tool_call(mut call: ToolCall, index: usize) -> Result<ToolCa
     }
     if call.arguments.trim().is_empty() {
         call.arguments = "{}".to_owned();
+        return Ok(call);
+    }
+    if !check_arguments {
         return Ok(call);
     }
     match serde_json::from_str::<Value>(&call.arguments) {
@@ -472,7 +486,8 @@ mod tests {
             name: "lookup".into(),
             arguments: "{\"q\": ".into(),
         };
-        let err = check_tool_call(call, 0).unwrap_err();
+        let err = check_tool_call(call.clone(), 0, true).unwrap_err();
+        assert_eq!(check_tool_call(call.clone(), 0, false).unwrap(), call);
         assert!(matches!(err, LlmError::MalformedResponse(_)));
         assert!(err.to_string().contains("`lookup`"), "{err}");
         let call = ToolCall {
@@ -481,7 +496,7 @@ mod tests {
             arguments: "[1]".into(),
         };
         assert!(
-            check_tool_call(call, 0)
+            check_tool_call(call, 0, true)
                 .unwrap_err()
                 .to_string()
                 .contains("an array")

@@ -10,19 +10,16 @@ use spacebot_core::{
     AgentId, ChannelId, ChannelRecord, Envelope, EnvelopeId, NewRecord, StoreError, Timestamp,
 };
 
-use crate::tables::{
-    APPLIED, CHANNELS, COUNTERS, DELIVERIES, DELIVERY_IDS, HISTORY, LEASES, OUTBOX, OUTBOX_KEYS,
-    READY, TASKS, encode,
-};
+use crate::tables::encode;
 use crate::worker::Txn;
 
-/// The key of a ready task in [`READY`]: ascending order is highest priority, then lowest number.
+/// The key of a ready task in the ready index: ascending order is highest priority, then lowest number.
 fn ready_key(task: &Task) -> (u8, u64) {
     let rank = u8::try_from(task.priority.rank()).unwrap_or(0);
     (3u8.saturating_sub(rank), task.number)
 }
 
-/// The key of an in-progress task in [`LEASES`].
+/// The key of an in-progress task in the lease index.
 fn lease_key(task: &Task) -> Option<(i64, u64)> {
     match (&task.status, &task.lease) {
         (TaskStatus::InProgress, Some(lease)) => Some((lease.expires_at.as_millis(), task.number)),
@@ -61,8 +58,8 @@ impl Txn<'_> {
     ) -> Result<(), StoreError> {
         let e = self.err("write a task");
         let bytes = encode(next)?;
-        let mut ready = self.table(READY)?;
-        let mut leases = self.table(LEASES)?;
+        let mut ready = self.ready()?;
+        let mut leases = self.leases()?;
         if let Some(prev) = previous {
             if prev.status == TaskStatus::Ready {
                 ready.remove(ready_key(prev)).map_err(&e)?;
@@ -80,10 +77,10 @@ impl Txn<'_> {
         tasks.insert(next.number, bytes.as_slice()).map_err(&e)?;
         if let Some(notice) = notice {
             let bytes = encode(notice)?;
-            let mut outbox = self.table(OUTBOX)?;
-            let seq = next_key(&outbox).map_err(&e)?;
+            let mut outbox = self.outbox()?;
+            let seq = next_key(&*outbox).map_err(&e)?;
             outbox.insert(seq, bytes.as_slice()).map_err(&e)?;
-            self.table(OUTBOX_KEYS)?
+            self.outbox_keys()?
                 .insert(notice.key.as_str(), seq)
                 .map_err(&e)?;
         }
@@ -96,8 +93,8 @@ impl Txn<'_> {
         new: NewTask,
         now: Timestamp,
     ) -> Result<Task, StoreError> {
-        let mut tasks = self.table(TASKS)?;
-        let number = next_key(&tasks).map_err(self.err("number a task"))?;
+        let mut tasks = self.tasks()?;
+        let number = next_key(&*tasks).map_err(self.err("number a task"))?;
         let task = new.into_task(agent.clone(), number, now)?;
         self.write_task(&mut tasks, None, &task, None)?;
         Ok(task)
@@ -108,7 +105,7 @@ impl Txn<'_> {
         agent: &AgentId,
         number: u64,
     ) -> Result<Option<Task>, StoreError> {
-        self.read_task(&self.table(TASKS)?, agent, number)
+        self.read_task(&*self.tasks()?, agent, number)
     }
 
     pub(crate) fn task_list(
@@ -117,7 +114,7 @@ impl Txn<'_> {
         filter: &TaskFilter,
     ) -> Result<Vec<Task>, StoreError> {
         let e = self.err("list tasks");
-        let tasks = self.table(TASKS)?;
+        let tasks = self.tasks()?;
         let mut out = Vec::new();
         if filter.limit == Some(0) {
             return Ok(out);
@@ -143,7 +140,7 @@ impl Txn<'_> {
         event: TaskEvent,
         now: Timestamp,
     ) -> Result<Transition, StoreError> {
-        let mut tasks = self.table(TASKS)?;
+        let mut tasks = self.tasks()?;
         let Some(task) = self.read_task(&tasks, agent, number)? else {
             return Err(StoreError::not_found(format!("task {agent}#{number}")));
         };
@@ -166,14 +163,14 @@ impl Txn<'_> {
         now: Timestamp,
     ) -> Result<Option<Task>, StoreError> {
         let first = self
-            .table(READY)?
+            .ready()?
             .first()
             .map_err(self.err("find a ready task"))?
             .map(|(k, _)| k.value().1);
         let Some(number) = first else {
             return Ok(None);
         };
-        let mut tasks = self.table(TASKS)?;
+        let mut tasks = self.tasks()?;
         let Some(task) = self.read_task(&tasks, agent, number)? else {
             return Err(StoreError::Corrupt {
                 location: self.path.display().to_string(),
@@ -196,7 +193,7 @@ impl Txn<'_> {
     ) -> Result<Vec<Transition>, StoreError> {
         let e = self.err("find expired leases");
         let expired: Vec<u64> = {
-            let leases = self.table(LEASES)?;
+            let leases = self.leases()?;
             let mut numbers = Vec::new();
             for row in leases
                 .range((i64::MIN, 0u64)..=(now.as_millis(), u64::MAX))
@@ -206,7 +203,7 @@ impl Txn<'_> {
             }
             numbers
         };
-        let mut tasks = self.table(TASKS)?;
+        let mut tasks = self.tasks()?;
         let mut out = Vec::with_capacity(expired.len());
         for number in expired {
             let Some(task) = self.read_task(&tasks, agent, number)? else {
@@ -215,7 +212,10 @@ impl Txn<'_> {
             if !task.lease_expired(now) || task.status != TaskStatus::InProgress {
                 continue;
             }
-            let transition = task.apply(TaskEvent::ExpireLease, now)?;
+            // Checked above, so the lifecycle accepts it; never fail after earlier writes.
+            let Ok(transition) = task.apply(TaskEvent::ExpireLease, now) else {
+                continue;
+            };
             self.write_task(
                 &mut tasks,
                 Some(&task),
@@ -229,7 +229,7 @@ impl Txn<'_> {
 
     pub(crate) fn outbox_pending(&self) -> Result<Vec<CompletionNotice>, StoreError> {
         let e = self.err("read the outbox");
-        let outbox = self.table(OUTBOX)?;
+        let outbox = self.outbox()?;
         let mut out = Vec::with_capacity(usize::try_from(outbox.len().map_err(&e)?).unwrap_or(0));
         for row in outbox.iter().map_err(&e)? {
             let (k, v) = row.map_err(&e)?;
@@ -241,12 +241,12 @@ impl Txn<'_> {
     pub(crate) fn outbox_mark_sent(&self, key: &str) -> Result<(), StoreError> {
         let e = self.err("mark a notice sent");
         let seq = self
-            .table(OUTBOX_KEYS)?
+            .outbox_keys()?
             .remove(key)
             .map_err(&e)?
             .map(|v| v.value());
         if let Some(seq) = seq {
-            self.table(OUTBOX)?.remove(seq).map_err(&e)?;
+            self.outbox()?.remove(seq).map_err(&e)?;
         }
         Ok(())
     }
@@ -259,7 +259,7 @@ impl Txn<'_> {
         record: NewRecord,
     ) -> Result<ChannelRecord, StoreError> {
         let e = self.err("append a record");
-        let mut counters = self.table(COUNTERS)?;
+        let mut counters = self.counters()?;
         let seq = counters
             .get("history_seq")
             .map_err(&e)?
@@ -274,10 +274,10 @@ impl Txn<'_> {
         let bytes = encode(&stored)?;
         counters.insert("history_seq", seq).map_err(&e)?;
         let channel = stored.record.channel.as_str();
-        self.table(HISTORY)?
+        self.history()?
             .insert((channel, seq), bytes.as_slice())
             .map_err(&e)?;
-        self.table(CHANNELS)?.insert(channel, ()).map_err(&e)?;
+        self.channels()?.insert(channel, ()).map_err(&e)?;
         Ok(stored)
     }
 
@@ -287,7 +287,7 @@ impl Txn<'_> {
         limit: Option<usize>,
     ) -> Result<Vec<ChannelRecord>, StoreError> {
         let e = self.err("read a channel");
-        let history = self.table(HISTORY)?;
+        let history = self.history()?;
         let range = history
             .range((channel.as_str(), 0u64)..=(channel.as_str(), u64::MAX))
             .map_err(&e)?;
@@ -316,7 +316,7 @@ impl Txn<'_> {
     }
 
     pub(crate) fn channel_ensure(&self, channel: &ChannelId) -> Result<(), StoreError> {
-        let mut channels = self.table(CHANNELS)?;
+        let mut channels = self.channels()?;
         let e = self.err("register a channel");
         if channels.get(channel.as_str()).map_err(&e)?.is_none() {
             channels.insert(channel.as_str(), ()).map_err(&e)?;
@@ -326,7 +326,7 @@ impl Txn<'_> {
 
     pub(crate) fn channel_list(&self) -> Result<Vec<ChannelId>, StoreError> {
         let e = self.err("list channels");
-        let channels = self.table(CHANNELS)?;
+        let channels = self.channels()?;
         let mut out = Vec::new();
         for row in channels.iter().map_err(&e)? {
             out.push(ChannelId::new(row.map_err(&e)?.0.value()));
@@ -338,13 +338,13 @@ impl Txn<'_> {
 
     pub(crate) fn delivery_persist(&self, envelope: &Envelope) -> Result<(), StoreError> {
         let e = self.err("persist a delivery");
-        let mut ids = self.table(DELIVERY_IDS)?;
+        let mut ids = self.delivery_ids()?;
         if ids.get(envelope.id.as_str()).map_err(&e)?.is_some() {
             return Ok(());
         }
         let bytes = encode(envelope)?;
-        let mut rows = self.table(DELIVERIES)?;
-        let order = next_key(&rows).map_err(&e)?;
+        let mut rows = self.deliveries()?;
+        let order = next_key(&*rows).map_err(&e)?;
         rows.insert(order, bytes.as_slice()).map_err(&e)?;
         ids.insert(envelope.id.as_str(), order).map_err(&e)?;
         Ok(())
@@ -352,7 +352,7 @@ impl Txn<'_> {
 
     pub(crate) fn delivery_pending(&self) -> Result<Vec<Envelope>, StoreError> {
         let e = self.err("read deliveries");
-        let rows = self.table(DELIVERIES)?;
+        let rows = self.deliveries()?;
         let mut out = Vec::new();
         for row in rows.iter().map_err(&e)? {
             let (k, v) = row.map_err(&e)?;
@@ -364,19 +364,19 @@ impl Txn<'_> {
     pub(crate) fn delivery_remove(&self, id: &EnvelopeId) -> Result<(), StoreError> {
         let e = self.err("remove a delivery");
         let order = self
-            .table(DELIVERY_IDS)?
+            .delivery_ids()?
             .remove(id.as_str())
             .map_err(&e)?
             .map(|v| v.value());
         if let Some(order) = order {
-            self.table(DELIVERIES)?.remove(order).map_err(&e)?;
+            self.deliveries()?.remove(order).map_err(&e)?;
         }
         Ok(())
     }
 
     pub(crate) fn mark_applied(&self, key: &str, now: Timestamp) -> Result<bool, StoreError> {
         let e = self.err("mark a key applied");
-        let mut applied = self.table(APPLIED)?;
+        let mut applied = self.applied()?;
         if applied.get(key).map_err(&e)?.is_some() {
             return Ok(false);
         }

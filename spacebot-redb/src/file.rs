@@ -90,6 +90,9 @@ impl Failure {
             redb::Error::Io(io) if io.kind() == ErrorKind::UnexpectedEof => {
                 Self::corrupt(path, format!("the file is truncated: {io}"))
             }
+            redb::Error::Io(io) if io.kind() == ErrorKind::InvalidData => {
+                Self::corrupt(path, io.to_string())
+            }
             redb::Error::DatabaseAlreadyOpen => Self::backend(
                 path,
                 "the file is already open (by another process, or another handle in this one)",
@@ -141,6 +144,9 @@ pub(crate) fn open_database(
         }
         Err(e) => return Err(Failure::backend(path, format!("cannot read metadata: {e}"))),
     };
+    if existing {
+        precheck(&builder, path, kind)?;
+    }
     // redb may panic on a file damaged outside it when not verifying; never let that take the
     // caller down.
     let opened = catch_unwind(AssertUnwindSafe(|| {
@@ -155,11 +161,36 @@ pub(crate) fn open_database(
         Ok(Err(e)) => return Err(Failure::from_redb(path, "open", e.into())),
         Err(_) => return Err(Failure::corrupt(path, "redb could not read the file")),
     };
-    check_or_init(&db, path, kind)?;
+    if check_meta(&db, path, kind)? == Meta::Missing {
+        init(&db, path, kind)?;
+    }
     Ok(db)
 }
 
-fn check_or_init(db: &Database, path: &Path, kind: &FileKind) -> Result<(), Failure> {
+/// Checks an existing file through a read-only handle, so that a file that is not ours is refused
+/// before anything is written to it (a writable open commits). A file that needs recovery after a
+/// crash cannot be opened read-only; it is checked after the writable open has recovered it.
+fn precheck(builder: &Builder, path: &Path, kind: &FileKind) -> Result<(), Failure> {
+    match catch_unwind(AssertUnwindSafe(|| builder.open_read_only(path))) {
+        Ok(Ok(db)) => {
+            check_meta(&db, path, kind)?;
+            Ok(())
+        }
+        Ok(Err(redb::DatabaseError::RepairAborted)) => Ok(()),
+        Ok(Err(e)) => Err(Failure::from_redb(path, "open", e.into())),
+        Err(_) => Err(Failure::corrupt(path, "redb could not read the file")),
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Meta {
+    /// A new, empty file: to initialize.
+    Missing,
+    /// Ours, of the right kind and a known version.
+    Valid,
+}
+
+fn check_meta(db: &impl ReadableDatabase, path: &Path, kind: &FileKind) -> Result<Meta, Failure> {
     let err = |what: &'static str| move |e: redb::Error| Failure::from_redb(path, what, e);
     let read = db.begin_read().map_err(|e| err("read")(e.into()))?;
     let tables: Vec<String> = read
@@ -177,8 +208,7 @@ fn check_or_init(db: &Database, path: &Path, kind: &FileKind) -> Result<(), Fail
                 ),
             ));
         }
-        drop(read);
-        return init(db, path, kind);
+        return Ok(Meta::Missing);
     }
     let meta = read
         .open_table(META)
@@ -226,7 +256,7 @@ fn check_or_init(db: &Database, path: &Path, kind: &FileKind) -> Result<(), Fail
             ));
         }
     }
-    Ok(())
+    Ok(Meta::Valid)
 }
 
 fn init(db: &Database, path: &Path, kind: &FileKind) -> Result<(), Failure> {

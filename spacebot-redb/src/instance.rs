@@ -4,12 +4,9 @@ use std::collections::HashMap;
 
 use redb::{ReadableTable, Table};
 use spacebot_core::conversation::{Conversation, ConversationFilter, ConversationStatus};
-use spacebot_core::{AgentId, AgentLink, ConversationId, LinkId, StoreError};
+use spacebot_core::{AgentId, AgentLink, ConversationId, InvalidInput, LinkId, StoreError};
 
-use crate::tables::{
-    CONVERSATIONS, CONVERSATIONS_BY_CREATED, CONVERSATIONS_OPEN, LINKS, LINKS_BY_PAIR, LINKS_BY_TO,
-    encode,
-};
+use crate::tables::encode;
 use crate::worker::Txn;
 
 fn link_what(link: &AgentLink) -> String {
@@ -31,13 +28,13 @@ impl Txn<'_> {
     fn write_link(&self, link: &AgentLink) -> Result<(), StoreError> {
         let bytes = encode(link)?;
         let e = self.err("write a link");
-        self.table(LINKS)?
+        self.links()?
             .insert(link.id.as_str(), bytes.as_slice())
             .map_err(&e)?;
-        self.table(LINKS_BY_PAIR)?
+        self.links_by_pair()?
             .insert((link.from.as_str(), link.to.as_str()), link.id.as_str())
             .map_err(&e)?;
-        self.table(LINKS_BY_TO)?
+        self.links_by_to()?
             .insert((link.to.as_str(), link.from.as_str()), link.id.as_str())
             .map_err(&e)?;
         Ok(())
@@ -45,17 +42,14 @@ impl Txn<'_> {
 
     fn pair_id(&self, from: &str, to: &str) -> Result<Option<String>, StoreError> {
         Ok(self
-            .table(LINKS_BY_PAIR)?
+            .links_by_pair()?
             .get((from, to))
             .map_err(self.err("read a link"))?
             .map(|v| v.value().to_string()))
     }
 
     pub(crate) fn link_create(&self, link: &AgentLink) -> Result<(), StoreError> {
-        if self
-            .read_link(&self.table(LINKS)?, link.id.as_str())?
-            .is_some()
-        {
+        if self.read_link(&*self.links()?, link.id.as_str())?.is_some() {
             return Err(StoreError::already_exists(format!("link {}", link.id)));
         }
         if self
@@ -68,7 +62,7 @@ impl Txn<'_> {
     }
 
     pub(crate) fn link_update(&self, link: &AgentLink) -> Result<(), StoreError> {
-        let Some(mut stored) = self.read_link(&self.table(LINKS)?, link.id.as_str())? else {
+        let Some(mut stored) = self.read_link(&*self.links()?, link.id.as_str())? else {
             return Err(StoreError::not_found(format!("link {}", link.id)));
         };
         stored.direction = link.direction;
@@ -79,23 +73,23 @@ impl Txn<'_> {
     }
 
     pub(crate) fn link_delete(&self, id: &LinkId) -> Result<(), StoreError> {
-        let mut links = self.table(LINKS)?;
+        let mut links = self.links()?;
         let Some(stored) = self.read_link(&links, id.as_str())? else {
             return Err(StoreError::not_found(format!("link {id}")));
         };
         let e = self.err("delete a link");
         links.remove(id.as_str()).map_err(&e)?;
-        self.table(LINKS_BY_PAIR)?
+        self.links_by_pair()?
             .remove((stored.from.as_str(), stored.to.as_str()))
             .map_err(&e)?;
-        self.table(LINKS_BY_TO)?
+        self.links_by_to()?
             .remove((stored.to.as_str(), stored.from.as_str()))
             .map_err(&e)?;
         Ok(())
     }
 
     pub(crate) fn link_get(&self, id: &LinkId) -> Result<Option<AgentLink>, StoreError> {
-        self.read_link(&self.table(LINKS)?, id.as_str())
+        self.read_link(&*self.links()?, id.as_str())
     }
 
     pub(crate) fn link_between(
@@ -104,17 +98,17 @@ impl Txn<'_> {
         to: &AgentId,
     ) -> Result<Option<AgentLink>, StoreError> {
         match self.pair_id(from.as_str(), to.as_str())? {
-            Some(id) => self.read_link(&self.table(LINKS)?, &id),
+            Some(id) => self.read_link(&*self.links()?, &id),
             None => Ok(None),
         }
     }
 
-    fn ids_in(
-        &self,
-        def: redb::TableDefinition<(&str, &str), &str>,
-        first: Option<&str>,
-    ) -> Result<Vec<String>, StoreError> {
-        let table = self.table(def)?;
+    fn ids_in(&self, by_to: bool, first: Option<&str>) -> Result<Vec<String>, StoreError> {
+        let table = if by_to {
+            self.links_by_to()?
+        } else {
+            self.links_by_pair()?
+        };
         let e = self.err("list links");
         let mut ids = Vec::new();
         let range = match first {
@@ -132,9 +126,9 @@ impl Txn<'_> {
     }
 
     pub(crate) fn links_for_agent(&self, agent: &AgentId) -> Result<Vec<AgentLink>, StoreError> {
-        let mut ids = self.ids_in(LINKS_BY_PAIR, Some(agent.as_str()))?;
-        ids.extend(self.ids_in(LINKS_BY_TO, Some(agent.as_str()))?);
-        let links = self.table(LINKS)?;
+        let mut ids = self.ids_in(false, Some(agent.as_str()))?;
+        ids.extend(self.ids_in(true, Some(agent.as_str()))?);
+        let links = self.links()?;
         let mut out = Vec::with_capacity(ids.len());
         for id in ids {
             if let Some(link) = self.read_link(&links, &id)? {
@@ -147,9 +141,9 @@ impl Txn<'_> {
     }
 
     pub(crate) fn links_all(&self) -> Result<Vec<AgentLink>, StoreError> {
-        let links = self.table(LINKS)?;
+        let links = self.links()?;
         let mut out = Vec::new();
-        for id in self.ids_in(LINKS_BY_PAIR, None)? {
+        for id in self.ids_in(false, None)? {
             if let Some(link) = self.read_link(&links, &id)? {
                 out.push(link);
             }
@@ -159,25 +153,25 @@ impl Txn<'_> {
 
     pub(crate) fn links_upsert_all(&self, given: &[AgentLink]) -> Result<(), StoreError> {
         // Plan every write first, so that a refused entry leaves the file untouched.
-        let links = self.table(LINKS)?;
+        let links = self.links()?;
         let mut pairs: HashMap<(String, String), String> = HashMap::new();
         let mut ids: HashMap<String, (String, String)> = HashMap::new();
         let mut plan: Vec<AgentLink> = Vec::with_capacity(given.len());
         for link in given {
             let pair = (link.from.to_string(), link.to.to_string());
-            let existing_id = match pairs.get(&pair) {
-                Some(id) => Some(id.clone()),
-                None => self.pair_id(&pair.0, &pair.1)?,
-            };
+            if pairs.contains_key(&pair) {
+                return Err(StoreError::Invalid(InvalidInput::new(
+                    "links",
+                    format!("the batch names {} twice", link_what(link)),
+                )));
+            }
+            let existing_id = self.pair_id(&pair.0, &pair.1)?;
             let next = match existing_id {
                 Some(id) => {
-                    let created_at = match plan.iter().rev().find(|l| l.id.as_str() == id) {
-                        Some(planned) => planned.created_at,
-                        None => self
-                            .read_link(&links, &id)?
-                            .map(|l| l.created_at)
-                            .unwrap_or(link.created_at),
-                    };
+                    let created_at = self
+                        .read_link(&links, &id)?
+                        .map(|l| l.created_at)
+                        .unwrap_or(link.created_at);
                     AgentLink {
                         id: LinkId::new(id),
                         created_at,
@@ -214,7 +208,7 @@ impl Txn<'_> {
 
     fn read_conversation(&self, id: &str) -> Result<Option<Conversation>, StoreError> {
         match self
-            .table(CONVERSATIONS)?
+            .conversations()?
             .get(id)
             .map_err(self.err("read a conversation"))?
         {
@@ -227,7 +221,7 @@ impl Txn<'_> {
 
     fn open_holder(&self, key: &str) -> Result<Option<String>, StoreError> {
         Ok(self
-            .table(CONVERSATIONS_OPEN)?
+            .conversations_open()?
             .get(key)
             .map_err(self.err("read a conversation"))?
             .map(|v| v.value().to_string()))
@@ -240,11 +234,11 @@ impl Txn<'_> {
     ) -> Result<(), StoreError> {
         let e = self.err("write a conversation");
         let bytes = encode(next)?;
-        self.table(CONVERSATIONS)?
+        self.conversations()?
             .insert(next.id.as_str(), bytes.as_slice())
             .map_err(&e)?;
-        let mut by_created = self.table(CONVERSATIONS_BY_CREATED)?;
-        let mut open = self.table(CONVERSATIONS_OPEN)?;
+        let mut by_created = self.conversations_by_created()?;
+        let mut open = self.conversations_open()?;
         if let Some(prev) = previous {
             by_created
                 .remove((prev.created_at.as_millis(), prev.id.as_str()))
@@ -338,8 +332,8 @@ impl Txn<'_> {
         filter: &ConversationFilter,
     ) -> Result<Vec<Conversation>, StoreError> {
         let e = self.err("list conversations");
-        let index = self.table(CONVERSATIONS_BY_CREATED)?;
-        let rows = self.table(CONVERSATIONS)?;
+        let index = self.conversations_by_created()?;
+        let rows = self.conversations()?;
         let mut out = Vec::new();
         for row in index.iter().map_err(&e)? {
             let (k, _) = row.map_err(&e)?;

@@ -77,15 +77,31 @@ pub const AGENT_FILE: &str = "spacebot.redb";
 
 /// Opens (or creates) the stores kept under `dir` with the default [`RedbOptions`].
 ///
-/// Blocks while the instance file is opened and checked: call it before starting work, or from a
-/// blocking context.
+/// Blocks the calling thread while the instance file is opened and checked (agent files open
+/// later, on their own threads); from async code, [`open_async`] awaits instead.
 pub fn open(dir: impl AsRef<Path>) -> Result<Stores, StoreError> {
     open_with(dir, RedbOptions::default())
 }
 
-/// Opens (or creates) the stores kept under `dir`.
+/// Opens (or creates) the stores kept under `dir`, blocking like [`open`].
 pub fn open_with(dir: impl AsRef<Path>, options: RedbOptions) -> Result<Stores, StoreError> {
     Ok(RedbStore::open(dir, options)?.stores())
+}
+
+/// Opens (or creates) the stores kept under `dir` with the default [`RedbOptions`], awaiting the
+/// open instead of blocking.
+pub async fn open_async(dir: impl AsRef<Path>) -> Result<Stores, StoreError> {
+    Ok(RedbStore::open_async(dir, RedbOptions::default())
+        .await?
+        .stores())
+}
+
+fn open_thread_stopped(path: &Path) -> StoreError {
+    StoreError::Backend {
+        backend: "redb",
+        message: format!("{}: the thread opening the file stopped", path.display()),
+        source: None,
+    }
 }
 
 /// Every store of one data directory. Cheap to share: clone the `Arc`.
@@ -107,28 +123,50 @@ impl fmt::Debug for RedbStore {
 
 impl RedbStore {
     /// Opens (or creates) the data directory `dir`: creates it if needed and opens the instance
-    /// file, blocking until it is checked.
+    /// file, blocking the calling thread until it is checked. From async code, prefer
+    /// [`RedbStore::open_async`].
     pub fn open(dir: impl AsRef<Path>, options: RedbOptions) -> Result<Arc<Self>, StoreError> {
-        let dir = dir.as_ref().to_path_buf();
-        let path = dir.join(INSTANCE_FILE);
-        let (instance, ready) = Worker::start(path.clone(), FileKind::Instance, options.clone())?;
-        match futures::executor::block_on(ready) {
-            Ok(Ok(())) => {}
-            Ok(Err(failure)) => return Err(failure.to_error()),
-            Err(_) => {
-                return Err(StoreError::Backend {
-                    backend: "redb",
-                    message: format!("{}: the opening thread stopped", path.display()),
-                    source: None,
-                });
-            }
+        let (ready, opened) = std::sync::mpsc::sync_channel(1);
+        let (store, path) = Self::start(dir.as_ref(), options, move |r| {
+            let _ = ready.send(r);
+        })?;
+        match opened.recv() {
+            Ok(Ok(())) => Ok(store),
+            Ok(Err(failure)) => Err(failure.to_error()),
+            Err(_) => Err(open_thread_stopped(&path)),
         }
-        Ok(Arc::new(Self {
-            dir,
+    }
+
+    /// Like [`RedbStore::open`], but awaits the instance file's thread instead of blocking.
+    pub async fn open_async(
+        dir: impl AsRef<Path>,
+        options: RedbOptions,
+    ) -> Result<Arc<Self>, StoreError> {
+        let (ready, opened) = futures::channel::oneshot::channel();
+        let (store, path) = Self::start(dir.as_ref(), options, move |r| {
+            let _ = ready.send(r);
+        })?;
+        match opened.await {
+            Ok(Ok(())) => Ok(store),
+            Ok(Err(failure)) => Err(failure.to_error()),
+            Err(_) => Err(open_thread_stopped(&path)),
+        }
+    }
+
+    fn start(
+        dir: &Path,
+        options: RedbOptions,
+        ready: impl FnOnce(Result<(), file::Failure>) + Send + 'static,
+    ) -> Result<(Arc<Self>, PathBuf), StoreError> {
+        let path = dir.join(INSTANCE_FILE);
+        let instance = Worker::start(path.clone(), FileKind::Instance, options.clone(), ready)?;
+        let store = Arc::new(Self {
+            dir: dir.to_path_buf(),
             options,
             instance,
             agents: Mutex::new(HashMap::new()),
-        }))
+        });
+        Ok((store, path))
     }
 
     /// The bundle of stores, all served by this one.
@@ -179,10 +217,12 @@ impl RedbStore {
         {
             return Ok(worker.clone());
         }
-        let (worker, _ready) = Worker::start(
+        // Operations queue up while the file opens; a failed open answers them with its error.
+        let worker = Worker::start(
             self.agent_path(agent),
             FileKind::Agent(agent.clone()),
             self.options.clone(),
+            |_| {},
         )?;
         let worker = Arc::new(worker);
         agents.insert(agent.clone(), worker.clone());

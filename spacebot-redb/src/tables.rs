@@ -7,7 +7,9 @@
 
 use std::fmt::Display;
 
-use redb::{Key, Table, TableDefinition, Value, WriteTransaction};
+use std::cell::{RefCell, RefMut};
+
+use redb::{Table, TableDefinition, WriteTransaction};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use spacebot_core::StoreError;
@@ -86,21 +88,80 @@ pub(crate) fn create_all(tx: &WriteTransaction, kind: &FileKind) -> Result<(), r
     Ok(())
 }
 
-impl Txn<'_> {
-    /// Opens a table of this file.
-    pub(crate) fn table<K: Key + 'static, V: Value + 'static>(
-        &self,
-        def: TableDefinition<K, V>,
-    ) -> Result<Table<'_, K, V>, StoreError> {
-        self.tx
-            .open_table(def)
-            .map_err(|e| store_err(self.path, "open a table", e))
-    }
+macro_rules! open_tables {
+    ($($name:ident: $def:ident => $k:ty, $v:ty;)*) => {
+        /// The tables a batch has opened, kept open until the batch ends: opening a table costs
+        /// about as much as a small write, and a batch touches the same few tables many times.
+        #[derive(Default)]
+        pub(crate) struct Tables<'a> {
+            $($name: RefCell<Option<Table<'a, $k, $v>>>,)*
+        }
 
+        impl<'a> Txn<'a> {
+            $(
+                #[doc = concat!("The `", stringify!($def), "` table.")]
+                pub(crate) fn $name(&self) -> Result<RefMut<'_, Table<'a, $k, $v>>, StoreError> {
+                    self.open(&self.tables.$name, $def)
+                }
+            )*
+        }
+    };
+}
+
+open_tables! {
+    links: LINKS => &'static str, &'static [u8];
+    links_by_pair: LINKS_BY_PAIR => (&'static str, &'static str), &'static str;
+    links_by_to: LINKS_BY_TO => (&'static str, &'static str), &'static str;
+    conversations: CONVERSATIONS => &'static str, &'static [u8];
+    conversations_by_created: CONVERSATIONS_BY_CREATED => (i64, &'static str), ();
+    conversations_open: CONVERSATIONS_OPEN => &'static str, &'static str;
+    tasks: TASKS => u64, &'static [u8];
+    ready: READY => (u8, u64), ();
+    leases: LEASES => (i64, u64), ();
+    outbox: OUTBOX => u64, &'static [u8];
+    outbox_keys: OUTBOX_KEYS => &'static str, u64;
+    channels: CHANNELS => &'static str, ();
+    history: HISTORY => (&'static str, u64), &'static [u8];
+    counters: COUNTERS => &'static str, u64;
+    deliveries: DELIVERIES => u64, &'static [u8];
+    delivery_ids: DELIVERY_IDS => &'static str, u64;
+    applied: APPLIED => &'static str, i64;
+}
+
+impl<'a> Txn<'a> {
+    fn open<'s, K: redb::Key + 'static, V: redb::Value + 'static>(
+        &'s self,
+        cell: &'s RefCell<Option<Table<'a, K, V>>>,
+        def: TableDefinition<'static, K, V>,
+    ) -> Result<RefMut<'s, Table<'a, K, V>>, StoreError> {
+        let busy = || StoreError::Backend {
+            backend: "redb",
+            message: format!(
+                "{}: table {} is already in use by this operation",
+                self.path.display(),
+                redb::TableHandle::name(&def)
+            ),
+            source: None,
+        };
+        let mut slot = cell.try_borrow_mut().map_err(|_| busy())?;
+        if slot.is_none() {
+            *slot = Some(
+                self.tx
+                    .open_table(def)
+                    .map_err(|e| store_err(self.path, "open a table", e))?,
+            );
+        }
+        RefMut::filter_map(slot, Option::as_mut).map_err(|_| busy())
+    }
+}
+
+impl Txn<'_> {
     /// Maps a redb error raised while doing `what`.
-    pub(crate) fn err<E: Into<redb::Error>>(&self, what: &'static str) -> impl Fn(E) -> StoreError {
-        let path = self.path.clone();
-        move |e| store_err(&path, what, e)
+    pub(crate) fn err<E: Into<redb::Error>>(
+        &self,
+        what: &'static str,
+    ) -> impl Fn(E) -> StoreError + '_ {
+        move |e| store_err(self.path, what, e)
     }
 
     /// Decodes a stored value; a value that does not decode is a corrupt file.

@@ -7,9 +7,10 @@
 //! every operation in it fails. Callers are answered only after the batch's commit has returned, so
 //! an acknowledged write is as durable as the configured [`Durability`](crate::Durability) makes it.
 
-use std::path::PathBuf;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
 use std::sync::mpsc::{self, RecvTimeoutError, TryRecvError};
 use std::time::Instant;
 
@@ -19,6 +20,7 @@ use spacebot_core::StoreError;
 
 use crate::file::{Failure, FileKind, open_database};
 use crate::options::RedbOptions;
+use crate::tables::Tables;
 
 /// What an operation does to the file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,7 +36,9 @@ pub(crate) struct Txn<'a> {
     /// The open write transaction.
     pub(crate) tx: &'a WriteTransaction,
     /// The file, for error messages.
-    pub(crate) path: &'a PathBuf,
+    pub(crate) path: &'a Path,
+    /// The tables opened so far in this batch.
+    pub(crate) tables: Tables<'a>,
 }
 
 type Finish = Box<dyn FnOnce(Option<&Failure>) + Send>;
@@ -92,20 +96,20 @@ enum Message {
 pub(crate) struct Worker {
     path: PathBuf,
     tx: mpsc::Sender<Message>,
-    failed: Arc<AtomicBool>,
+    failed: Arc<OnceLock<Failure>>,
 }
 
 impl Worker {
-    /// Starts the thread for `path`; it opens (or creates) the file before taking any operation.
-    /// `ready` receives the outcome of the open.
+    /// Starts the thread for `path`; it opens (or creates) the file before taking any operation,
+    /// and hands the outcome of the open to `ready`.
     pub(crate) fn start(
         path: PathBuf,
         kind: FileKind,
         options: RedbOptions,
-    ) -> Result<(Self, oneshot::Receiver<Result<(), Failure>>), StoreError> {
+        ready: impl FnOnce(Result<(), Failure>) + Send + 'static,
+    ) -> Result<Self, StoreError> {
         let (tx, rx) = mpsc::channel();
-        let (ready_tx, ready_rx) = oneshot::channel();
-        let failed = Arc::new(AtomicBool::new(false));
+        let failed = Arc::new(OnceLock::new());
         let thread_failed = Arc::clone(&failed);
         let thread_path = path.clone();
         std::thread::Builder::new()
@@ -113,16 +117,17 @@ impl Worker {
             .spawn(move || {
                 match open_database(&thread_path, &kind, &options) {
                     Ok(db) => {
-                        let _ = ready_tx.send(Ok(()));
+                        ready(Ok(()));
                         run_loop(db, &thread_path, &options, &rx);
                     }
                     Err(failure) => {
-                        thread_failed.store(true, Ordering::SeqCst);
-                        // Answer whatever was queued meanwhile, then stop.
+                        // Recorded before the queue goes away: a caller whose operation is
+                        // dropped unanswered reports this failure.
+                        let _ = thread_failed.set(failure.clone());
                         while let Ok(message) = rx.try_recv() {
                             answer_failed(message, &failure);
                         }
-                        let _ = ready_tx.send(Err(failure));
+                        ready(Err(failure));
                     }
                 }
             })
@@ -133,12 +138,12 @@ impl Worker {
                     e,
                 )
             })?;
-        Ok((Self { path, tx, failed }, ready_rx))
+        Ok(Self { path, tx, failed })
     }
 
     /// Whether the file failed to open (the handle is useless then).
     pub(crate) fn failed(&self) -> bool {
-        self.failed.load(Ordering::SeqCst)
+        self.failed.get().is_some()
     }
 
     /// Runs `f` on the file's thread inside a write transaction and returns its result once the
@@ -165,9 +170,15 @@ impl Worker {
     }
 
     fn stopped(&self) -> StoreError {
+        if let Some(failure) = self.failed.get() {
+            return failure.to_error();
+        }
         StoreError::Backend {
             backend: "redb",
-            message: format!("{}: the store is closed", self.path.display()),
+            message: format!(
+                "{}: the store is closed, or the operation failed on its thread",
+                self.path.display()
+            ),
             source: None,
         }
     }
@@ -182,7 +193,7 @@ fn answer_failed(message: Message, failure: &Failure) {
     }
 }
 
-fn run_loop(db: Database, path: &PathBuf, options: &RedbOptions, rx: &mpsc::Receiver<Message>) {
+fn run_loop(db: Database, path: &Path, options: &RedbOptions, rx: &mpsc::Receiver<Message>) {
     let max_batch = options.max_batch.max(1);
     let mut pending: Option<Message> = None;
     loop {
@@ -208,11 +219,15 @@ fn run_loop(db: Database, path: &PathBuf, options: &RedbOptions, rx: &mpsc::Rece
                 continue;
             }
         };
-        let txn = Txn { tx: &tx, path };
+        let started = Instant::now();
+        let txn = Txn {
+            tx: &tx,
+            path,
+            tables: Tables::default(),
+        };
         let mut finishes: Vec<Finish> = Vec::with_capacity(max_batch.min(256));
         let mut dirty = access == Access::Write;
-        let (finish, mut poisoned) = run.run(&txn);
-        finishes.push(finish);
+        let mut poisoned = run_one(run, &txn, &mut finishes);
         let deadline = Instant::now() + options.max_wait;
         while !poisoned && finishes.len() < max_batch {
             let next = match rx.try_recv() {
@@ -232,9 +247,7 @@ fn run_loop(db: Database, path: &PathBuf, options: &RedbOptions, rx: &mpsc::Rece
             match next {
                 Message::Job { access, run } => {
                     dirty |= access == Access::Write;
-                    let (finish, p) = run.run(&txn);
-                    finishes.push(finish);
-                    poisoned = p;
+                    poisoned = run_one(run, &txn, &mut finishes);
                 }
                 close @ Message::Close(_) => {
                     pending = Some(close);
@@ -243,6 +256,7 @@ fn run_loop(db: Database, path: &PathBuf, options: &RedbOptions, rx: &mpsc::Rece
             }
         }
         drop(txn);
+        let ran = started.elapsed();
         let outcome = if poisoned {
             let _ = tx.abort();
             Some(Failure::backend(
@@ -257,17 +271,32 @@ fn run_loop(db: Database, path: &PathBuf, options: &RedbOptions, rx: &mpsc::Rece
             let _ = tx.abort();
             None
         };
+        tracing::trace!(
+            file = %path.display(),
+            operations = finishes.len(),
+            ?ran,
+            committed = ?started.elapsed() - ran,
+            "batch"
+        );
         for finish in finishes {
             finish(outcome.as_ref());
         }
     }
 }
 
-fn begin(
-    db: &Database,
-    path: &PathBuf,
-    options: &RedbOptions,
-) -> Result<WriteTransaction, Failure> {
+/// Runs one operation of a batch; `true` when the batch must not commit. An operation that panics
+/// poisons the batch (its caller sees the store as failed) but not the thread.
+fn run_one(run: Run, txn: &Txn<'_>, finishes: &mut Vec<Finish>) -> bool {
+    match catch_unwind(AssertUnwindSafe(|| run.run(txn))) {
+        Ok((finish, poisoned)) => {
+            finishes.push(finish);
+            poisoned
+        }
+        Err(_) => true,
+    }
+}
+
+fn begin(db: &Database, path: &Path, options: &RedbOptions) -> Result<WriteTransaction, Failure> {
     let mut tx = db
         .begin_write()
         .map_err(|e| Failure::from_redb(path, "begin a transaction", e.into()))?;

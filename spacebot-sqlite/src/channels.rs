@@ -12,9 +12,8 @@ use crate::error::{corrupt, db_error, encode_error};
 fn decode(location: &str, agent: &AgentId, row: &SqliteRow) -> Result<ChannelRecord, StoreError> {
     let read = |e| db_error(location, "reading a channel record", e);
     let seq: i64 = row.try_get("seq").map_err(read)?;
-    let bad = |what: &str, why: String| {
-        corrupt(location, format!("channel record {seq}: {what}: {why}"))
-    };
+    let bad =
+        |what: &str, why: String| corrupt(location, format!("channel record {seq}: {what}: {why}"));
     let kind: String = row.try_get("kind").map_err(read)?;
     let metadata: String = row.try_get("metadata").map_err(read)?;
     Ok(ChannelRecord {
@@ -34,14 +33,18 @@ fn decode(location: &str, agent: &AgentId, row: &SqliteRow) -> Result<ChannelRec
     })
 }
 
+/// [`ChannelStore`] on the agents' databases. Get one from [`SqliteStores::channels`].
+#[derive(Debug, Clone)]
+pub struct SqliteChannelStore(pub(crate) SqliteStores);
+
 #[async_trait]
-impl ChannelStore for SqliteStores {
+impl ChannelStore for SqliteChannelStore {
     async fn append(
         &self,
         agent: &AgentId,
         record: NewRecord,
     ) -> Result<ChannelRecord, StoreError> {
-        let db = self.agent(agent).await?;
+        let db = self.0.agent(agent).await?;
         let metadata = serde_json::to_string(&record.metadata)
             .map_err(|e| encode_error(&db.location, "record metadata", e))?;
         // The `channel_records_known` trigger registers the channel in the same statement.
@@ -72,7 +75,7 @@ impl ChannelStore for SqliteStores {
         channel: &ChannelId,
         limit: Option<usize>,
     ) -> Result<Vec<ChannelRecord>, StoreError> {
-        let db = self.agent(agent).await?;
+        let db = self.0.agent(agent).await?;
         // The most recent `limit` records, returned oldest first; -1 is "no limit" to SQLite.
         let limit = limit.map_or(-1, |l| i64::try_from(l).unwrap_or(i64::MAX));
         let rows = sqlx::query(
@@ -86,11 +89,13 @@ impl ChannelStore for SqliteStores {
         .fetch_all(&db.reader)
         .await
         .map_err(|e| db_error(&db.location, "reading a channel history", e))?;
-        rows.iter().map(|r| decode(&db.location, agent, r)).collect()
+        rows.iter()
+            .map(|r| decode(&db.location, agent, r))
+            .collect()
     }
 
     async fn ensure_channel(&self, agent: &AgentId, channel: &ChannelId) -> Result<(), StoreError> {
-        let db = self.agent(agent).await?;
+        let db = self.0.agent(agent).await?;
         sqlx::query("INSERT OR IGNORE INTO channels (id) VALUES (?)")
             .bind(channel.as_str())
             .execute(&db.writer)
@@ -100,7 +105,7 @@ impl ChannelStore for SqliteStores {
     }
 
     async fn channels(&self, agent: &AgentId) -> Result<Vec<ChannelId>, StoreError> {
-        let db = self.agent(agent).await?;
+        let db = self.0.agent(agent).await?;
         let ids: Vec<String> = sqlx::query_scalar("SELECT id FROM channels ORDER BY id")
             .fetch_all(&db.reader)
             .await

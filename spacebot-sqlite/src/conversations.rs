@@ -18,7 +18,8 @@ const COLUMNS: &str = "id, mode, initiator, initiated_from, status, budget_remai
 fn decode(location: &str, row: &SqliteRow) -> Result<Conversation, StoreError> {
     let read = |e| db_error(location, "reading a conversation", e);
     let id: String = row.try_get("id").map_err(read)?;
-    let bad = |what: &str, why: String| corrupt(location, format!("conversation {id}: {what}: {why}"));
+    let bad =
+        |what: &str, why: String| corrupt(location, format!("conversation {id}: {what}: {why}"));
     let invalid = |what: &'static str| move |e: InvalidInput| bad(what, e.to_string());
     let mode: String = row.try_get("mode").map_err(read)?;
     let status: String = row.try_get("status").map_err(read)?;
@@ -49,7 +50,10 @@ fn decode_member(location: &str, row: &SqliteRow) -> Result<(String, Member), St
     let read = |e| db_error(location, "reading a conversation member", e);
     let conversation: String = row.try_get("conversation_id").map_err(read)?;
     let bad = |what: &str, why: String| {
-        corrupt(location, format!("conversation {conversation} member: {what}: {why}"))
+        corrupt(
+            location,
+            format!("conversation {conversation} member: {what}: {why}"),
+        )
     };
     let number: i64 = row.try_get("number").map_err(read)?;
     let role: String = row.try_get("role").map_err(read)?;
@@ -59,7 +63,9 @@ fn decode_member(location: &str, row: &SqliteRow) -> Result<(String, Member), St
         channel: ChannelId::new(row.try_get::<String, _>("channel_id").map_err(read)?),
         name: row.try_get("name").map_err(read)?,
         number: u32::try_from(number).map_err(|_| bad("number", format!("{number}")))?,
-        role: role.parse().map_err(|e: InvalidInput| bad("role", e.to_string()))?,
+        role: role
+            .parse()
+            .map_err(|e: InvalidInput| bad("role", e.to_string()))?,
         open: row.try_get("open").map_err(read)?,
     };
     Ok((conversation, member))
@@ -160,10 +166,14 @@ fn select() -> QueryBuilder<Sqlite> {
     q
 }
 
+/// [`ConversationStore`] on the instance database. Get one from [`SqliteStores::conversations`].
+#[derive(Debug, Clone)]
+pub struct SqliteConversationStore(pub(crate) SqliteStores);
+
 #[async_trait]
-impl ConversationStore for SqliteStores {
+impl ConversationStore for SqliteConversationStore {
     async fn create(&self, c: &Conversation) -> Result<(), StoreError> {
-        let db = self.instance();
+        let db = self.0.instance();
         let loc = &*db.location;
         let mut tx = db
             .writer
@@ -197,7 +207,7 @@ impl ConversationStore for SqliteStores {
     }
 
     async fn get(&self, id: &ConversationId) -> Result<Option<Conversation>, StoreError> {
-        let db = self.instance();
+        let db = self.0.instance();
         // One read transaction: the rows and their members come from the same snapshot.
         let mut conn = db
             .reader
@@ -214,7 +224,7 @@ impl ConversationStore for SqliteStores {
         next: &Conversation,
         expected_revision: u64,
     ) -> Result<Conversation, StoreError> {
-        let db = self.instance();
+        let db = self.0.instance();
         let loc = &*db.location;
         let mut tx = db
             .writer
@@ -263,7 +273,7 @@ impl ConversationStore for SqliteStores {
     }
 
     async fn find_open(&self, pair_key: &str) -> Result<Option<Conversation>, StoreError> {
-        let db = self.instance();
+        let db = self.0.instance();
         // One read transaction: the rows and their members come from the same snapshot.
         let mut conn = db
             .reader
@@ -277,7 +287,7 @@ impl ConversationStore for SqliteStores {
     }
 
     async fn list(&self, filter: &ConversationFilter) -> Result<Vec<Conversation>, StoreError> {
-        let db = self.instance();
+        let db = self.0.instance();
         // One read transaction: the rows and their members come from the same snapshot.
         let mut conn = db
             .reader

@@ -88,10 +88,22 @@ impl Db {
             Some(path) => Self::open_file(path, kind, options).await?,
             None => Self::open_memory(kind).await?,
         };
+        // Under the write lock, so that two processes opening a new file do not both migrate it:
+        // the second sees the first's migrations applied (each one runs in a savepoint).
+        let mut tx = db
+            .writer
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(|e| db_error(&db.location, "locking the database to migrate it", e))?;
+        // `run_direct` is what `Migrator::run` calls once it has a connection; `run` itself takes an
+        // `Acquire` whose higher-ranked bound makes the future not provably `Send` here.
         kind.migrator()
-            .run(&db.writer)
+            .run_direct(None, &mut *tx, false)
             .await
             .map_err(|e| migrate_error(&db.location, e))?;
+        tx.commit()
+            .await
+            .map_err(|e| db_error(&db.location, "committing migrations", e))?;
         Ok(db)
     }
 
@@ -130,7 +142,10 @@ impl Db {
             std::fs::create_dir_all(parent).map_err(|e| {
                 StoreError::backend(
                     BACKEND,
-                    format!("creating directory {} for {location}: {e}", parent.display()),
+                    format!(
+                        "creating directory {} for {location}: {e}",
+                        parent.display()
+                    ),
                     e,
                 )
             })?;
@@ -211,9 +226,12 @@ async fn check_existing(
         ));
     }
 
+    // Read-write (SQLite falls back to read-only for a write-protected file) but never written
+    // to: as the last connection it removes the WAL side files it opened, where a read-only
+    // connection would leave them behind.
     let connect = SqliteConnectOptions::new()
         .filename(path)
-        .read_only(true)
+        .create_if_missing(false)
         .busy_timeout(options.busy_timeout);
     let mut conn = SqliteConnection::connect_with(&connect)
         .await

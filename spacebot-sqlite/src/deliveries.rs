@@ -6,10 +6,14 @@ use spacebot_core::{AgentId, DeliveryStore, Envelope, EnvelopeId, StoreError, Ti
 use crate::SqliteStores;
 use crate::error::{corrupt, db_error, encode_error};
 
+/// [`DeliveryStore`] on the agents' databases: pending deliveries and applied keys. Get one from [`SqliteStores::deliveries`].
+#[derive(Debug, Clone)]
+pub struct SqliteDeliveryStore(pub(crate) SqliteStores);
+
 #[async_trait]
-impl DeliveryStore for SqliteStores {
+impl DeliveryStore for SqliteDeliveryStore {
     async fn persist(&self, agent: &AgentId, envelope: &Envelope) -> Result<(), StoreError> {
-        let db = self.agent(agent).await?;
+        let db = self.0.agent(agent).await?;
         let json = serde_json::to_string(envelope)
             .map_err(|e| encode_error(&db.location, "an envelope", e))?;
         sqlx::query(
@@ -27,7 +31,7 @@ impl DeliveryStore for SqliteStores {
     }
 
     async fn pending(&self, agent: &AgentId) -> Result<Vec<Envelope>, StoreError> {
-        let db = self.agent(agent).await?;
+        let db = self.0.agent(agent).await?;
         let rows: Vec<String> =
             sqlx::query_scalar("SELECT envelope FROM pending_deliveries ORDER BY seq")
                 .fetch_all(&db.reader)
@@ -42,7 +46,7 @@ impl DeliveryStore for SqliteStores {
     }
 
     async fn remove(&self, agent: &AgentId, id: &EnvelopeId) -> Result<(), StoreError> {
-        let db = self.agent(agent).await?;
+        let db = self.0.agent(agent).await?;
         sqlx::query("DELETE FROM pending_deliveries WHERE id = ?")
             .bind(id.as_str())
             .execute(&db.writer)
@@ -57,7 +61,7 @@ impl DeliveryStore for SqliteStores {
         key: &str,
         now: Timestamp,
     ) -> Result<bool, StoreError> {
-        let db = self.agent(agent).await?;
+        let db = self.0.agent(agent).await?;
         let done = sqlx::query(
             "INSERT INTO applied_keys (key, applied_at) VALUES (?, ?) ON CONFLICT (key) DO NOTHING",
         )

@@ -9,6 +9,8 @@ pub(crate) const BACKEND: &str = "sqlite";
 /// SQLite primary result codes this crate tells apart.
 const SQLITE_CORRUPT: i64 = 11;
 const SQLITE_NOTADB: i64 = 26;
+const SQLITE_READONLY: i64 = 8;
+const SQLITE_CANTOPEN: i64 = 14;
 /// Extended codes of unique and primary-key violations.
 const SQLITE_CONSTRAINT_PRIMARYKEY: i64 = 1555;
 const SQLITE_CONSTRAINT_UNIQUE: i64 = 2067;
@@ -38,6 +40,14 @@ pub(crate) fn db_error(location: &str, doing: &str, e: sqlx::Error) -> StoreErro
             location: location.to_string(),
             reason: format!("{doing}: {e}"),
         },
+        Some(SQLITE_READONLY | SQLITE_CANTOPEN) => StoreError::backend(
+            BACKEND,
+            format!(
+                "{doing} in {location}: {e} (the file and its directory must be writable: \
+                 SQLite keeps its write-ahead log beside the file)"
+            ),
+            e,
+        ),
         _ => StoreError::backend(BACKEND, format!("{doing} in {location}: {e}"), e),
     }
 }

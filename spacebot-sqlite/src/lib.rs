@@ -53,8 +53,20 @@ use std::sync::{Arc, Mutex};
 use spacebot_core::{AgentId, StoreError, Stores};
 use tokio::sync::OnceCell;
 
+pub use crate::channels::SqliteChannelStore;
+pub use crate::conversations::SqliteConversationStore;
 use crate::db::{Db, DbKind};
+pub use crate::deliveries::SqliteDeliveryStore;
+pub use crate::links::SqliteLinkStore;
 pub use crate::options::{SqliteOptions, Synchronous};
+pub use crate::tasks::SqliteTaskStore;
+
+/// The statements of a task cycle (create, claim, complete with its outbox row), for the benchmark
+/// that compares the stores with raw sqlx running the same SQL. Not a stable API.
+#[doc(hidden)]
+pub mod sql {
+    pub use crate::tasks::{CLAIM_SQL, INSERT_SQL, OUTBOX_INSERT_SQL, SELECT_ONE_SQL, UPDATE_SQL};
+}
 
 /// Opens (creating if needed) the SQLite stores under `dir` with the default [`SqliteOptions`],
 /// as the [`Stores`] bundle.
@@ -70,10 +82,10 @@ pub async fn open(dir: impl AsRef<Path>) -> Result<Stores, StoreError> {
 /// Every spacebot store on SQLite: one instance database plus one database per agent, opened
 /// lazily. Cheap to clone (clones share the databases).
 ///
-/// It implements [`LinkStore`](spacebot_core::LinkStore) and
-/// [`ConversationStore`](spacebot_core::ConversationStore) on the instance database, and
-/// [`TaskStore`](spacebot_core::TaskStore), [`ChannelStore`](spacebot_core::ChannelStore) and
-/// [`DeliveryStore`](spacebot_core::DeliveryStore) on the agents' databases.
+/// Each store trait is implemented by a handle that shares these databases:
+/// [`SqliteStores::links`] and [`SqliteStores::conversations`] on the instance database,
+/// [`SqliteStores::tasks`], [`SqliteStores::channels`] and [`SqliteStores::deliveries`] on the
+/// agents' databases; [`SqliteStores::stores`] bundles them all.
 #[derive(Debug, Clone)]
 pub struct SqliteStores {
     inner: Arc<Inner>,
@@ -86,6 +98,8 @@ struct Inner {
     options: SqliteOptions,
     instance: Db,
     agents: Mutex<HashMap<AgentId, Arc<OnceCell<Db>>>>,
+    /// The directory of [`SqliteStores::temporary`] stores, deleted when the last clone is dropped.
+    _temporary: Option<tempfile::TempDir>,
 }
 
 impl SqliteStores {
@@ -107,7 +121,36 @@ impl SqliteStores {
     ) -> Result<Self, StoreError> {
         let dir = dir.as_ref().to_path_buf();
         let instance = Db::open(Some(&db::instance_path(&dir)), DbKind::Instance, &options).await?;
-        Ok(Self::from_parts(Some(dir), options, instance))
+        Ok(Self::from_parts(Some(dir), options, instance, None))
+    }
+
+    /// Stores in a new temporary directory, deleted when the last clone of the returned value is
+    /// dropped. Same files and durability as [`SqliteStores::open`]; for examples and tests.
+    ///
+    /// # Errors
+    /// [`StoreError::Backend`] if the temporary directory cannot be created, else as [`open`].
+    pub async fn temporary() -> Result<Self, StoreError> {
+        Self::temporary_with(SqliteOptions::default()).await
+    }
+
+    /// [`SqliteStores::temporary`] with `options`.
+    ///
+    /// # Errors
+    /// As [`SqliteStores::temporary`].
+    pub async fn temporary_with(options: SqliteOptions) -> Result<Self, StoreError> {
+        let temp = tempfile::Builder::new()
+            .prefix("spacebot-")
+            .tempdir()
+            .map_err(|e| {
+                StoreError::backend(
+                    error::BACKEND,
+                    format!("creating a temporary directory: {e}"),
+                    e,
+                )
+            })?;
+        let dir = temp.path().to_path_buf();
+        let instance = Db::open(Some(&db::instance_path(&dir)), DbKind::Instance, &options).await?;
+        Ok(Self::from_parts(Some(dir), options, instance, Some(temp)))
     }
 
     /// Stores in memory: nothing survives the value (and its clones). Each agent still gets its
@@ -118,30 +161,60 @@ impl SqliteStores {
     pub async fn in_memory() -> Result<Self, StoreError> {
         let options = SqliteOptions::default();
         let instance = Db::open(None, DbKind::Instance, &options).await?;
-        Ok(Self::from_parts(None, options, instance))
+        Ok(Self::from_parts(None, options, instance, None))
     }
 
-    fn from_parts(dir: Option<PathBuf>, options: SqliteOptions, instance: Db) -> Self {
+    fn from_parts(
+        dir: Option<PathBuf>,
+        options: SqliteOptions,
+        instance: Db,
+        temporary: Option<tempfile::TempDir>,
+    ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 dir,
                 options,
                 instance,
                 agents: Mutex::new(HashMap::new()),
+                _temporary: temporary,
             }),
         }
     }
 
     /// The bundle of every store, all backed by these databases.
     pub fn stores(&self) -> Stores {
-        let this = Arc::new(self.clone());
         Stores {
-            links: this.clone(),
-            conversations: this.clone(),
-            tasks: this.clone(),
-            channels: this.clone(),
-            deliveries: this,
+            links: Arc::new(self.links()),
+            conversations: Arc::new(self.conversations()),
+            tasks: Arc::new(self.tasks()),
+            channels: Arc::new(self.channels()),
+            deliveries: Arc::new(self.deliveries()),
         }
+    }
+
+    /// The [`LinkStore`](spacebot_core::LinkStore) (instance database).
+    pub fn links(&self) -> SqliteLinkStore {
+        SqliteLinkStore(self.clone())
+    }
+
+    /// The [`ConversationStore`](spacebot_core::ConversationStore) (instance database).
+    pub fn conversations(&self) -> SqliteConversationStore {
+        SqliteConversationStore(self.clone())
+    }
+
+    /// The [`TaskStore`](spacebot_core::TaskStore) (agents' databases).
+    pub fn tasks(&self) -> SqliteTaskStore {
+        SqliteTaskStore(self.clone())
+    }
+
+    /// The [`ChannelStore`](spacebot_core::ChannelStore) (agents' databases).
+    pub fn channels(&self) -> SqliteChannelStore {
+        SqliteChannelStore(self.clone())
+    }
+
+    /// The [`DeliveryStore`](spacebot_core::DeliveryStore) (agents' databases).
+    pub fn deliveries(&self) -> SqliteDeliveryStore {
+        SqliteDeliveryStore(self.clone())
     }
 
     /// The directory the stores live in (`None` in memory).

@@ -43,39 +43,43 @@ impl SqliteStores {
     }
 }
 
+/// [`LinkStore`] on the instance database. Get one from [`SqliteStores::links`].
+#[derive(Debug, Clone)]
+pub struct SqliteLinkStore(pub(crate) SqliteStores);
+
 #[async_trait]
-impl LinkStore for SqliteStores {
+impl LinkStore for SqliteLinkStore {
     async fn create(&self, link: &AgentLink) -> Result<(), StoreError> {
-        let db = self.instance();
+        let db = self.0.instance();
         sqlx::query(
             "INSERT INTO agent_links (id, from_agent_id, to_agent_id, direction, relationship, \
              enabled, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
         )
-            .bind(link.id.as_str())
-            .bind(link.from.as_str())
-            .bind(link.to.as_str())
-            .bind(link.direction.as_str())
-            .bind(link.relationship.as_str())
-            .bind(link.enabled)
-            .bind(link.created_at.0)
-            .bind(link.updated_at.0)
-            .execute(&db.writer)
-            .await
-            .map_err(|e| {
-                if is_unique_violation(&e) {
-                    StoreError::already_exists(format!(
-                        "link {} ({} -> {})",
-                        link.id, link.from, link.to
-                    ))
-                } else {
-                    db_error(&db.location, "creating a link", e)
-                }
-            })?;
+        .bind(link.id.as_str())
+        .bind(link.from.as_str())
+        .bind(link.to.as_str())
+        .bind(link.direction.as_str())
+        .bind(link.relationship.as_str())
+        .bind(link.enabled)
+        .bind(link.created_at.0)
+        .bind(link.updated_at.0)
+        .execute(&db.writer)
+        .await
+        .map_err(|e| {
+            if is_unique_violation(&e) {
+                StoreError::already_exists(format!(
+                    "link {} ({} -> {})",
+                    link.id, link.from, link.to
+                ))
+            } else {
+                db_error(&db.location, "creating a link", e)
+            }
+        })?;
         Ok(())
     }
 
     async fn update(&self, link: &AgentLink) -> Result<(), StoreError> {
-        let db = self.instance();
+        let db = self.0.instance();
         let done = sqlx::query(
             "UPDATE agent_links SET direction = ?, relationship = ?, enabled = ?, updated_at = ? \
              WHERE id = ?",
@@ -95,7 +99,7 @@ impl LinkStore for SqliteStores {
     }
 
     async fn delete(&self, id: &LinkId) -> Result<(), StoreError> {
-        let db = self.instance();
+        let db = self.0.instance();
         let done = sqlx::query("DELETE FROM agent_links WHERE id = ?")
             .bind(id.as_str())
             .execute(&db.writer)
@@ -109,6 +113,7 @@ impl LinkStore for SqliteStores {
 
     async fn get(&self, id: &LinkId) -> Result<Option<AgentLink>, StoreError> {
         Ok(self
+            .0
             .query_links(
                 "SELECT id, from_agent_id, to_agent_id, direction, relationship, enabled, \
                  created_at, updated_at FROM agent_links WHERE id = ?",
@@ -124,6 +129,7 @@ impl LinkStore for SqliteStores {
         to: &AgentId,
     ) -> Result<Option<AgentLink>, StoreError> {
         Ok(self
+            .0
             .query_links(
                 "SELECT id, from_agent_id, to_agent_id, direction, relationship, enabled, \
                  created_at, updated_at FROM agent_links \
@@ -135,27 +141,41 @@ impl LinkStore for SqliteStores {
     }
 
     async fn links_for_agent(&self, agent: &AgentId) -> Result<Vec<AgentLink>, StoreError> {
-        self.query_links(
-            "SELECT id, from_agent_id, to_agent_id, direction, relationship, enabled, \
+        self.0
+            .query_links(
+                "SELECT id, from_agent_id, to_agent_id, direction, relationship, enabled, \
              created_at, updated_at FROM agent_links \
              WHERE from_agent_id = ?1 OR to_agent_id = ?1 \
              ORDER BY from_agent_id, to_agent_id",
-            &[agent.as_str()],
-        )
-        .await
+                &[agent.as_str()],
+            )
+            .await
     }
 
     async fn list(&self) -> Result<Vec<AgentLink>, StoreError> {
-        self.query_links(
-            "SELECT id, from_agent_id, to_agent_id, direction, relationship, enabled, \
+        self.0
+            .query_links(
+                "SELECT id, from_agent_id, to_agent_id, direction, relationship, enabled, \
              created_at, updated_at FROM agent_links ORDER BY from_agent_id, to_agent_id",
-            &[],
-        )
-        .await
+                &[],
+            )
+            .await
     }
 
     async fn upsert_all(&self, links: &[AgentLink]) -> Result<(), StoreError> {
-        let db = self.instance();
+        let mut pairs = std::collections::HashMap::with_capacity(links.len());
+        for (i, link) in links.iter().enumerate() {
+            if let Some(first) = pairs.insert((&link.from, &link.to), i) {
+                return Err(StoreError::Invalid(spacebot_core::InvalidInput::new(
+                    format!("links[{i}]"),
+                    format!(
+                        "the pair {} -> {} is already named by links[{first}]",
+                        link.from, link.to
+                    ),
+                )));
+            }
+        }
+        let db = self.0.instance();
         let fail = |doing: &str, e| db_error(&db.location, doing, e);
         let mut tx = db
             .writer
@@ -191,9 +211,7 @@ impl LinkStore for SqliteStores {
                 }
             })?;
         }
-        tx.commit()
-            .await
-            .map_err(|e| fail("committing links", e))?;
+        tx.commit().await.map_err(|e| fail("committing links", e))?;
         Ok(())
     }
 }

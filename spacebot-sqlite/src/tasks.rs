@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use spacebot_core::task::{
     CompletionNotice, Expect, Lease, Priority, TaskEvent, TaskFilter, TaskMetadata, Transition,
 };
-use spacebot_core::{AgentId, NewTask, StoreError, Task, TaskStatus, TaskStore, Timestamp};
+use spacebot_core::{AgentId, NewTask, StoreError, Task, TaskStore, Timestamp};
 use sqlx::sqlite::SqliteRow;
 use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection};
 
@@ -22,7 +22,7 @@ const TASK_COLUMNS: &str = "number, title, description, status, priority, create
 /// statement. The inner `SELECT` is served by the `tasks_claim` index in the order it sorts; the
 /// outer `status = 'ready'` makes the update a no-op if the task was taken meanwhile. The columns
 /// set are exactly what [`Task::apply`] changes for [`TaskEvent::Claim`].
-pub(crate) const CLAIM_SQL: &str = "UPDATE tasks \
+pub const CLAIM_SQL: &str = "UPDATE tasks \
      SET status = 'in_progress', lease_holder = ?1, lease_expires_at = ?2, \
          revision = revision + 1, updated_at = ?3 \
      WHERE number = (SELECT number FROM tasks WHERE status = 'ready' \
@@ -33,7 +33,7 @@ pub(crate) const CLAIM_SQL: &str = "UPDATE tasks \
          updated_at";
 
 /// Inserts a task; its number is allocated by the same statement, under the write lock.
-pub(crate) const INSERT_SQL: &str = "INSERT INTO tasks (number, title, description, status, \
+pub const INSERT_SQL: &str = "INSERT INTO tasks (number, title, description, status, \
      priority, created_by, delegated_by, metadata, attempts, max_attempts, lease_holder, \
      lease_expires_at, revision, result, error, created_at, updated_at) \
      VALUES ((SELECT coalesce(max(number), 0) + 1 FROM tasks), \
@@ -41,18 +41,18 @@ pub(crate) const INSERT_SQL: &str = "INSERT INTO tasks (number, title, descripti
      RETURNING number";
 
 /// Reads one task inside a transition.
-pub(crate) const SELECT_ONE_SQL: &str = "SELECT number, title, description, status, priority, \
+pub const SELECT_ONE_SQL: &str = "SELECT number, title, description, status, priority, \
      created_by, metadata, attempts, max_attempts, lease_holder, lease_expires_at, revision, \
      result, error, created_at, updated_at FROM tasks WHERE number = ?";
 
 /// Writes the task after a transition, guarded by the revision read in the same transaction.
-pub(crate) const UPDATE_SQL: &str = "UPDATE tasks SET title = ?, description = ?, status = ?, \
+pub const UPDATE_SQL: &str = "UPDATE tasks SET title = ?, description = ?, status = ?, \
      priority = ?, delegated_by = ?, metadata = ?, attempts = ?, max_attempts = ?, \
      lease_holder = ?, lease_expires_at = ?, revision = ?, result = ?, error = ?, updated_at = ? \
      WHERE number = ? AND revision = ?";
 
 /// Writes a completion notice to the outbox.
-pub(crate) const OUTBOX_INSERT_SQL: &str =
+pub const OUTBOX_INSERT_SQL: &str =
     "INSERT INTO outbox (key, task_number, notice, created_at) VALUES (?, ?, ?, ?)";
 
 fn number_to_sql(number: u64) -> Option<i64> {
@@ -107,8 +107,12 @@ fn encode_metadata(location: &str, metadata: &TaskMetadata) -> Result<String, St
 }
 
 fn revision_to_sql(location: &str, revision: u64) -> Result<i64, StoreError> {
-    i64::try_from(revision)
-        .map_err(|_| corrupt(location, format!("task revision {revision} is out of range")))
+    i64::try_from(revision).map_err(|_| {
+        corrupt(
+            location,
+            format!("task revision {revision} is out of range"),
+        )
+    })
 }
 
 /// Writes `transition` (read at `old_revision` in the same transaction) and its notice.
@@ -120,8 +124,12 @@ async fn write_transition(
 ) -> Result<(), StoreError> {
     let fail = |doing: &str, e| db_error(location, doing, e);
     let task = &transition.task;
-    let number = number_to_sql(task.number)
-        .ok_or_else(|| corrupt(location, format!("task number {} is out of range", task.number)))?;
+    let number = number_to_sql(task.number).ok_or_else(|| {
+        corrupt(
+            location,
+            format!("task number {} is out of range", task.number),
+        )
+    })?;
     let done = sqlx::query(UPDATE_SQL)
         .bind(&task.title)
         .bind(&task.description)
@@ -162,8 +170,7 @@ async fn write_notice(
     number: i64,
     notice: &CompletionNotice,
 ) -> Result<(), StoreError> {
-    let json =
-        serde_json::to_string(notice).map_err(|e| encode_error(location, "a notice", e))?;
+    let json = serde_json::to_string(notice).map_err(|e| encode_error(location, "a notice", e))?;
     sqlx::query(OUTBOX_INSERT_SQL)
         .bind(&notice.key)
         .bind(number)
@@ -175,8 +182,12 @@ async fn write_notice(
     Ok(())
 }
 
+/// [`TaskStore`] on the agents' databases: boards and outboxes. Get one from [`SqliteStores::tasks`].
+#[derive(Debug, Clone)]
+pub struct SqliteTaskStore(pub(crate) SqliteStores);
+
 #[async_trait]
-impl TaskStore for SqliteStores {
+impl TaskStore for SqliteTaskStore {
     async fn create(
         &self,
         agent: &AgentId,
@@ -185,7 +196,7 @@ impl TaskStore for SqliteStores {
     ) -> Result<Task, StoreError> {
         // Validate first (the number is not known yet and does not affect validation).
         let mut task = task.into_task(agent.clone(), 0, now)?;
-        let db = self.agent(agent).await?;
+        let db = self.0.agent(agent).await?;
         let metadata = encode_metadata(&db.location, &task.metadata)?;
         let number: i64 = sqlx::query_scalar(INSERT_SQL)
             .bind(&task.title)
@@ -212,7 +223,7 @@ impl TaskStore for SqliteStores {
         let Some(n) = number_to_sql(number) else {
             return Ok(None);
         };
-        let db = self.agent(agent).await?;
+        let db = self.0.agent(agent).await?;
         let row = sqlx::query(SELECT_ONE_SQL)
             .bind(n)
             .fetch_optional(&db.reader)
@@ -222,7 +233,7 @@ impl TaskStore for SqliteStores {
     }
 
     async fn list(&self, agent: &AgentId, filter: &TaskFilter) -> Result<Vec<Task>, StoreError> {
-        let db = self.agent(agent).await?;
+        let db = self.0.agent(agent).await?;
         let mut q: QueryBuilder<Sqlite> = QueryBuilder::new("SELECT ");
         q.push(TASK_COLUMNS).push(" FROM tasks WHERE 1 = 1");
         if !filter.statuses.is_empty() {
@@ -249,7 +260,9 @@ impl TaskStore for SqliteStores {
             .fetch_all(&db.reader)
             .await
             .map_err(|e| db_error(&db.location, "listing tasks", e))?;
-        rows.iter().map(|r| decode(&db.location, agent, r)).collect()
+        rows.iter()
+            .map(|r| decode(&db.location, agent, r))
+            .collect()
     }
 
     async fn transition(
@@ -262,7 +275,7 @@ impl TaskStore for SqliteStores {
     ) -> Result<Transition, StoreError> {
         let not_found = || StoreError::not_found(format!("task {agent}#{number}"));
         let n = number_to_sql(number).ok_or_else(not_found)?;
-        let db = self.agent(agent).await?;
+        let db = self.0.agent(agent).await?;
         let fail = |doing: &str, e| db_error(&db.location, doing, e);
         let mut tx = db
             .writer
@@ -292,7 +305,7 @@ impl TaskStore for SqliteStores {
         lease: Duration,
         now: Timestamp,
     ) -> Result<Option<Task>, StoreError> {
-        let db = self.agent(agent).await?;
+        let db = self.0.agent(agent).await?;
         let row = sqlx::query(CLAIM_SQL)
             .bind(holder)
             .bind(now.plus(lease).0)
@@ -308,18 +321,14 @@ impl TaskStore for SqliteStores {
         agent: &AgentId,
         now: Timestamp,
     ) -> Result<Vec<Transition>, StoreError> {
-        let db = self.agent(agent).await?;
+        let db = self.0.agent(agent).await?;
         let fail = |doing: &str, e| db_error(&db.location, doing, e);
         let mut tx = db
             .writer
             .begin_with("BEGIN IMMEDIATE")
             .await
             .map_err(|e| fail("starting a transaction", e))?;
-        let sql = format!(
-            "SELECT {TASK_COLUMNS} FROM tasks \
-             WHERE status = 'in_progress' AND lease_expires_at <= ? ORDER BY number"
-        );
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+        let rows = sqlx::query(EXPIRED_SQL)
             .bind(now.0)
             .fetch_all(&mut *tx)
             .await
@@ -338,12 +347,11 @@ impl TaskStore for SqliteStores {
     }
 
     async fn outbox_pending(&self, agent: &AgentId) -> Result<Vec<CompletionNotice>, StoreError> {
-        let db = self.agent(agent).await?;
-        let rows: Vec<String> =
-            sqlx::query_scalar("SELECT notice FROM outbox WHERE sent = 0 ORDER BY seq")
-                .fetch_all(&db.reader)
-                .await
-                .map_err(|e| db_error(&db.location, "reading the outbox", e))?;
+        let db = self.0.agent(agent).await?;
+        let rows: Vec<String> = sqlx::query_scalar(OUTBOX_PENDING_SQL)
+            .fetch_all(&db.reader)
+            .await
+            .map_err(|e| db_error(&db.location, "reading the outbox", e))?;
         rows.iter()
             .map(|json| {
                 serde_json::from_str(json)
@@ -353,7 +361,7 @@ impl TaskStore for SqliteStores {
     }
 
     async fn outbox_mark_sent(&self, agent: &AgentId, key: &str) -> Result<(), StoreError> {
-        let db = self.agent(agent).await?;
+        let db = self.0.agent(agent).await?;
         sqlx::query("UPDATE outbox SET sent = 1 WHERE key = ? AND sent = 0")
             .bind(key)
             .execute(&db.writer)
@@ -363,13 +371,86 @@ impl TaskStore for SqliteStores {
     }
 }
 
-/// The status text the claim query matches, checked against the domain type by a unit test.
-#[cfg(test)]
-const CLAIMABLE: TaskStatus = TaskStatus::Ready;
+/// Finds in-progress tasks whose lease expired.
+pub(crate) const EXPIRED_SQL: &str = "SELECT number, title, description, status, priority, \
+     created_by, metadata, attempts, max_attempts, lease_holder, lease_expires_at, revision, \
+     result, error, created_at, updated_at FROM tasks \
+     WHERE status = 'in_progress' AND lease_expires_at <= ? ORDER BY number";
+
+/// Unsent notices, oldest first.
+pub(crate) const OUTBOX_PENDING_SQL: &str = "SELECT notice FROM outbox WHERE sent = 0 ORDER BY seq";
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use spacebot_core::TaskStatus;
+
+    const CLAIMABLE: TaskStatus = TaskStatus::Ready;
+
+    /// The `detail` column of `EXPLAIN QUERY PLAN sql`, one line per step.
+    async fn plan(stores: &SqliteStores, agent: &AgentId, sql: &str) -> Vec<String> {
+        let db = stores.agent(agent).await.unwrap();
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN QUERY PLAN {sql}")))
+            .fetch_all(&db.writer)
+            .await
+            .unwrap();
+        rows.iter()
+            .map(|r| r.try_get::<String, _>("detail").unwrap())
+            .collect()
+    }
+
+    async fn board_with_tasks() -> (SqliteStores, AgentId) {
+        let stores = SqliteStores::in_memory().await.unwrap();
+        let agent = AgentId::parse("w").unwrap();
+        let tasks = stores.tasks();
+        for i in 0..50 {
+            let mut t = NewTask::new(format!("t{i}"), "");
+            t.priority = Priority::from_rank(i % 4).unwrap();
+            tasks.create(&agent, t, Timestamp(i)).await.unwrap();
+        }
+        for _ in 0..10 {
+            tasks
+                .claim_next(&agent, "h", Duration::from_secs(1), Timestamp(100))
+                .await
+                .unwrap();
+        }
+        (stores, agent)
+    }
+
+    #[tokio::test]
+    async fn the_claim_is_served_by_an_index_in_the_order_it_sorts() {
+        let (stores, agent) = board_with_tasks().await;
+        let plan = plan(&stores, &agent, CLAIM_SQL).await;
+        let text = plan.join("\n");
+        assert!(
+            plan.iter()
+                .any(|l| l.contains("USING COVERING INDEX tasks_claim")),
+            "the claim does not use tasks_claim:\n{text}"
+        );
+        assert!(
+            !text.contains("TEMP B-TREE"),
+            "the claim sorts in a temporary B-tree:\n{text}"
+        );
+        assert!(
+            plan.iter().any(|l| l.contains("INTEGER PRIMARY KEY")),
+            "the update does not find the task by its number:\n{text}"
+        );
+        assert!(
+            !plan
+                .iter()
+                .any(|l| l.starts_with("SCAN tasks") && !l.contains("INDEX"))
+        );
+    }
+
+    #[tokio::test]
+    async fn lease_expiry_and_the_outbox_are_served_by_indexes() {
+        let (stores, agent) = board_with_tasks().await;
+        let expired = plan(&stores, &agent, EXPIRED_SQL).await.join("\n");
+        assert!(expired.contains("INDEX tasks_lease"), "{expired}");
+        let outbox = plan(&stores, &agent, OUTBOX_PENDING_SQL).await.join("\n");
+        assert!(outbox.contains("INDEX outbox_unsent"), "{outbox}");
+        assert!(!outbox.contains("TEMP B-TREE"), "{outbox}");
+    }
 
     #[test]
     fn claim_sql_names_the_statuses_of_the_domain() {

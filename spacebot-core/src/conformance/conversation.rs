@@ -184,8 +184,8 @@ pub async fn conversation_store_update_compare_and_swap(
     };
     ensure_err!(
         store.update(&stale, 1).await,
-        StoreError::Conflict { .. },
-        "update with a stale revision"
+        StoreError::Conflict { what, .. } if what.contains("conv-1"),
+        "update with a stale revision (the error names the conversation)"
     );
     ensure_err!(
         store.update(&stale, 3).await,
@@ -205,8 +205,8 @@ pub async fn conversation_store_update_compare_and_swap(
     let unknown = mirrored("nope", &a, &b, 1_000);
     ensure_err!(
         store.update(&unknown, 1).await,
-        StoreError::NotFound { .. },
-        "update of an unknown conversation"
+        StoreError::NotFound { what } if what.contains("nope"),
+        "update of an unknown conversation (the error names it)"
     );
 
     // Two writers read revision 3; exactly one update lands.

@@ -84,8 +84,8 @@ pub async fn link_store_create_get_delete(store: &dyn LinkStore) -> Result<(), C
     ensure!(ok!(store.list()).is_empty(), "list after delete is empty");
     ensure_err!(
         store.delete(&l.id).await,
-        StoreError::NotFound { .. },
-        "deleting an absent link"
+        StoreError::NotFound { what } if what.contains(l.id.as_str()),
+        "deleting an absent link (the error names the link)"
     );
     ensure_err!(
         store.update(&l).await,
@@ -125,8 +125,8 @@ pub async fn link_store_unique_ordered_pair(store: &dyn LinkStore) -> Result<(),
     };
     ensure_err!(
         store.create(&same_id).await,
-        StoreError::AlreadyExists { .. },
-        "a second link with the same id"
+        StoreError::AlreadyExists { what } if what.contains(first.id.as_str()),
+        "a second link with the same id (the error names the link)"
     );
     ensure_eq!(
         ok!(store.list()),

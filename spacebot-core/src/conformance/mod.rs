@@ -81,6 +81,8 @@ macro_rules! __conformance_module {
 
 /// Generates one `#[tokio::test]` per [`LinkStore`](crate::LinkStore) conformance function, given
 /// an expression evaluating to a future of a fresh store. See the [module docs](crate::conformance).
+///
+/// The calling crate needs `tokio` (features `macros`, `rt-multi-thread`) as a dev-dependency.
 #[macro_export]
 macro_rules! link_store_conformance {
     ($module:ident, $make:expr) => {
@@ -93,6 +95,8 @@ macro_rules! link_store_conformance {
 
 /// Generates one `#[tokio::test]` per [`TaskStore`](crate::TaskStore) conformance function, given
 /// an expression evaluating to a future of a fresh store. See the [module docs](crate::conformance).
+///
+/// The calling crate needs `tokio` (features `macros`, `rt-multi-thread`) as a dev-dependency.
 #[macro_export]
 macro_rules! task_store_conformance {
     ($module:ident, $make:expr) => {
@@ -106,6 +110,8 @@ macro_rules! task_store_conformance {
 /// Generates one `#[tokio::test]` per [`ChannelStore`](crate::ChannelStore) conformance function,
 /// given an expression evaluating to a future of a fresh store. See the
 /// [module docs](crate::conformance).
+///
+/// The calling crate needs `tokio` (features `macros`, `rt-multi-thread`) as a dev-dependency.
 #[macro_export]
 macro_rules! channel_store_conformance {
     ($module:ident, $make:expr) => {
@@ -119,6 +125,8 @@ macro_rules! channel_store_conformance {
 /// Generates one `#[tokio::test]` per [`DeliveryStore`](crate::DeliveryStore) conformance
 /// function, given an expression evaluating to a future of a fresh store. See the
 /// [module docs](crate::conformance).
+///
+/// The calling crate needs `tokio` (features `macros`, `rt-multi-thread`) as a dev-dependency.
 #[macro_export]
 macro_rules! delivery_store_conformance {
     ($module:ident, $make:expr) => {
@@ -132,6 +140,8 @@ macro_rules! delivery_store_conformance {
 /// Generates one `#[tokio::test]` per [`ConversationStore`](crate::ConversationStore) conformance
 /// function, given an expression evaluating to a future of a fresh store. See the
 /// [module docs](crate::conformance).
+///
+/// The calling crate needs `tokio` (features `macros`, `rt-multi-thread`) as a dev-dependency.
 #[macro_export]
 macro_rules! conversation_store_conformance {
     ($module:ident, $make:expr) => {
@@ -145,6 +155,8 @@ macro_rules! conversation_store_conformance {
 /// Generates the whole suite (every store's tests, one `#[tokio::test]` each) given an expression
 /// evaluating to a future of a fresh [`Stores`](crate::Stores) bundle, built anew for every test.
 /// See the [module docs](crate::conformance).
+///
+/// The calling crate needs `tokio` (features `macros`, `rt-multi-thread`) as a dev-dependency.
 #[macro_export]
 macro_rules! all_store_conformance {
     ($module:ident, $make:expr) => {

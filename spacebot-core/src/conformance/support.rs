@@ -83,8 +83,21 @@ macro_rules! ensure_eq {
     };
 }
 
-/// Returns a [`ConformanceError::Check`] unless `result` is an `Err` matching `pattern`.
+/// Returns a [`ConformanceError::Check`] unless `result` is an `Err` matching `pattern` (and
+/// `guard`, when given).
 macro_rules! ensure_err {
+    ($result:expr, $pattern:pat if $guard:expr, $($fmt:tt)+) => {
+        match $result {
+            Err($pattern) if $guard => {}
+            other => {
+                return Err($crate::conformance::ConformanceError::check(
+                    concat!("result is Err(", stringify!($pattern), ") if ", stringify!($guard)),
+                    format!("{}: found {:?}", format!($($fmt)+), other),
+                    concat!(file!(), ":", line!()),
+                ));
+            }
+        }
+    };
     ($result:expr, $pattern:pat, $($fmt:tt)+) => {
         match $result {
             Err($pattern) => {}

@@ -396,8 +396,8 @@ pub async fn task_store_transition_expect(store: &dyn TaskStore) -> Result<(), C
         store
             .transition(&a, 1, wrong_status, TaskEvent::Approve, T0)
             .await,
-        StoreError::Conflict { .. },
-        "expect with the wrong status"
+        StoreError::Conflict { what, .. } if what.contains("alpha#1"),
+        "expect with the wrong status (the error names alpha#1)"
     );
     let wrong_revision = Expect {
         status: Some(TaskStatus::PendingApproval),
@@ -450,8 +450,8 @@ pub async fn task_store_transition_expect(store: &dyn TaskStore) -> Result<(), C
         store
             .transition(&a, 99, Expect::any(), TaskEvent::Approve, T0)
             .await,
-        StoreError::NotFound { .. },
-        "transition of an absent task"
+        StoreError::NotFound { what } if what.contains("alpha#99"),
+        "transition of an absent task (the error names alpha#99)"
     );
     ensure_err!(
         store

@@ -118,17 +118,20 @@ impl LinkStore for MemoryLinkStore {
 
     async fn upsert_all(&self, links: &[AgentLink]) -> Result<(), StoreError> {
         let mut st = lock(&self.state);
-        // Validate the whole batch before writing anything.
+        // Validate the whole batch before writing anything: first the batch itself, then against
+        // what is stored.
         let mut pairs = HashSet::new();
-        let mut new_ids: HashMap<&LinkId, Pair> = HashMap::new();
         for link in links {
-            let pair = (link.from.clone(), link.to.clone());
-            if !pairs.insert(pair.clone()) {
+            if !pairs.insert((&link.from, &link.to)) {
                 return Err(StoreError::Invalid(InvalidInput::new(
                     "links to upsert",
                     format!("{} is named twice", pair_name(&link.from, &link.to)),
                 )));
             }
+        }
+        let mut new_ids: HashMap<&LinkId, Pair> = HashMap::new();
+        for link in links {
+            let pair = (link.from.clone(), link.to.clone());
             if st.by_pair.contains_key(&pair) {
                 continue; // keeps its stored id
             }

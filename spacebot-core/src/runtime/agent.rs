@@ -66,6 +66,8 @@ pub(crate) struct TurnOptions {
     pub(crate) extra: Option<String>,
     /// The delegation round of the message (see [`ToolContext::round`]).
     pub(crate) round: u32,
+    /// The lease holder when the turn runs a claimed task: the lease is renewed at every checkpoint.
+    pub(crate) holder: Option<String>,
 }
 
 /// The loop of one agent: take an envelope, run a turn, repeat until the queue closes.
@@ -188,7 +190,9 @@ fn meta_u64(envelope: &Envelope, key: &str) -> Option<u64> {
 /// Takes one envelope off the queue and handles it.
 async fn process(org: &Arc<OrgInner>, agent: &Arc<AgentRuntime>, envelope: Envelope) {
     let persisted = envelope.metadata.contains_key(META_PERSISTED);
-    let duplicate = match &envelope.idempotency_key {
+    // A resumed envelope (interrupted by a steer) had its key applied when it first ran.
+    let key = envelope.idempotency_key.as_ref().filter(|_| !is_resumed(&envelope));
+    let duplicate = match key {
         Some(key) => match org
             .stores
             .deliveries
@@ -271,13 +275,7 @@ async fn process(org: &Arc<OrgInner>, agent: &Arc<AgentRuntime>, envelope: Envel
         }
     }
     if persisted {
-        if let Some(key) = Some(format!("delivery:{}", envelope.id)) {
-            let _ = org
-                .stores
-                .deliveries
-                .mark_applied(agent.id(), &key, org.clock.now())
-                .await;
-        }
+        // Removed only now that it was processed: a crash before this point hands it over again.
         if let Err(e) = org
             .stores
             .deliveries
@@ -287,6 +285,37 @@ async fn process(org: &Arc<OrgInner>, agent: &Arc<AgentRuntime>, envelope: Envel
             report_error(org, agent.id(), None, format!("pending delivery kept: {e}"));
         }
     }
+}
+
+/// Drops drained envelopes whose idempotency key was applied before (a notice delivered twice)
+/// and marks the others' keys applied, as [`process`] does for envelopes taken one at a time.
+async fn drop_applied(org: &OrgInner, agent: &AgentId, drained: Vec<Envelope>) -> Vec<Envelope> {
+    let mut kept = Vec::with_capacity(drained.len());
+    for envelope in drained {
+        if let Some(key) = envelope
+            .idempotency_key
+            .as_ref()
+            .filter(|_| !is_resumed(&envelope))
+        {
+            match org
+                .stores
+                .deliveries
+                .mark_applied(agent, key, org.clock.now())
+                .await
+            {
+                Ok(false) => continue,
+                Ok(true) => {}
+                Err(e) => report_error(
+                    org,
+                    agent,
+                    None,
+                    format!("idempotency key {key} not checked: {e}"),
+                ),
+            }
+        }
+        kept.push(envelope);
+    }
+    kept
 }
 
 /// Runs a claimed task as a turn of the agent's own tool loop and records the outcome.
@@ -304,7 +333,12 @@ async fn run_task(org: &Arc<OrgInner>, agent: &Arc<AgentRuntime>, envelope: Enve
         Ok(Some(task))
             if task.status == crate::task::TaskStatus::InProgress
                 && task.lease.as_ref().is_some_and(|l| l.holder == holder) => {}
-        Ok(_) => return,
+        Ok(_) => {
+            // This claim is over (its lease expired and the task moved on): free its slot.
+            agent.task_finished();
+            agent.ring();
+            return;
+        }
         Err(e) => {
             report_error(org, agent.id(), None, format!("task {number} not read: {e}"));
             return;
@@ -315,6 +349,7 @@ async fn run_task(org: &Arc<OrgInner>, agent: &Arc<AgentRuntime>, envelope: Enve
         send_reply: false,
         extra: None,
         round: meta_u64(&envelope, META_ROUND).map_or(0, |r| u32::try_from(r).unwrap_or(u32::MAX)),
+        holder: Some(holder.clone()),
     };
     let (abort, registration) = AbortHandle::new_pair();
     *agent.abort.lock().unwrap_or_else(|e| e.into_inner()) = Some(abort);
@@ -354,6 +389,32 @@ async fn report_to_parent(org: &OrgInner, agent: &AgentRuntime, text: String) {
             None,
             format!("could not report to parent {}: {e}", parent.parent),
         );
+    }
+}
+
+/// Remembers the external sources of `current`, per channel.
+fn remember_sources(agent: &AgentRuntime, current: &[Envelope]) {
+    let mut known = agent.reply_sources.lock().unwrap_or_else(|e| e.into_inner());
+    for envelope in current {
+        if matches!(envelope.source, Source::External { .. }) {
+            known.insert(envelope.channel.clone(), envelope.source.clone());
+        }
+    }
+}
+
+/// Where a reply to `current` goes: the source of the first envelope, or, for a system message (a
+/// retrigger), the last external source seen in its channel.
+fn reply_source(agent: &AgentRuntime, current: &[Envelope]) -> Source {
+    match current.first() {
+        Some(first) if first.source == Source::System => agent
+            .reply_sources
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&first.channel)
+            .cloned()
+            .unwrap_or(Source::System),
+        Some(first) => first.source.clone(),
+        None => Source::System,
     }
 }
 
@@ -448,6 +509,7 @@ pub(crate) async fn run_turn(
             append(inner, &me, user_record(envelope)).await;
         }
     }
+    remember_sources(agent, &current);
     let system = system_prompt(inner, agent, &channel, options.extra.clone())?;
     let mut messages = Vec::with_capacity(history.len() + 4);
     messages.push(ChatMessage::system(system));
@@ -503,10 +565,7 @@ pub(crate) async fn run_turn(
                 let reply = Reply {
                     agent: me.clone(),
                     channel: reply_channel.clone(),
-                    source: current
-                        .first()
-                        .map(|e| e.source.clone())
-                        .unwrap_or(Source::System),
+                    source: reply_source(agent, &current),
                     in_reply_to: current.iter().map(|e| e.id.clone()).collect(),
                     content: text.clone(),
                     at: inner.clock.now(),
@@ -581,8 +640,26 @@ pub(crate) async fn run_turn(
             return Ok(TurnOutcome::Ended(text));
         }
 
-        // Checkpoint: anything that arrived meanwhile steers the turn.
-        let backlog = split_backlog(agent.queue.drain());
+        // Checkpoint: a task's lease is renewed, so a long turn keeps its claim ...
+        if let (Some(task), Some(holder)) = (&options.task, &options.holder) {
+            let renew = crate::task::TaskEvent::Renew {
+                holder: holder.clone(),
+                lease_until: inner.clock.now().plus(crate::delegation::DEFAULT_LEASE),
+            };
+            inner
+                .stores
+                .tasks
+                .transition(
+                    &task.agent,
+                    task.number,
+                    crate::task::Expect::any(),
+                    renew,
+                    inner.clock.now(),
+                )
+                .await?;
+        }
+        // ... and anything that arrived meanwhile steers the turn.
+        let backlog = split_backlog(drop_applied(inner, &me, agent.queue.drain()).await);
         for record in &backlog.records {
             append(inner, &me, user_record(record)).await;
         }
@@ -615,6 +692,7 @@ pub(crate) async fn run_turn(
         for envelope in &current {
             append(inner, &me, user_record(envelope)).await;
         }
+        remember_sources(agent, &current);
         messages.push(ChatMessage::user(merge_backlog(&current)));
         rounds = 0;
     }

@@ -53,7 +53,7 @@ pub trait AgentQueue: Send + Sync + fmt::Debug {
     /// The owning agent.
     fn agent(&self) -> &AgentId;
     /// Appends an envelope, or hands it back with the reason it was refused.
-    fn try_push(&self, envelope: Envelope) -> Result<(), (QueueError, Envelope)>;
+    fn try_push(&self, envelope: Envelope) -> Result<(), (QueueError, Box<Envelope>)>;
     /// Appends an envelope (a refused one is dropped by the caller: see [`AgentQueue::try_push`]
     /// to keep it).
     fn push(&self, envelope: Envelope) -> Result<(), QueueError> {
@@ -176,21 +176,21 @@ impl AgentQueue for BoundedQueue {
         &self.agent
     }
 
-    fn try_push(&self, envelope: Envelope) -> Result<(), (QueueError, Envelope)> {
+    fn try_push(&self, envelope: Envelope) -> Result<(), (QueueError, Box<Envelope>)> {
         {
             let mut st = self.lock();
             if st.closed {
                 let error = QueueError::Closed {
                     agent: self.agent.clone(),
                 };
-                return Err((error, envelope));
+                return Err((error, Box::new(envelope)));
             }
             if st.items.len() >= self.capacity {
                 let error = QueueError::Full {
                     agent: self.agent.clone(),
                     capacity: self.capacity,
                 };
-                return Err((error, envelope));
+                return Err((error, Box::new(envelope)));
             }
             st.items.push_back(envelope);
         }

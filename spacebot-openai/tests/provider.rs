@@ -1,0 +1,885 @@
+//! The provider against a Chat Completions server on 127.0.0.1 that replays recorded responses.
+//! Every request body is checked against the OpenAPI request schema (see `support`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde_json::{Value, json};
+use spacebot_core::llm::{FinishReason, StreamEvent, ToolChoice, Usage};
+use spacebot_core::{ChatMessage, ChatRequest, LlmError, LlmProvider, ToolCall, ToolDefinition};
+use spacebot_openai::{Dialect, OpenAiConfig, OpenAiProvider, RetryPolicy};
+use support::{FixtureServer, Reply, TestClock};
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+const IDLE: Duration = Duration::from_secs(20);
+
+fn config(server: &FixtureServer) -> OpenAiConfig {
+    OpenAiConfig::new("gpt-4o-mini")
+        .with_base_url(server.base_url.clone())
+        .with_api_key("sk-test-key")
+        .with_request_timeout(TIMEOUT)
+        .with_stream_idle_timeout(IDLE)
+        .with_retry(
+            RetryPolicy::default()
+                .with_max_retries(3)
+                .with_backoff(Duration::from_millis(500), Duration::from_secs(8))
+                .with_jitter(0.0),
+        )
+}
+
+fn make(config: OpenAiConfig) -> (OpenAiProvider, TestClock) {
+    // Waits under 10 s (retry waits) pass at once; timeouts wait for the test.
+    let clock = TestClock::new(Duration::from_secs(10));
+    let provider = OpenAiProvider::new(config, Arc::new(clock.clone())).unwrap();
+    (provider, clock)
+}
+
+fn weather_tool() -> ToolDefinition {
+    ToolDefinition {
+        name: "get_weather".into(),
+        description: "Current weather for a city".into(),
+        parameters: json!({
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}
+            },
+            "required": ["city"]
+        }),
+    }
+}
+
+fn ask(text: &str) -> ChatRequest {
+    ChatRequest {
+        messages: vec![
+            ChatMessage::system("You are terse."),
+            ChatMessage::user(text),
+        ],
+        ..ChatRequest::default()
+    }
+}
+
+/// A conversation that already went through one tool round.
+fn after_tool_round() -> ChatRequest {
+    ChatRequest {
+        messages: vec![
+            ChatMessage::system("You are terse."),
+            ChatMessage::user("Weather in Paris?"),
+            ChatMessage::Assistant {
+                content: None,
+                tool_calls: vec![ToolCall {
+                    id: "call_1".into(),
+                    name: "get_weather".into(),
+                    arguments: r#"{"city":"Paris"}"#.into(),
+                }],
+            },
+            ChatMessage::tool("call_1", "18 C, clear"),
+        ],
+        tools: vec![weather_tool()],
+        tool_choice: Some(ToolChoice::Auto),
+        ..ChatRequest::default()
+    }
+}
+
+async fn collect(
+    provider: &OpenAiProvider,
+    request: ChatRequest,
+) -> Vec<Result<StreamEvent, LlmError>> {
+    provider.stream(request).await.unwrap().collect().await
+}
+
+fn done(events: &[Result<StreamEvent, LlmError>]) -> spacebot_core::ChatResponse {
+    let dones: Vec<_> = events
+        .iter()
+        .filter(|e| matches!(e, Ok(StreamEvent::Done(_))))
+        .collect();
+    assert_eq!(dones.len(), 1, "exactly one Done: {events:?}");
+    match events.last() {
+        Some(Ok(StreamEvent::Done(r))) => r.clone(),
+        other => panic!("the last event is not Done: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn plain_completion_maps_both_ways() {
+    let server = FixtureServer::start(vec![Reply::json("openai/plain.json")]).await;
+    let (provider, _) = make(
+        config(&server)
+            .with_organization("org-123")
+            .with_project("proj_456")
+            .with_header("x-trace", "abc"),
+    );
+    let mut request = ask("Capital of France?");
+    request.temperature = Some(0.5);
+    request.max_tokens = Some(100);
+    let response = provider.complete(request).await.unwrap();
+
+    assert_eq!(
+        response.content.as_deref(),
+        Some("The capital of France is Paris.")
+    );
+    assert!(response.tool_calls.is_empty());
+    assert_eq!(response.finish_reason, Some(FinishReason::Stop));
+    assert_eq!(
+        response.usage,
+        Some(Usage {
+            prompt_tokens: 24,
+            completion_tokens: 8,
+            total_tokens: 32
+        })
+    );
+
+    let requests = server.requests();
+    assert_eq!(requests.len(), 1);
+    let headers = &requests[0].headers;
+    assert_eq!(headers["authorization"], "Bearer sk-test-key");
+    assert_eq!(headers["openai-organization"], "org-123");
+    assert_eq!(headers["openai-project"], "proj_456");
+    assert_eq!(headers["x-trace"], "abc");
+    assert_eq!(
+        requests[0].body,
+        json!({
+            "model": "gpt-4o-mini",
+            "messages": [
+                {"role": "system", "content": "You are terse."},
+                {"role": "user", "content": "Capital of France?"}
+            ],
+            "temperature": 0.5,
+            "max_completion_tokens": 100
+        })
+    );
+}
+
+#[tokio::test]
+async fn the_request_model_overrides_the_default_and_no_key_sends_no_authorization() {
+    let server = FixtureServer::start(vec![Reply::json("openai/plain.json")]).await;
+    let mut cfg = config(&server);
+    cfg.api_key = None;
+    let (provider, _) = make(cfg);
+    let mut request = ask("hi");
+    request.model = Some("gpt-4.1".into());
+    provider.complete(request).await.unwrap();
+    let requests = server.requests();
+    assert_eq!(requests[0].body["model"], "gpt-4.1");
+    assert!(requests[0].headers.get("authorization").is_none());
+}
+
+#[tokio::test]
+async fn a_tool_call_and_the_tool_round_trip() {
+    let server = FixtureServer::start(vec![Reply::json("openai/tool_calls.json")]).await;
+    let (provider, _) = make(config(&server));
+    let mut request = after_tool_round();
+    request.tool_choice = Some(ToolChoice::Function("get_weather".into()));
+    let response = provider.complete(request).await.unwrap();
+
+    assert_eq!(response.content, None);
+    assert_eq!(response.finish_reason, Some(FinishReason::ToolCalls));
+    assert_eq!(
+        response.tool_calls,
+        vec![ToolCall {
+            id: "call_5fQ2m8kXb1ZrT0yWc7LhD3aN".into(),
+            name: "send_agent_message".into(),
+            arguments: r#"{"target":"researcher","message":"Find three sources on tidal energy."}"#
+                .into(),
+        }]
+    );
+
+    let body = server.only_body();
+    assert_eq!(
+        body["messages"][2],
+        json!({
+            "role": "assistant",
+            "content": null,
+            "tool_calls": [{
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}
+            }]
+        })
+    );
+    assert_eq!(
+        body["messages"][3],
+        json!({"role": "tool", "tool_call_id": "call_1", "content": "18 C, clear"})
+    );
+    assert_eq!(
+        body["tools"],
+        json!([{
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "Current weather for a city",
+                "parameters": weather_tool().parameters
+            }
+        }])
+    );
+    assert_eq!(
+        body["tool_choice"],
+        json!({"type": "function", "function": {"name": "get_weather"}})
+    );
+    assert!(body.get("parallel_tool_calls").is_none());
+}
+
+#[tokio::test]
+async fn tool_choice_words() {
+    for (choice, wire) in [
+        (ToolChoice::Auto, "auto"),
+        (ToolChoice::None, "none"),
+        (ToolChoice::Required, "required"),
+    ] {
+        let server = FixtureServer::start(vec![Reply::json("openai/plain.json")]).await;
+        let (provider, _) = make(config(&server));
+        let mut request = ask("hi");
+        request.tools = vec![weather_tool()];
+        request.tool_choice = Some(choice);
+        provider.complete(request).await.unwrap();
+        assert_eq!(server.only_body()["tool_choice"], wire);
+    }
+}
+
+#[tokio::test]
+async fn several_tool_calls_in_one_response() {
+    let server = FixtureServer::start(vec![Reply::json("openai/parallel_tool_calls.json")]).await;
+    let mut cfg = config(&server);
+    cfg.dialect.parallel_tool_calls = Some(true);
+    let (provider, _) = make(cfg);
+    let mut request = ask("Weather in Paris and Tokyo?");
+    request.tools = vec![weather_tool()];
+    let response = provider.complete(request).await.unwrap();
+    let cities: Vec<Value> = response
+        .tool_calls
+        .iter()
+        .map(|c| serde_json::from_str::<Value>(&c.arguments).unwrap()["city"].clone())
+        .collect();
+    assert_eq!(cities, [json!("Paris"), json!("Tokyo")]);
+    assert_ne!(response.tool_calls[0].id, response.tool_calls[1].id);
+    assert_eq!(server.only_body()["parallel_tool_calls"], true);
+}
+
+#[tokio::test]
+async fn streamed_text_with_usage() {
+    let server = FixtureServer::start(vec![Reply::sse("openai/stream_text.sse")]).await;
+    let (provider, _) = make(config(&server));
+    let events = collect(&provider, ask("Capital of France?")).await;
+    let text: String = events
+        .iter()
+        .filter_map(|e| match e {
+            Ok(StreamEvent::TextDelta { text }) => Some(text.clone()),
+            _ => None,
+        })
+        .collect();
+    let response = done(&events);
+    assert_eq!(text, "The capital of France is Paris.");
+    assert_eq!(response.content.as_deref(), Some(text.as_str()));
+    assert_eq!(response.finish_reason, Some(FinishReason::Stop));
+    assert_eq!(response.usage.map(|u| u.total_tokens), Some(32));
+    let body = server.only_body();
+    assert_eq!(body["stream"], true);
+    assert_eq!(body["stream_options"], json!({"include_usage": true}));
+}
+
+#[tokio::test]
+async fn streamed_parallel_tool_calls_end_as_complete_would() {
+    let server = FixtureServer::start(vec![
+        Reply::sse("openai/stream_tool_calls.sse"),
+        Reply::json("openai/parallel_tool_calls.json"),
+    ])
+    .await;
+    let (provider, _) = make(config(&server));
+    let mut request = ask("Weather in Paris and Tokyo?");
+    request.tools = vec![weather_tool()];
+    let events = collect(&provider, request.clone()).await;
+    let streamed = done(&events);
+    let completed = provider.complete(request).await.unwrap();
+    assert_eq!(streamed.tool_calls.len(), 2);
+    assert_eq!(
+        serde_json::from_str::<Value>(&streamed.tool_calls[1].arguments).unwrap(),
+        json!({"city": "Tokyo", "unit": "celsius"})
+    );
+    // The wire text of the arguments differs in spacing; compare them as JSON.
+    let as_json = |r: &spacebot_core::ChatResponse| -> Vec<(String, String, Value)> {
+        r.tool_calls
+            .iter()
+            .map(|c| {
+                (
+                    c.id.clone(),
+                    c.name.clone(),
+                    serde_json::from_str(&c.arguments).unwrap(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(as_json(&streamed), as_json(&completed));
+    assert_eq!(streamed.finish_reason, completed.finish_reason);
+    assert_eq!(streamed.usage, completed.usage);
+
+    // The deltas: ids and names once, at the call's position, arguments in pieces.
+    let deltas: Vec<(u32, Option<String>, Option<String>)> = events
+        .iter()
+        .filter_map(|e| match e {
+            Ok(StreamEvent::ToolCallDelta {
+                index, id, name, ..
+            }) if id.is_some() || name.is_some() => Some((*index, id.clone(), name.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        deltas,
+        vec![
+            (
+                0,
+                Some("call_Q1w2E3r4T5y6U7i8O9p0A1s2".into()),
+                Some("get_weather".into())
+            ),
+            (
+                1,
+                Some("call_Z9x8C7v6B5n4M3l2K1j0H9g8".into()),
+                Some("get_weather".into())
+            ),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn llama_cpp_stream_repeats_id_and_name_and_sends_no_usage() {
+    let server =
+        FixtureServer::start(vec![Reply::sse("compat/llamacpp_stream_tool_calls.sse")]).await;
+    let (provider, _) = make(config(&server).with_dialect(Dialect::llama_cpp()));
+    let mut request = after_tool_round();
+    request.max_tokens = Some(256);
+    let events = collect(&provider, request).await;
+    let response = done(&events);
+    assert_eq!(response.usage, None);
+    assert_eq!(response.tool_calls.len(), 1);
+    assert_eq!(response.tool_calls[0].name, "send_agent_message");
+    assert_eq!(
+        response.tool_calls[0].arguments,
+        r#"{"target":"researcher","message":"Find three sources"}"#
+    );
+    let names = events
+        .iter()
+        .filter(|e| matches!(e, Ok(StreamEvent::ToolCallDelta { name: Some(_), .. })))
+        .count();
+    assert_eq!(names, 1, "the repeated name is passed on once");
+
+    let body = server.only_body();
+    assert_eq!(
+        body["messages"][2]["content"], "",
+        "no null content next to tool calls"
+    );
+    assert_eq!(body["max_tokens"], 256);
+    assert!(body.get("max_completion_tokens").is_none());
+    assert!(body.get("stream_options").is_none());
+}
+
+#[tokio::test]
+async fn llama_cpp_text_stream() {
+    let server = FixtureServer::start(vec![Reply::sse("compat/llamacpp_stream_text.sse")]).await;
+    let (provider, _) = make(config(&server).with_dialect(Dialect::llama_cpp()));
+    let response = done(&collect(&provider, ask("hi")).await);
+    assert_eq!(response.content.as_deref(), Some("Hello, world!"));
+    assert_eq!(response.usage, None);
+}
+
+#[tokio::test]
+async fn ollama_stream_sends_calls_whole_under_one_index() {
+    let server =
+        FixtureServer::start(vec![Reply::sse("compat/ollama_stream_tool_calls.sse")]).await;
+    let (provider, _) = make(config(&server).with_dialect(Dialect::ollama()));
+    let mut request = ask("Weather in Paris and Tokyo?");
+    request.tools = vec![weather_tool()];
+    let response = done(&collect(&provider, request).await);
+    let ids: Vec<&str> = response.tool_calls.iter().map(|c| c.id.as_str()).collect();
+    assert_eq!(ids, ["call_4x7b1k2m", "call_9q3w8e5r"]);
+    assert_eq!(response.usage.map(|u| u.total_tokens), Some(118));
+    assert_eq!(response.content, None);
+}
+
+#[tokio::test]
+async fn a_stream_that_finishes_without_done_is_complete() {
+    let server = FixtureServer::start(vec![Reply::sse("compat/stream_without_done.sse")]).await;
+    let (provider, _) = make(config(&server).with_dialect(Dialect::vllm()));
+    let response = done(&collect(&provider, ask("hi")).await);
+    assert_eq!(response.content.as_deref(), Some("Done here."));
+}
+
+fn last_error(events: &[Result<StreamEvent, LlmError>]) -> &LlmError {
+    assert!(
+        !events.iter().any(|e| matches!(e, Ok(StreamEvent::Done(_)))),
+        "a failed stream has no Done: {events:?}"
+    );
+    match events.last() {
+        Some(Err(e)) => e,
+        other => panic!("the stream did not end with an error: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_stream_cut_mid_way_is_an_error() {
+    let server = FixtureServer::start(vec![Reply::sse("broken/stream_cut.sse")]).await;
+    let (provider, _) = make(config(&server));
+    let events = collect(&provider, ask("hi")).await;
+    let error = last_error(&events);
+    assert!(matches!(error, LlmError::MalformedResponse(_)), "{error}");
+    assert!(error.to_string().contains("cut mid-way"), "{error}");
+    assert!(matches!(events[0], Ok(StreamEvent::TextDelta { .. })));
+}
+
+#[tokio::test]
+async fn a_stream_whose_connection_breaks_is_an_error() {
+    let server = FixtureServer::start(vec![Reply::sse("broken/stream_cut.sse").then_reset()]).await;
+    let (provider, _) = make(config(&server));
+    let mut stream = provider.stream(ask("hi")).await.unwrap();
+    let first = stream.next().await.unwrap().unwrap();
+    assert_eq!(first, StreamEvent::TextDelta { text: "The".into() });
+    server.reset();
+    let events: Vec<_> = stream.collect().await;
+    let error = last_error(&events);
+    assert!(matches!(error, LlmError::Transport { .. }), "{error}");
+    assert!(error.to_string().contains("cut"), "{error}");
+}
+
+#[tokio::test]
+async fn a_bad_chunk_is_an_error() {
+    let server = FixtureServer::start(vec![Reply::sse("broken/stream_bad_chunk.sse")]).await;
+    let (provider, _) = make(config(&server));
+    let events = collect(&provider, ask("hi")).await;
+    let error = last_error(&events);
+    assert!(matches!(error, LlmError::MalformedResponse(_)), "{error}");
+    assert!(error.to_string().contains("stream chunk 3"), "{error}");
+}
+
+#[tokio::test]
+async fn an_error_inside_the_stream_is_an_error() {
+    let server = FixtureServer::start(vec![Reply::sse("broken/stream_error_object.sse")]).await;
+    let (provider, _) = make(config(&server));
+    let events = collect(&provider, ask("hi")).await;
+    let error = last_error(&events);
+    assert!(matches!(error, LlmError::Server { .. }), "{error}");
+    assert!(error.to_string().contains("had an error"), "{error}");
+}
+
+#[tokio::test]
+async fn streamed_tool_arguments_that_are_not_json_name_the_tool() {
+    let server = FixtureServer::start(vec![Reply::sse(
+        "openai/stream_tool_calls_bad_arguments.sse",
+    )])
+    .await;
+    let (provider, _) = make(config(&server));
+    let mut request = ask("Weather?");
+    request.tools = vec![weather_tool()];
+    let events = collect(&provider, request).await;
+    let error = last_error(&events);
+    assert!(matches!(error, LlmError::MalformedResponse(_)), "{error}");
+    assert!(error.to_string().contains("`get_weather`"), "{error}");
+}
+
+#[tokio::test]
+async fn tool_arguments_that_are_not_json_name_the_tool() {
+    let server =
+        FixtureServer::start(vec![Reply::json("openai/tool_calls_bad_arguments.json")]).await;
+    let (provider, _) = make(config(&server));
+    let error = provider.complete(after_tool_round()).await.unwrap_err();
+    assert!(matches!(error, LlmError::MalformedResponse(_)), "{error}");
+    assert!(error.to_string().contains("`get_weather`"), "{error}");
+    assert!(error.to_string().contains("not valid JSON"), "{error}");
+    assert_eq!(server.count(), 1, "not retried");
+
+    // Passed on as written when the runtime wants to answer the model itself.
+    let server = FixtureServer::start(vec![
+        Reply::json("openai/tool_calls_bad_arguments.json"),
+        Reply::sse("openai/stream_tool_calls_bad_arguments.sse"),
+    ])
+    .await;
+    let (provider, _) = make(config(&server).with_check_tool_arguments(false));
+    let response = provider.complete(after_tool_round()).await.unwrap();
+    assert_eq!(
+        response.tool_calls[0].arguments,
+        r#"{"city": "Paris", "unit": "#
+    );
+    let streamed = done(&collect(&provider, after_tool_round()).await);
+    assert_eq!(streamed.tool_calls[0].arguments, r#"{"city": Paris}"#);
+}
+
+#[tokio::test]
+async fn malformed_bodies_are_errors_and_not_retried() {
+    for name in ["broken/truncated.json", "broken/html.json"] {
+        let server = FixtureServer::start(vec![Reply::json(name)]).await;
+        let (provider, _) = make(config(&server));
+        let error = provider.complete(ask("hi")).await.unwrap_err();
+        assert!(
+            matches!(error, LlmError::MalformedResponse(_)),
+            "{name}: {error}"
+        );
+        assert!(
+            error.to_string().contains("not a chat completion"),
+            "{error}"
+        );
+        assert_eq!(server.count(), 1);
+    }
+}
+
+#[tokio::test]
+async fn client_errors_are_typed_and_not_retried() {
+    type Check = fn(&LlmError) -> bool;
+    let cases: [(u16, &str, Check); 5] = [
+        (
+            401,
+            "openai/error_401.json",
+            |e| matches!(e, LlmError::Authentication { message } if message.contains("invalid_api_key")),
+        ),
+        (403, "openai/error_401.json", |e| {
+            matches!(e, LlmError::Authentication { .. })
+        }),
+        (
+            400,
+            "openai/error_400.json",
+            |e| matches!(e, LlmError::InvalidRequest { status: 400, message } if message.contains("tool_choice")),
+        ),
+        (
+            400,
+            "openai/error_context_length.json",
+            |e| matches!(e, LlmError::ContextTooLong { message } if message.contains("128000")),
+        ),
+        (400, "compat/llamacpp_error_context.json", |e| {
+            matches!(e, LlmError::ContextTooLong { .. })
+        }),
+    ];
+    for (status, name, expected) in cases {
+        let server = FixtureServer::start(vec![
+            Reply::status_json(status, name),
+            Reply::json("openai/plain.json"),
+        ])
+        .await;
+        let (provider, clock) = make(config(&server));
+        let error = provider.complete(ask("hi")).await.unwrap_err();
+        assert!(expected(&error), "{status} {name}: {error:?}");
+        assert_eq!(server.count(), 1, "{name} was retried");
+        assert!(clock.waits().is_empty());
+    }
+}
+
+#[tokio::test]
+async fn llama_cpp_validation_errors_arrive_as_500_and_are_not_retried() {
+    let server = FixtureServer::start(vec![
+        Reply::status_json(500, "compat/llamacpp_error_500.json"),
+        Reply::json("openai/plain.json"),
+    ])
+    .await;
+    let (provider, _) = make(config(&server).with_dialect(Dialect::llama_cpp()));
+    let error = provider.complete(after_tool_round()).await.unwrap_err();
+    assert!(
+        matches!(&error, LlmError::InvalidRequest { status: 500, message } if message.contains("must contain")),
+        "{error:?}"
+    );
+    assert_eq!(server.count(), 1);
+
+    // The same answer from a server configured as OpenAI is a server error, retried.
+    let server = FixtureServer::start(vec![
+        Reply::status_json(500, "compat/llamacpp_error_500.json"),
+        Reply::json("openai/plain.json"),
+    ])
+    .await;
+    let (provider, _) = make(config(&server));
+    provider.complete(ask("hi")).await.unwrap();
+    assert_eq!(server.count(), 2);
+}
+
+#[tokio::test]
+async fn server_errors_are_retried_with_exponential_backoff() {
+    let server = FixtureServer::start(vec![
+        Reply::status_json(500, "openai/error_500.json"),
+        Reply::raw(502, "<html>Bad gateway</html>"),
+        Reply::raw(503, ""),
+        Reply::json("openai/plain.json"),
+    ])
+    .await;
+    let (provider, clock) = make(config(&server));
+    let response = provider.complete(ask("hi")).await.unwrap();
+    assert_eq!(response.finish_reason, Some(FinishReason::Stop));
+    assert_eq!(server.count(), 4);
+    assert_eq!(
+        clock.waits(),
+        [500, 1_000, 2_000].map(Duration::from_millis)
+    );
+    assert_eq!(clock.elapsed_ms(), 3_500);
+}
+
+#[tokio::test]
+async fn retries_stop_after_the_limit_with_the_last_error() {
+    let server = FixtureServer::start(vec![
+        Reply::raw(503, "busy"),
+        Reply::raw(503, "busy"),
+        Reply::raw(503, "still busy"),
+        Reply::json("openai/plain.json"),
+    ])
+    .await;
+    let (provider, clock) = make(
+        config(&server).with_retry(
+            RetryPolicy::default()
+                .with_max_retries(2)
+                .with_backoff(Duration::from_millis(100), Duration::from_millis(150))
+                .with_jitter(0.0),
+        ),
+    );
+    let error = provider.complete(ask("hi")).await.unwrap_err();
+    assert!(
+        matches!(&error, LlmError::Server { status: 503, message } if message == "still busy"),
+        "{error:?}"
+    );
+    assert_eq!(server.count(), 3);
+    assert_eq!(clock.waits(), [100, 150].map(Duration::from_millis));
+}
+
+#[tokio::test]
+async fn jitter_shortens_waits_within_its_bounds() {
+    let server = FixtureServer::start(vec![
+        Reply::raw(500, ""),
+        Reply::raw(500, ""),
+        Reply::raw(500, ""),
+        Reply::json("openai/plain.json"),
+    ])
+    .await;
+    let (provider, clock) = make(
+        config(&server).with_retry(
+            RetryPolicy::default()
+                .with_max_retries(3)
+                .with_backoff(Duration::from_millis(1_000), Duration::from_secs(8))
+                .with_jitter(0.5),
+        ),
+    );
+    provider.complete(ask("hi")).await.unwrap();
+    let waits = clock.waits();
+    assert_eq!(waits.len(), 3);
+    for (n, wait) in waits.iter().enumerate() {
+        let full = Duration::from_millis(1_000 << n);
+        assert!(*wait <= full && *wait >= full / 2, "wait {n}: {wait:?}");
+    }
+}
+
+#[tokio::test]
+async fn rate_limits_honour_retry_after_in_seconds_and_as_a_date() {
+    let clock_start = std::time::SystemTime::UNIX_EPOCH + Duration::from_millis(1_000_000);
+    let date = httpdate::fmt_http_date(clock_start + Duration::from_secs(7));
+    let server = FixtureServer::start(vec![
+        Reply::status_json(429, "openai/error_429.json").header("retry-after", "3"),
+        Reply::status_json(429, "openai/error_429.json").header("retry-after", &date),
+        Reply::status_json(429, "openai/error_429.json").header("retry-after-ms", "250"),
+        Reply::json("openai/plain.json"),
+    ])
+    .await;
+    let (provider, clock) = make(config(&server));
+    provider.complete(ask("hi")).await.unwrap();
+    assert_eq!(server.count(), 4);
+    // 3 s; then the date, 7 s after the clock's start, 3 s of which have passed; then 250 ms.
+    assert_eq!(
+        clock.waits(),
+        [3_000, 4_000, 250].map(Duration::from_millis)
+    );
+}
+
+#[tokio::test]
+async fn a_server_error_with_retry_after_waits_as_asked() {
+    let server = FixtureServer::start(vec![
+        Reply::raw(503, "maintenance").header("retry-after", "2"),
+        Reply::json("openai/plain.json"),
+    ])
+    .await;
+    let (provider, clock) = make(config(&server));
+    provider.complete(ask("hi")).await.unwrap();
+    assert_eq!(clock.waits(), [Duration::from_secs(2)]);
+}
+
+#[tokio::test]
+async fn an_error_object_with_status_200_is_an_error() {
+    let server = FixtureServer::start(vec![Reply::json("openai/error_500.json")]).await;
+    let (provider, _) = make(config(&server).with_retry(RetryPolicy::none()));
+    let error = provider.complete(ask("hi")).await.unwrap_err();
+    assert!(
+        matches!(&error, LlmError::Server { status: 200, message } if message.contains("had an error")),
+        "{error:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_rate_limit_without_retry_after_backs_off() {
+    let server = FixtureServer::start(vec![
+        Reply::status_json(429, "openai/error_429.json"),
+        Reply::json("openai/plain.json"),
+    ])
+    .await;
+    let (provider, clock) = make(config(&server));
+    provider.complete(ask("hi")).await.unwrap();
+    assert_eq!(clock.waits(), [Duration::from_millis(500)]);
+}
+
+#[tokio::test]
+async fn a_retry_after_longer_than_allowed_is_returned_at_once() {
+    let server = FixtureServer::start(vec![
+        Reply::status_json(429, "openai/error_429.json").header("retry-after", "3600"),
+        Reply::json("openai/plain.json"),
+    ])
+    .await;
+    let (provider, clock) = make(config(&server));
+    let error = provider.complete(ask("hi")).await.unwrap_err();
+    assert!(
+        matches!(error, LlmError::RateLimited { retry_after: Some(d), .. } if d == Duration::from_secs(3600)),
+        "{error:?}"
+    );
+    assert_eq!(server.count(), 1);
+    assert!(clock.waits().is_empty());
+}
+
+#[tokio::test]
+async fn an_exhausted_quota_is_not_retried() {
+    let server = FixtureServer::start(vec![
+        Reply::status_json(429, "openai/error_quota.json"),
+        Reply::json("openai/plain.json"),
+    ])
+    .await;
+    let (provider, _) = make(config(&server));
+    let error = provider.complete(ask("hi")).await.unwrap_err();
+    assert!(matches!(error, LlmError::RateLimited { .. }), "{error:?}");
+    assert_eq!(server.count(), 1);
+}
+
+#[tokio::test]
+async fn a_silent_server_times_out_on_the_clock_and_is_retried() {
+    let server = FixtureServer::start(vec![Reply::hang(), Reply::json("openai/plain.json")]).await;
+    let (provider, clock) = make(config(&server));
+    let call = tokio::spawn({
+        let provider = provider.clone();
+        async move { provider.complete(ask("hi")).await }
+    });
+    server.wait_for_requests(1).await;
+    assert!(!call.is_finished());
+    clock.manual.advance(TIMEOUT);
+    let response = call.await.unwrap().unwrap();
+    assert_eq!(response.finish_reason, Some(FinishReason::Stop));
+    assert_eq!(server.count(), 2);
+    assert_eq!(clock.waits(), [Duration::from_millis(500)]);
+    assert_eq!(clock.elapsed_ms(), 30_500);
+}
+
+#[tokio::test]
+async fn a_timeout_without_retries_is_a_timeout_error() {
+    let server = FixtureServer::start(vec![Reply::hang()]).await;
+    let (provider, clock) = make(config(&server).with_retry(RetryPolicy::none()));
+    let call = tokio::spawn({
+        let provider = provider.clone();
+        async move { provider.complete(ask("hi")).await }
+    });
+    server.wait_for_requests(1).await;
+    clock.manual.advance(TIMEOUT - Duration::from_millis(1));
+    tokio::task::yield_now().await;
+    assert!(!call.is_finished(), "timed out early");
+    clock.manual.advance(Duration::from_millis(1));
+    let error = call.await.unwrap().unwrap_err();
+    assert!(
+        matches!(error, LlmError::Timeout(d) if d == TIMEOUT),
+        "{error:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_stream_that_goes_silent_times_out() {
+    let server = FixtureServer::start(vec![Reply::sse("broken/stream_cut.sse").then_hang()]).await;
+    let (provider, clock) = make(config(&server));
+    let mut stream = provider.stream(ask("hi")).await.unwrap();
+    let first = stream.next().await.unwrap().unwrap();
+    assert_eq!(first, StreamEvent::TextDelta { text: "The".into() });
+    let second = stream.next().await.unwrap().unwrap();
+    assert_eq!(
+        second,
+        StreamEvent::TextDelta {
+            text: " capital".into()
+        }
+    );
+    let sleeps = clock.sleeps().len();
+    let third = tokio::spawn(async move { stream.next().await });
+    // Once the provider waits for the next piece, the silence starts counting.
+    while clock.sleeps().len() == sleeps {
+        tokio::task::yield_now().await;
+    }
+    clock.manual.advance(IDLE - Duration::from_millis(1));
+    tokio::task::yield_now().await;
+    assert!(!third.is_finished(), "timed out early");
+    clock.manual.advance(Duration::from_millis(1));
+    let error = third.await.unwrap().unwrap().unwrap_err();
+    assert!(
+        matches!(error, LlmError::Timeout(d) if d == IDLE),
+        "{error:?}"
+    );
+}
+
+#[tokio::test]
+async fn stream_setup_is_retried_like_complete() {
+    let server = FixtureServer::start(vec![
+        Reply::raw(502, ""),
+        Reply::sse("openai/stream_text.sse"),
+    ])
+    .await;
+    let (provider, clock) = make(config(&server));
+    let response = done(&collect(&provider, ask("hi")).await);
+    assert_eq!(
+        response.content.as_deref(),
+        Some("The capital of France is Paris.")
+    );
+    assert_eq!(clock.waits(), [Duration::from_millis(500)]);
+    let errors = FixtureServer::start(vec![Reply::status_json(401, "openai/error_401.json")]).await;
+    let (provider, _) = make(config(&errors));
+    let error = provider.stream(ask("hi")).await.err().unwrap();
+    assert!(
+        matches!(error, LlmError::Authentication { .. }),
+        "{error:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_refused_connection_is_a_transport_error_after_retries() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    let cfg = OpenAiConfig::new("m")
+        .with_base_url(format!("http://{addr}/v1"))
+        .with_retry(
+            RetryPolicy::default()
+                .with_max_retries(2)
+                .with_backoff(Duration::from_millis(10), Duration::from_millis(10))
+                .with_jitter(0.0),
+        );
+    let (provider, clock) = make(cfg);
+    let error = provider.complete(ask("hi")).await.unwrap_err();
+    assert!(matches!(error, LlmError::Transport { .. }), "{error:?}");
+    assert_eq!(clock.waits().len(), 2);
+}
+
+#[tokio::test]
+async fn a_dialect_without_tools_refuses_tools_before_sending() {
+    let server = FixtureServer::start(vec![Reply::json("openai/plain.json")]).await;
+    let mut cfg = config(&server).with_dialect(Dialect::compatible());
+    cfg.dialect.supports_tools = false;
+    let (provider, _) = make(cfg);
+    let mut request = ask("hi");
+    request.tools = vec![weather_tool()];
+    let error = provider.complete(request).await.unwrap_err();
+    assert!(error.to_string().contains("tools"), "{error}");
+    assert_eq!(server.count(), 0);
+}
+
+#[tokio::test]
+async fn bad_configuration_is_refused_with_the_setting_named() {
+    let clock: Arc<dyn spacebot_core::Clock> = Arc::new(TestClock::new(Duration::ZERO));
+    let bad = OpenAiConfig::new("m").with_base_url("ftp://example");
+    let err = OpenAiProvider::new(bad, Arc::clone(&clock)).unwrap_err();
+    assert!(err.to_string().contains("base_url"), "{err}");
+    let bad = OpenAiConfig::new("m").with_header("bad header", "x");
+    let err = OpenAiProvider::new(bad, Arc::clone(&clock)).unwrap_err();
+    assert!(err.to_string().contains("extra_headers[0]"), "{err}");
+    let ok = OpenAiProvider::new(OpenAiConfig::new("m").with_api_key("sk-secret"), clock).unwrap();
+    assert!(!format!("{ok:?}").contains("sk-secret"));
+}

@@ -1,0 +1,376 @@
+//! Files that are not what they should be: each is refused with an error naming the file, and
+//! nothing on disk changes.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+
+use spacebot_core::task::TaskFilter;
+use spacebot_core::{AgentId, NewTask, StoreError, TaskStore, Timestamp};
+use spacebot_sqlite::SqliteStores;
+use sqlx::{Connection, SqliteConnection};
+
+fn agent(id: &str) -> AgentId {
+    AgentId::parse(id).unwrap()
+}
+
+/// Every file under `dir` with its bytes.
+fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                out.insert(path.clone(), std::fs::read(&path).unwrap());
+            }
+        }
+    }
+    out
+}
+
+/// Asserts two snapshots are equal, naming the files that differ (not their bytes).
+#[track_caller]
+fn assert_same(after: &BTreeMap<PathBuf, Vec<u8>>, before: &BTreeMap<PathBuf, Vec<u8>>) {
+    let mut diff = Vec::new();
+    for (path, bytes) in before {
+        match after.get(path) {
+            None => diff.push(format!("removed {}", path.display())),
+            Some(b) if b != bytes => diff.push(format!("changed {}", path.display())),
+            Some(_) => {}
+        }
+    }
+    for path in after.keys().filter(|p| !before.contains_key(*p)) {
+        diff.push(format!("created {}", path.display()));
+    }
+    assert!(diff.is_empty(), "files changed: {diff:?}");
+}
+
+fn assert_corrupt_naming(err: StoreError, file: &Path, says: &str) {
+    match &err {
+        StoreError::Corrupt { location, reason } => {
+            assert_eq!(Path::new(location), file, "{err}");
+            assert!(reason.contains(says), "{err}");
+        }
+        other => panic!("expected Corrupt naming {}, got {other:?}", file.display()),
+    }
+    assert!(err.to_string().contains(&file.display().to_string()));
+}
+
+/// A directory with stores holding one task for `worker`, closed.
+async fn populated() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let stores = SqliteStores::open(dir.path()).await.unwrap();
+    stores
+        .tasks()
+        .create(&agent("worker"), NewTask::new("keep me", ""), Timestamp(1))
+        .await
+        .unwrap();
+    stores.close().await;
+    let instance = dir.path().join("instance.db");
+    let worker = dir.path().join("agents/worker/data/spacebot.db");
+    (dir, instance, worker)
+}
+
+async fn raw(path: &Path) -> SqliteConnection {
+    let options = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(path)
+        .create_if_missing(true);
+    SqliteConnection::connect_with(&options).await.unwrap()
+}
+
+#[tokio::test]
+async fn a_file_that_is_not_a_database_is_refused_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let instance = dir.path().join("instance.db");
+    std::fs::write(
+        &instance,
+        b"these are my notes, not a database\n".repeat(200),
+    )
+    .unwrap();
+    let before = snapshot(dir.path());
+    let err = SqliteStores::open(dir.path()).await.unwrap_err();
+    assert_corrupt_naming(err, &instance, "not an SQLite database");
+    assert_same(&snapshot(dir.path()), &before);
+}
+
+#[tokio::test]
+async fn a_corrupted_agent_database_is_refused_untouched() {
+    let (dir, _, worker) = populated().await;
+    // Keep the SQLite header, garble every page after the first.
+    let mut bytes = std::fs::read(&worker).unwrap();
+    assert!(bytes.len() > 8192, "expected several pages");
+    for b in &mut bytes[4096..] {
+        *b = 0xA5;
+    }
+    std::fs::write(&worker, &bytes).unwrap();
+    let before = snapshot(dir.path());
+    let stores = SqliteStores::open(dir.path()).await.unwrap();
+    let err = stores
+        .tasks()
+        .list(&agent("worker"), &TaskFilter::default())
+        .await
+        .unwrap_err();
+    match &err {
+        StoreError::Corrupt { location, .. } => assert_eq!(Path::new(location), worker),
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    // Other agents are not affected.
+    stores
+        .tasks()
+        .create(&agent("other"), NewTask::new("fine", ""), Timestamp(1))
+        .await
+        .unwrap();
+    stores.close().await;
+    assert!(
+        std::fs::read(&worker).unwrap() == before[&worker],
+        "the corrupted file was written to"
+    );
+}
+
+#[tokio::test]
+async fn a_corrupted_instance_database_is_refused_untouched() {
+    let (dir, instance, _) = populated().await;
+    let mut bytes = std::fs::read(&instance).unwrap();
+    for b in &mut bytes[100..] {
+        *b = 0x5A;
+    }
+    std::fs::write(&instance, &bytes).unwrap();
+    let before = snapshot(dir.path());
+    let err = SqliteStores::open(dir.path()).await.unwrap_err();
+    match &err {
+        StoreError::Corrupt { location, .. } => assert_eq!(Path::new(location), instance),
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    assert_same(&snapshot(dir.path()), &before);
+}
+
+#[tokio::test]
+async fn another_applications_database_is_refused_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let instance = dir.path().join("instance.db");
+    let mut conn = raw(&instance).await;
+    sqlx::query("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO users (name) VALUES ('ada')")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    conn.close().await.unwrap();
+    let before = snapshot(dir.path());
+    let err = SqliteStores::open(dir.path()).await.unwrap_err();
+    assert_corrupt_naming(err, &instance, "not a spacebot instance database");
+    assert_same(&snapshot(dir.path()), &before);
+
+    // With an application id of its own, the message says so.
+    let mut conn = raw(&instance).await;
+    sqlx::query("PRAGMA application_id = 1234")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    conn.close().await.unwrap();
+    let before = snapshot(dir.path());
+    let err = SqliteStores::open(dir.path()).await.unwrap_err();
+    assert_corrupt_naming(err, &instance, "another application (application_id 0x4d2)");
+    assert_same(&snapshot(dir.path()), &before);
+}
+
+#[tokio::test]
+async fn an_instance_database_in_an_agents_place_is_refused_untouched() {
+    let (dir, instance, worker) = populated().await;
+    std::fs::copy(&instance, &worker).unwrap();
+    let before = snapshot(dir.path());
+    let stores = SqliteStores::open(dir.path()).await.unwrap();
+    let err = stores.tasks().get(&agent("worker"), 1).await.unwrap_err();
+    assert_corrupt_naming(
+        err,
+        &worker,
+        "a spacebot instance database, not a spacebot agent database",
+    );
+    stores.close().await;
+    assert!(
+        std::fs::read(&worker).unwrap() == before[&worker],
+        "{} changed",
+        worker.display()
+    );
+}
+
+#[tokio::test]
+async fn a_schema_newer_than_this_build_is_refused_untouched() {
+    let (dir, instance, worker) = populated().await;
+    for file in [&instance, &worker] {
+        let mut conn = raw(file).await;
+        sqlx::query(
+            "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+             VALUES (9999, 'from the future', 1, x'00', 0)",
+        )
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        conn.close().await.unwrap();
+    }
+    let before = snapshot(dir.path());
+    let err = SqliteStores::open(dir.path()).await.unwrap_err();
+    assert_corrupt_naming(err, &instance, "schema version 9999 is newer");
+    assert_same(&snapshot(dir.path()), &before);
+
+    // The agent database too, once the instance database is fine again.
+    let mut conn = raw(&instance).await;
+    sqlx::query("DELETE FROM _sqlx_migrations WHERE version = 9999")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    conn.close().await.unwrap();
+    let stores = SqliteStores::open(dir.path()).await.unwrap();
+    let err = stores
+        .tasks()
+        .list(&agent("worker"), &TaskFilter::default())
+        .await
+        .unwrap_err();
+    assert_corrupt_naming(err, &worker, "schema version 9999 is newer");
+    stores.close().await;
+    assert!(
+        std::fs::read(&worker).unwrap() == before[&worker],
+        "{} changed",
+        worker.display()
+    );
+}
+
+const READ_ONLY_CHILD: &str = "SPACEBOT_SQLITE_READ_ONLY_DIR";
+
+/// Opens the stores in the read-only directories prepared by
+/// [`a_read_only_directory_is_a_clear_error_and_nothing_is_written`]. Runs as a child process
+/// when that test runs as root (root ignores directory permissions); does nothing otherwise.
+#[tokio::test]
+#[ignore = "the child process of a_read_only_directory_is_a_clear_error_and_nothing_is_written"]
+async fn read_only_child() {
+    let Ok(root) = std::env::var(READ_ONLY_CHILD) else {
+        return;
+    };
+    check_read_only(Path::new(&root)).await;
+}
+
+async fn check_read_only(root: &Path) {
+    // A fresh directory: instance.db cannot be created.
+    let fresh = root.join("fresh");
+    let err = SqliteStores::open(&fresh).await.unwrap_err();
+    eprintln!("fresh read-only directory: {err}");
+    assert!(matches!(err, StoreError::Backend { .. }), "{err:?}");
+    assert!(
+        err.to_string()
+            .contains(&fresh.join("instance.db").display().to_string()),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_dir(&fresh).unwrap().count(), 0);
+
+    // Existing stores: refused (SQLite cannot write or keep its WAL index there).
+    let existing = root.join("existing");
+    let result = SqliteStores::open(&existing).await;
+    let err = match result {
+        Err(err) => err,
+        Ok(stores) => {
+            // Opening may succeed on some systems (a read-only open of the instance file);
+            // then every write must fail, naming the file.
+            let err = stores
+                .tasks()
+                .create(&agent("worker"), NewTask::new("new", ""), Timestamp(2))
+                .await
+                .unwrap_err();
+            stores.close().await;
+            err
+        }
+    };
+    eprintln!("existing stores in a read-only directory: {err}");
+    assert!(matches!(err, StoreError::Backend { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains(&existing.display().to_string()),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn a_read_only_directory_is_a_clear_error_and_nothing_is_written() {
+    let root = tempfile::tempdir().unwrap();
+    let fresh = root.path().join("fresh");
+    std::fs::create_dir(&fresh).unwrap();
+    let existing = root.path().join("existing");
+    let stores = SqliteStores::open(&existing).await.unwrap();
+    stores
+        .tasks()
+        .create(&agent("worker"), NewTask::new("keep me", ""), Timestamp(1))
+        .await
+        .unwrap();
+    stores.close().await;
+    let set_mode = |path: &Path, mode| {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    };
+    let before = snapshot(&existing);
+    // Read-only everything (directories keep r-x so the files can be found).
+    set_mode(root.path(), 0o755);
+    let mut dirs = vec![fresh.clone(), existing.clone()];
+    dirs.extend(
+        ["agents", "agents/worker", "agents/worker/data"]
+            .iter()
+            .map(|d| existing.join(d)),
+    );
+    for file in before.keys() {
+        set_mode(file, 0o444);
+    }
+    for d in &dirs {
+        set_mode(d, 0o555);
+    }
+
+    let probe = fresh.join("probe");
+    let privileged = std::fs::write(&probe, b"").is_ok();
+    if privileged {
+        // Root ignores permissions: run the checks as an unprivileged user in a child process.
+        std::fs::remove_file(&probe).unwrap();
+        assert_eq!(std::fs::metadata("/proc/self").unwrap().uid(), 0);
+        let output = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "read_only_child",
+                "--exact",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(READ_ONLY_CHILD, root.path())
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            output.status.success() && stdout.contains("1 passed"),
+            "the unprivileged checks failed or did not run: {}\n{stdout}\n{stderr}",
+            output.status
+        );
+    } else {
+        check_read_only(root.path()).await;
+    }
+
+    for d in &dirs {
+        set_mode(d, 0o755);
+    }
+    assert_same(&snapshot(&existing), &before);
+    assert_eq!(std::fs::read_dir(&fresh).unwrap().count(), 0);
+    // Once writable again, everything is there.
+    for file in before.keys() {
+        set_mode(file, 0o644);
+    }
+    let stores = SqliteStores::open(&existing).await.unwrap();
+    let tasks = stores
+        .tasks()
+        .list(&agent("worker"), &TaskFilter::default())
+        .await
+        .unwrap();
+    assert_eq!(tasks.len(), 1);
+    stores.close().await;
+}
