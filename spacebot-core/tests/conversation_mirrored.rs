@@ -477,7 +477,10 @@ async fn stopping_an_agent_severs_its_conversations() {
     assert_eq!(all.len(), 2);
     let old = all.iter().find(|x| x.id == c.id).unwrap();
     assert_eq!(old.status, ConversationStatus::Severed);
-    assert!(all.iter().any(|x| x.id != c.id && x.status == ConversationStatus::Open));
+    assert!(
+        all.iter()
+            .any(|x| x.id != c.id && x.status == ConversationStatus::Open)
+    );
 }
 
 #[tokio::test]

@@ -1,5 +1,11 @@
 //! Shared set-up for the conversation tests.
-#![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    dead_code,
+    unreachable_pub,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic
+)]
 
 use std::sync::Arc;
 use std::time::Duration;
