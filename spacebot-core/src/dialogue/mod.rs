@@ -20,9 +20,9 @@
 //! remaining budget, same history); a severed one stays severed. When an agent's session ends, its
 //! open conversations are severed.
 //!
-//! The runtime calls into this module at two points: [`route_reply`] when a turn produced a final
+//! The runtime calls into this module at two points: `route_reply` when a turn produced a final
 //! answer (a reply in a conversation channel goes to the other members instead of the agent's
-//! outbound), and [`on_agent_stopped`] when an agent's session ends.
+//! outbound), and `on_agent_stopped` when an agent's session ends.
 
 mod tools;
 
@@ -69,6 +69,9 @@ pub enum DialogueError {
     /// No conversation matches what was asked for; nothing was changed.
     #[error("no conversation found: {0}")]
     NotFound(String),
+    /// The conversation has ended and cannot be continued from here; nothing was sent.
+    #[error("{0}")]
+    Ended(String),
     /// The conversation exists but the operation is not allowed on it; nothing was changed.
     #[error("conversation {conversation}: {reason}")]
     NotAllowed {
@@ -341,12 +344,15 @@ async fn latest_concluded(
 }
 
 /// Finds the open conversation holding `key`, reopens the latest concluded one, or creates
-/// `fresh()`. Concurrent callers with one key end in one conversation.
+/// `fresh()`. Concurrent callers with one key end in one conversation. From the conversation's own
+/// channel only an open conversation may be joined: an ended one is not started again from inside
+/// (otherwise two models answering each other would start over whenever the budget severs them).
 async fn open_or_join<F>(
     org: &Organization,
     opener: &AgentId,
     key: &str,
     origin: Option<ChannelId>,
+    from_own_channel: bool,
     may_start: impl Fn() -> Result<(), PolicyDenied>,
     fresh: F,
 ) -> Result<(Conversation, Opening), DialogueError>
@@ -358,6 +364,12 @@ where
     for _ in 0..CAS_ATTEMPTS {
         if let Some(open) = store.find_open(key).await? {
             return Ok((open, Opening::Continued));
+        }
+        if from_own_channel {
+            return Err(DialogueError::Ended(format!(
+                "the conversation {key} is not open, and an ended conversation cannot be started \
+                 again from its own channel; nothing was sent"
+            )));
         }
         may_start()?;
         if let Some(concluded) = latest_concluded(org, opener, key).await? {
@@ -570,7 +582,7 @@ pub(crate) async fn sever(
             RecordKind::System,
             "system",
             format!(
-                "The conversation with {others} was severed{who} before it concluded: {reason}."
+                "The conversation with {others} was severed{who}, without a conclusion: {reason}."
             ),
             id,
         )
@@ -735,8 +747,16 @@ pub(crate) async fn send_mirrored(
         updated_at: now,
     };
     let may_start = || policy::check_start(&graph, from, &to).map(|_| ());
-    let (conversation, opening) =
-        open_or_join(org, from, &key, origin.clone(), may_start, fresh).await?;
+    let (conversation, opening) = open_or_join(
+        org,
+        from,
+        &key,
+        origin.clone(),
+        origin.is_none(),
+        may_start,
+        fresh,
+    )
+    .await?;
     deliver_turn(org, &conversation, from, message, true).await?;
     Ok((conversation, opening))
 }
@@ -773,6 +793,16 @@ pub(crate) async fn open_group(
     let key = group_key(&all);
     let budget = org.inner.settings.conversation_turn_budget;
     let now = org.inner.clock.now();
+    let from_own_channel = match origin.as_str().strip_prefix("conversation:") {
+        Some(id) => org
+            .inner
+            .stores
+            .conversations
+            .get(&ConversationId::new(id))
+            .await?
+            .is_some_and(|c| c.pair_key.as_deref() == Some(key.as_str())),
+        None => false,
+    };
     let origin = Some(origin.clone()).filter(|o| !o.as_str().starts_with("conversation:"));
     let fresh = || {
         let id = ConversationId::new_random();
@@ -808,8 +838,16 @@ pub(crate) async fn open_group(
             updated_at: now,
         }
     };
-    let (conversation, opening) =
-        open_or_join(org, from, &key, origin.clone(), || Ok(()), fresh).await?;
+    let (conversation, opening) = open_or_join(
+        org,
+        from,
+        &key,
+        origin.clone(),
+        from_own_channel,
+        || Ok(()),
+        fresh,
+    )
+    .await?;
     deliver_turn(org, &conversation, from, message, true).await?;
     Ok((conversation, opening))
 }
@@ -909,7 +947,7 @@ pub(crate) async fn route_reply(
 ) -> bool {
     let conversation = match conversation_for_reply(org, agent, channel, answered).await {
         Ok(Some(c)) => c,
-        Ok(None) => return false,
+        Ok(None) => return orphan_result_answer(org, agent, channel, answered).await,
         Err(e) => {
             report_error(
                 &org.inner,
@@ -946,6 +984,41 @@ pub(crate) async fn route_reply(
         )
         .await;
     }
+    true
+}
+
+/// An answer to a conversation's result, given in a link channel whose own conversation has ended
+/// (a middle hop of a chain): it belongs to no conversation and to no external user, so it stays in
+/// the author's history with a note. Returns whether that was the case.
+async fn orphan_result_answer(
+    org: &Organization,
+    agent: &AgentId,
+    channel: &ChannelId,
+    answered: &[Envelope],
+) -> bool {
+    let result = answered.iter().find_map(|e| {
+        e.metadata
+            .get(META_RESULT)
+            .and_then(serde_json::Value::as_str)
+    });
+    let Some(result) = result else {
+        return false;
+    };
+    let conversation_channel = channel.as_str().starts_with("conversation:")
+        || channel.as_link().is_some_and(|(owner, _)| &owner == agent);
+    if !conversation_channel {
+        return false;
+    }
+    append(
+        org,
+        agent,
+        channel,
+        RecordKind::System,
+        "system",
+        "This reply was not delivered: no conversation is open in this channel.".to_string(),
+        &ConversationId::new(result),
+    )
+    .await;
     true
 }
 
