@@ -490,3 +490,37 @@ async fn stopping_an_agent_persists_its_queue_for_the_next_start() {
     call.respond_text("two");
     assert_eq!(h.reply().await.in_reply_to, vec![m2]);
 }
+
+#[tokio::test]
+async fn after_a_steer_the_interrupted_message_waits_for_the_merged_answer() {
+    let (llm, mut calls) = MockLlm::pair();
+    let mut h = harness(Arc::new(llm), "", vec![Arc::new(EchoTool)]).await;
+    let a = id("a");
+    h.org.start_agent(&a).await.unwrap();
+    let m1 = h.org.deliver("a", msg("first")).await.unwrap();
+    let call = calls.next().await.unwrap();
+    let m2 = h.org.deliver("a", msg("second")).await.unwrap();
+    call.respond_tool_calls(vec![tool_call("echo", json!({"text": "1"}))]);
+    // Steered to "second"; the model keeps calling tools: "first" must not steer back in.
+    for round in 0..5 {
+        let call = calls.next().await.unwrap();
+        assert_eq!(last_user_text(&call.request), "second", "round {round}");
+        call.respond_tool_calls(vec![tool_call("echo", json!({"text": "more"}))]);
+    }
+    let call = calls.next().await.unwrap();
+    assert_eq!(last_user_text(&call.request), "second");
+    call.respond_text("second answered");
+    assert_eq!(h.reply().await.in_reply_to, vec![m2]);
+    let call = calls.next().await.unwrap();
+    assert_eq!(last_user_text(&call.request), "first");
+    call.respond_text("first answered");
+    assert_eq!(h.reply().await.in_reply_to, vec![m1]);
+    assert_eq!(
+        h.events
+            .kinds()
+            .iter()
+            .filter(|k| matches!(k, EventKind::Steered { .. }))
+            .count(),
+        1
+    );
+}

@@ -65,6 +65,8 @@ type Item = (EnvelopeId, String, String);
 struct Model {
     queue: VecDeque<Item>,
     current: Vec<Item>,
+    /// Envelopes a steer put back (they wait for the merged answer instead of steering again).
+    resumed: Vec<EnvelopeId>,
 }
 
 impl Model {
@@ -127,6 +129,7 @@ async fn run(steps: Vec<Step>) {
     let mut model = Model {
         queue: VecDeque::new(),
         current: Vec::new(),
+        resumed: Vec::new(),
     };
     let mut pending: Option<PendingCall> = None;
     let mut expected_replies: Vec<Vec<EnvelopeId>> = Vec::new();
@@ -162,12 +165,21 @@ async fn run(steps: Vec<Step>) {
             Step::Tool => {
                 let Some(call) = pending.take() else { continue };
                 call.respond_tool_calls(vec![tool_call("echo", json!({"text": "x"}))]);
-                if !model.queue.is_empty() {
-                    let interrupted = std::mem::take(&mut model.current);
-                    model.current = model.queue.drain(..).collect();
-                    for e in interrupted.into_iter().rev() {
-                        model.queue.push_front(e);
+                // Only fresh arrivals steer; messages interrupted earlier keep waiting at the
+                // front, in arrival order, followed by the one interrupted now.
+                let (waiting, fresh): (Vec<Item>, Vec<Item>) = model
+                    .queue
+                    .drain(..)
+                    .partition(|item| model.resumed.contains(&item.0));
+                if fresh.is_empty() {
+                    model.queue.extend(waiting);
+                } else {
+                    let interrupted = std::mem::replace(&mut model.current, fresh);
+                    for item in &interrupted {
+                        model.resumed.push(item.0.clone());
                     }
+                    model.queue.extend(waiting);
+                    model.queue.extend(interrupted);
                 }
             }
             Step::Text => {

@@ -473,6 +473,27 @@ pub(crate) fn system_prompt(
     })
 }
 
+/// A turn may take this many times `max_tool_rounds` in all, steers included: each steer gives the
+/// merged message a fresh round budget, and this bounds a turn that producers keep steering.
+const STEER_ROUND_FACTOR: u32 = 4;
+
+/// Puts envelopes back at the front of the queue, in order. A stopping agent's queue is closed:
+/// they are kept in its pending deliveries instead.
+async fn put_back(org: &OrgInner, agent: &AgentRuntime, envelopes: Vec<Envelope>) {
+    for envelope in envelopes.into_iter().rev() {
+        if let Err(e) = agent.queue.push_front(envelope.clone()) {
+            if let Err(p) = org.persist(agent.id(), envelope).await {
+                report_error(
+                    org,
+                    agent.id(),
+                    None,
+                    format!("interrupted message not kept ({e}): {p}"),
+                );
+            }
+        }
+    }
+}
+
 /// The tool definitions `me` is offered: the registry's, with the `send_agent_message` description
 /// rendered from its template and listing the agents `me` may delegate to.
 fn tool_definitions(
@@ -683,30 +704,40 @@ pub(crate) async fn run_turn(
                 .await?;
         }
         // ... and anything that arrived meanwhile steers the turn.
-        let backlog = split_backlog(drop_applied(inner, &me, agent.queue.drain()).await);
+        // Messages a steer put back earlier wait at the front until this answer is out: only fresh
+        // arrivals steer (otherwise two interrupted messages would take turns forever).
+        let (waiting, fresh): (Vec<Envelope>, Vec<Envelope>) =
+            agent.queue.drain().into_iter().partition(is_resumed);
+        let steers = fresh.iter().any(|e| e.kind.wakes_model());
+        if steers && total_rounds >= limit.saturating_mul(STEER_ROUND_FACTOR) {
+            // Steered too long: stop here; everything waits, untouched, in arrival order.
+            let mut back = waiting;
+            back.extend(fresh);
+            put_back(inner, agent, back).await;
+            let mut event = inner.event(&me, EventKind::RoundLimitReached { limit });
+            event.channel = Some(channel.clone());
+            event.task = options.task.clone();
+            inner.emit(event);
+            return Err(TurnError::RoundLimit { limit });
+        }
+        let backlog = split_backlog(drop_applied(inner, &me, fresh).await);
         for record in &backlog.records {
             append(inner, &me, user_record(record)).await;
         }
         if backlog.to_answer.is_empty() {
+            put_back(inner, agent, waiting).await;
             continue;
         }
         let interrupted = std::mem::replace(&mut current, backlog.to_answer);
-        for mut envelope in interrupted.into_iter().rev() {
+        // Back to the front in arrival order: messages interrupted earlier first, then this one.
+        let mut back = waiting;
+        back.extend(interrupted.into_iter().map(|mut envelope| {
             envelope
                 .metadata
                 .insert(META_RESUMED.into(), serde_json::Value::Bool(true));
-            if let Err(e) = agent.queue.push_front(envelope.clone()) {
-                // The agent is stopping: keep the interrupted message for its next start.
-                if let Err(p) = inner.persist(&me, envelope).await {
-                    report_error(
-                        inner,
-                        &me,
-                        None,
-                        format!("interrupted message not kept ({e}): {p}"),
-                    );
-                }
-            }
-        }
+            envelope
+        }));
+        put_back(inner, agent, back).await;
         let mut event = inner.event(
             &me,
             EventKind::Steered {
