@@ -481,15 +481,15 @@ const STEER_ROUND_FACTOR: u32 = 4;
 /// they are kept in its pending deliveries instead.
 async fn put_back(org: &OrgInner, agent: &AgentRuntime, envelopes: Vec<Envelope>) {
     for envelope in envelopes.into_iter().rev() {
-        if let Err(e) = agent.queue.push_front(envelope.clone()) {
-            if let Err(p) = org.persist(agent.id(), envelope).await {
-                report_error(
-                    org,
-                    agent.id(),
-                    None,
-                    format!("interrupted message not kept ({e}): {p}"),
-                );
-            }
+        if let Err(e) = agent.queue.push_front(envelope.clone())
+            && let Err(p) = org.persist(agent.id(), envelope).await
+        {
+            report_error(
+                org,
+                agent.id(),
+                None,
+                format!("interrupted message not kept ({e}): {p}"),
+            );
         }
     }
 }
