@@ -30,30 +30,6 @@ use spacebot_core::{
     Stores, TaskStore,
 };
 
-const ORG: &str = r#"
-[[agents]]
-id = "chief-ai-officer"
-name = "Chief AI Officer"
-
-[[agents]]
-id = "spacebot-tech-lead"
-name = "Spacebot Tech Lead"
-
-[[agents]]
-id = "community-manager"
-name = "Community Manager"
-
-[[links]]
-from = "chief-ai-officer"
-to = "spacebot-tech-lead"
-relationship = "superior"
-
-[[links]]
-from = "spacebot-tech-lead"
-to = "community-manager"
-relationship = "superior"
-"#;
-
 const USER_MESSAGE: &str =
     "Please ask the community manager to pick a random word for me, and tell me which one.";
 
@@ -172,7 +148,8 @@ async fn main() -> Result<(), BoxError> {
         dir.display()
     );
 
-    let config = OrgConfig::from_toml_str(ORG)?;
+    // Chief superior of the tech lead, tech lead superior of the community manager (seed 000).
+    let config = OrgConfig::load(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/org.toml"))?;
     let org = Organization::builder(config)
         .stores(stores.clone())
         .llm(llm)

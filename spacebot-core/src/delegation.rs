@@ -867,14 +867,19 @@ impl Tool for SendAgentMessage {
         {
             Ok(task) => {
                 let name = ctx.org.display_name(&task.agent);
+                let stop = if task.title.ends_with(['.', '!', '?']) {
+                    ""
+                } else {
+                    "."
+                };
                 let waiting = if task.status == TaskStatus::PendingApproval {
                     " It waits for approval before it runs."
                 } else {
                     ""
                 };
                 Ok(ToolOutput::end_turn(format!(
-                    "Assigned task #{} to {name} ({}): {}.{waiting} Your turn ends now; you will be \
-                     woken with the result.",
+                    "Assigned task #{} to {name} ({}): {}{stop}{waiting} Your turn ends now; you \
+                     will be woken with the result.",
                     task.number, task.agent, task.title
                 )))
             }
