@@ -831,13 +831,12 @@ struct SendArgs {
 #[async_trait]
 impl Tool for SendAgentMessage {
     fn definition(&self) -> ToolDefinition {
-        ToolDefinition {
-            name: "send_agent_message".into(),
-            description: "Delegate work to another agent you are linked to. The message becomes a \
+        ToolDefinition::new(
+            "send_agent_message",
+            "Delegate work to another agent you are linked to. The message becomes a \
                 task on that agent's board; your turn ends, and you are woken with the result when \
-                the task is done or failed. `target` is the agent's id or name."
-                .into(),
-            parameters: serde_json::json!({
+                the task is done or failed. `target` is the agent's id or name.",
+            serde_json::json!({
                 "type": "object",
                 "properties": {
                     "target": {"type": "string", "description": "The agent's id or display name."},
@@ -846,7 +845,7 @@ impl Tool for SendAgentMessage {
                 "required": ["target", "message"],
                 "additionalProperties": false
             }),
-        }
+        )
     }
 
     async fn call(
@@ -908,11 +907,10 @@ struct CreateArgs {
 #[async_trait]
 impl Tool for TaskCreate {
     fn definition(&self) -> ToolDefinition {
-        ToolDefinition {
-            name: "task_create".into(),
-            description:
-                "Add a task to your own board. It is ready to run unless `backlog` is true.".into(),
-            parameters: serde_json::json!({
+        ToolDefinition::new(
+            "task_create",
+            "Add a task to your own board. It is ready to run unless `backlog` is true.",
+            serde_json::json!({
                 "type": "object",
                 "properties": {
                     "title": {"type": "string"},
@@ -923,7 +921,7 @@ impl Tool for TaskCreate {
                 "required": ["title"],
                 "additionalProperties": false
             }),
-        }
+        )
     }
 
     async fn call(
@@ -975,12 +973,11 @@ struct ListArgs {
 #[async_trait]
 impl Tool for TaskList {
     fn definition(&self) -> ToolDefinition {
-        ToolDefinition {
-            name: "task_list".into(),
-            description: "List tasks on your board, or (read-only) on the board of an agent that \
-                reports to you. Optionally only one status."
-                .into(),
-            parameters: serde_json::json!({
+        ToolDefinition::new(
+            "task_list",
+            "List tasks on your board, or (read-only) on the board of an agent that \
+                reports to you. Optionally only one status.",
+            serde_json::json!({
                 "type": "object",
                 "properties": {
                     "agent": {"type": "string", "description": "A subordinate's id or name; omit for your own board."},
@@ -988,7 +985,7 @@ impl Tool for TaskList {
                 },
                 "additionalProperties": false
             }),
-        }
+        )
     }
 
     async fn call(
@@ -1064,12 +1061,11 @@ struct UpdateArgs {
 #[async_trait]
 impl Tool for TaskUpdate {
     fn definition(&self) -> ToolDefinition {
-        ToolDefinition {
-            name: "task_update".into(),
-            description: "Change a task on your own board: approve (pending_approval -> ready), \
-                schedule (backlog -> ready), park (-> backlog) or cancel."
-                .into(),
-            parameters: serde_json::json!({
+        ToolDefinition::new(
+            "task_update",
+            "Change a task on your own board: approve (pending_approval -> ready), \
+                schedule (backlog -> ready), park (-> backlog) or cancel.",
+            serde_json::json!({
                 "type": "object",
                 "properties": {
                     "number": {"type": "integer", "minimum": 1},
@@ -1079,7 +1075,7 @@ impl Tool for TaskUpdate {
                 "required": ["number", "action"],
                 "additionalProperties": false
             }),
-        }
+        )
     }
 
     async fn call(

@@ -93,6 +93,26 @@ pub struct ToolDefinition {
     pub parameters: serde_json::Value,
 }
 
+impl ToolDefinition {
+    /// A tool definition.
+    ///
+    /// ```
+    /// let t = spacebot_core::ToolDefinition::new("echo", "Echoes.", serde_json::json!({"type": "object"}));
+    /// assert_eq!(t.name, "echo");
+    /// ```
+    pub fn new(
+        name: impl Into<String>,
+        description: impl Into<String>,
+        parameters: serde_json::Value,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            description: description.into(),
+            parameters,
+        }
+    }
+}
+
 /// Whether and which tools the model must call.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

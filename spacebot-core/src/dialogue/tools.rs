@@ -51,14 +51,6 @@ fn non_empty(tool: &str, field: &str, text: &str) -> Result<(), ToolError> {
     Ok(())
 }
 
-fn definition(name: &str, description: &str, parameters: serde_json::Value) -> ToolDefinition {
-    ToolDefinition {
-        name: name.into(),
-        description: description.into(),
-        parameters,
-    }
-}
-
 /// `send_link_message(target, message)`.
 #[derive(Debug)]
 struct SendLinkMessage;
@@ -73,7 +65,7 @@ struct SendArgs {
 #[async_trait]
 impl Tool for SendLinkMessage {
     fn definition(&self) -> ToolDefinition {
-        definition(
+        ToolDefinition::new(
             SEND_LINK_MESSAGE,
             "Talk with a linked agent in a conversation: opens one (or continues the open one) and \
              sends your message; the agent's replies arrive in your link channel with it. End the \
@@ -142,7 +134,7 @@ struct ConcludeArgs {
 #[async_trait]
 impl Tool for ConcludeLink {
     fn definition(&self) -> ToolDefinition {
-        definition(
+        ToolDefinition::new(
             CONCLUDE_LINK,
             "End the conversation of this link channel: sends your summary as the final message \
              and closes the conversation. Use it as soon as the objective is met.",
@@ -203,7 +195,7 @@ struct OpenGroupArgs {
 #[async_trait]
 impl Tool for OpenGroup {
     fn definition(&self) -> ToolDefinition {
-        definition(
+        ToolDefinition::new(
             OPEN_GROUP,
             "Open a group conversation with several linked agents and send the first message. Each \
              member's output reaches every other member. You own it: close it with close_link and a \
@@ -269,7 +261,7 @@ struct CloseArgs {
 #[async_trait]
 impl Tool for CloseLink {
     fn definition(&self) -> ToolDefinition {
-        definition(
+        ToolDefinition::new(
             CLOSE_LINK,
             "Close a conversation you started, with a final message to the other members. Without \
              `target` it closes the conversation of the current channel.",
@@ -335,7 +327,7 @@ struct SeverArgs {
 #[async_trait]
 impl Tool for SeverLink {
     fn definition(&self) -> ToolDefinition {
-        definition(
+        ToolDefinition::new(
             SEVER_LINK,
             "Sever a conversation you are a member of: it ends at once for every member. Without \
              `target` it severs the conversation of the current channel.",

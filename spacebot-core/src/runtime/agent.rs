@@ -62,8 +62,6 @@ pub(crate) struct TurnOptions {
     pub(crate) task: Option<TaskRef>,
     /// Send the answer to the agent's outbound (the normal case); a task executor keeps it.
     pub(crate) send_reply: bool,
-    /// Extra text appended to the system prompt.
-    pub(crate) extra: Option<String>,
     /// The delegation round of the message (see [`ToolContext::round`]).
     pub(crate) round: u32,
     /// The lease holder when the turn runs a claimed task: the lease is renewed at every checkpoint.
@@ -359,7 +357,6 @@ async fn run_task(org: &Arc<OrgInner>, agent: &Arc<AgentRuntime>, envelope: Enve
     let options = TurnOptions {
         task: Some(TaskRef::new(agent.id().clone(), number)),
         send_reply: false,
-        extra: None,
         round: meta_u64(&envelope, META_ROUND).map_or(0, |r| u32::try_from(r).unwrap_or(u32::MAX)),
         holder: Some(holder.clone()),
     };
@@ -438,7 +435,6 @@ pub(crate) fn system_prompt(
     org: &OrgInner,
     agent: &AgentRuntime,
     channel: &ChannelId,
-    extra: Option<String>,
 ) -> Result<String, PromptError> {
     let graph = org.graph();
     let me = agent.id();
@@ -460,16 +456,12 @@ pub(crate) fn system_prompt(
             relationship: link.relationship_of_other(me)?,
         })
     });
-    let extra = match (&agent.spec.instructions, extra) {
-        (Some(a), Some(b)) => Some(format!("{a}\n\n{b}")),
-        (a, b) => a.clone().or(b),
-    };
     org.prompts.render_system_prompt(&SystemPromptContext {
         agent_name: agent.spec.name.clone(),
         identity: agent.spec.identity.clone(),
         org_context,
         link_context,
-        extra,
+        extra: agent.spec.instructions.clone(),
     })
 }
 
@@ -546,7 +538,7 @@ pub(crate) async fn run_turn(
         }
     }
     remember_sources(agent, &current);
-    let system = system_prompt(inner, agent, &channel, options.extra.clone())?;
+    let system = system_prompt(inner, agent, &channel)?;
     let mut messages = Vec::with_capacity(history.len() + 4);
     messages.push(ChatMessage::system(system));
     messages.extend(history::to_messages(&history));

@@ -5,7 +5,7 @@
 //! from what must be answered; [`merge_backlog`] turns the latter into the one user message the model
 //! answers next. The interrupted message goes back to the front of the queue.
 
-use crate::envelope::{Envelope, EnvelopeKind, Source};
+use crate::envelope::{Envelope, Source};
 
 /// What a drained backlog holds.
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -76,14 +76,10 @@ pub fn merge_backlog(envelopes: &[Envelope]) -> String {
     }
 }
 
-/// Whether an envelope's kind is one the agent's loop answers with a model turn.
-pub fn needs_turn(kind: EnvelopeKind) -> bool {
-    kind.wakes_model()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::envelope::EnvelopeKind;
     use crate::ids::{AgentId, ChannelId};
     use crate::time::Timestamp;
 
