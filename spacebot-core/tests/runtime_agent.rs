@@ -13,8 +13,8 @@ use serde_json::json;
 use spacebot_core::event::EventKind;
 use spacebot_core::testing::{MockLlm, ScriptedLlm, raw_tool_call, tool_call};
 use spacebot_core::{
-    ChannelId, ChannelStore, ChatMessage, ChatResponse, ChildSpec, DeliveryError, DeliveryStore,
-    InboundMessage, InternalMessage, LlmError, RecordKind,
+    AgentId, ChannelId, ChannelStore, ChatMessage, ChatResponse, ChildSpec, DeliveryError,
+    DeliveryStore, InboundMessage, InternalMessage, LlmError, RecordKind,
 };
 
 fn msg(text: &str) -> InboundMessage {
@@ -523,4 +523,52 @@ async fn after_a_steer_the_interrupted_message_waits_for_the_merged_answer() {
             .count(),
         1
     );
+}
+
+#[tokio::test]
+async fn a_parent_and_its_child_may_always_message_each_other() {
+    let (llm, mut calls) = MockLlm::pair();
+    let h = harness(Arc::new(llm), "", vec![]).await;
+    let (a, c) = (id("a"), id("c"));
+    h.org.start_agent(&a).await.unwrap();
+    let mut spec = ChildSpec::new("helper", "wait for instructions");
+    spec.end_after_reply = false;
+    let child = h.org.spawn_child(&a, spec).await.unwrap();
+    // No link joins them ...
+    assert!(h.org.graph().between(a.as_str(), child.as_str()).is_none());
+    let first = calls.next().await.unwrap();
+    assert_eq!(first.agent(), Some(&child));
+    // ... yet the parent may send its child work, and the child may write to its parent.
+    h.org
+        .send_internal(&a, &child, InternalMessage::task("now count to 2"))
+        .await
+        .unwrap();
+    h.org
+        .send_internal(&child, &a, InternalMessage::announce("starting"))
+        .await
+        .unwrap();
+    // An agent that is neither is refused.
+    let err = h
+        .org
+        .send_internal(&c, &child, InternalMessage::task("x"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, DeliveryError::Denied(_)), "{err:?}");
+    first.respond_text("ready");
+    // The child answers its task, the parent its message (and the child's reply), in any order.
+    let child_told = |seen: &[(Option<AgentId>, String)]| {
+        seen.iter()
+            .any(|(agent, text)| agent.as_ref() == Some(&child) && text.contains("now count to 2"))
+    };
+    let parent_told = |seen: &[(Option<AgentId>, String)]| {
+        seen.iter()
+            .any(|(agent, text)| agent.as_ref() == Some(&a) && text.contains("starting"))
+    };
+    let mut seen = Vec::new();
+    while !(child_told(&seen) && parent_told(&seen)) {
+        assert!(seen.len() < 6, "expected calls missing: {seen:?}");
+        let call = calls.next().await.unwrap();
+        seen.push((call.agent().cloned(), last_user_text(&call.request)));
+        call.respond_text("ok");
+    }
 }
