@@ -140,6 +140,9 @@ pub struct Settings {
     /// tool loop go through its queue one at a time whatever this says; custom task executors run
     /// up to this many at once.
     pub task_concurrency: usize,
+    /// Tool calls run from one model response (default 32). Calls past it are not run: each is
+    /// answered to the model as an error, so one response cannot fan out into thousands of effects.
+    pub max_tool_calls_per_response: u32,
 }
 
 impl Default for Settings {
@@ -151,6 +154,7 @@ impl Default for Settings {
             queue_capacity: 256,
             conversation_turn_budget: 20,
             task_concurrency: 1,
+            max_tool_calls_per_response: 32,
         }
     }
 }
@@ -622,6 +626,7 @@ impl OrgConfig {
             "queue_capacity",
             "conversation_turn_budget",
             "task_concurrency",
+            "max_tool_calls_per_response",
         ]);
         if let Ok(Some(approval)) = e.opt_enum::<ApprovalPolicy>("approval") {
             settings.approval = approval;
@@ -641,6 +646,9 @@ impl OrgConfig {
         }
         if let Ok(Some(n)) = e.opt_count("task_concurrency", small) {
             settings.task_concurrency = usize::try_from(n).unwrap_or(usize::MAX);
+        }
+        if let Ok(Some(n)) = e.opt_count("max_tool_calls_per_response", small) {
+            settings.max_tool_calls_per_response = u32::try_from(n).unwrap_or(u32::MAX);
         }
         settings
     }

@@ -29,7 +29,7 @@ use crate::channel::{NewRecord, RecordKind};
 use crate::envelope::{Envelope, EnvelopeKind, Source};
 use crate::error::{InvalidInput, PolicyDenied, StoreError};
 use crate::event::EventKind;
-use crate::ids::{AgentId, ChannelId, TaskRef};
+use crate::ids::{AgentId, ChannelId, EnvelopeId, TaskRef};
 use crate::llm::ToolDefinition;
 use crate::org::Organization;
 use crate::policy;
@@ -50,12 +50,6 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(600);
 pub const LEASE_CHECK_INTERVAL: Duration = Duration::from_secs(30);
 /// Longest part of a result quoted in a retrigger; the full result stays on the task.
 pub const RETRIGGER_RESULT_CHARS: usize = 2_000;
-/// Metadata key of a task envelope: the task number.
-pub(crate) const META_TASK: &str = "spacebot.task";
-/// Metadata key of a task envelope: the lease holder.
-pub(crate) const META_HOLDER: &str = "spacebot.holder";
-/// Metadata key of the delegation round (how many delegate-and-retrigger cycles led here).
-pub(crate) const META_ROUND: &str = "spacebot.round";
 
 /// Why a delegation was refused.
 #[derive(Debug, thiserror::Error)]
@@ -99,6 +93,24 @@ pub struct DelegationOrigin {
     pub task: Option<TaskRef>,
     /// How many delegate-and-retrigger rounds led to this delegation.
     pub round: u32,
+    /// The envelope that started the exchange (the task inherits it).
+    pub cause: Option<EnvelopeId>,
+    /// The idempotency key of this delegation: delegating again with the same key returns the task
+    /// created the first time (a turn run again after a crash does not delegate twice).
+    pub key: Option<String>,
+}
+
+impl DelegationOrigin {
+    /// A delegation from `channel`, outside any task, at round 0, without a key.
+    pub fn new(channel: ChannelId) -> Self {
+        Self {
+            channel,
+            task: None,
+            round: 0,
+            cause: None,
+            key: None,
+        }
+    }
 }
 
 /// The first sentence of `message`, at most [`Task::MAX_TITLE`] characters.
@@ -260,17 +272,16 @@ impl Organization {
         let approval = policy::needs_approval(inner.settings.approval, &graph, from, &target_id);
         let mut full_chain = chain;
         full_chain.push(from.clone());
-        let mut metadata = TaskMetadata {
+        let metadata = TaskMetadata {
             delegated_by: Some(from.clone()),
             originating_channel: Some(origin.channel.clone()),
             link_id: Some(link.id.clone()),
             delegation_chain: full_chain,
             parent_task: parent_task.clone(),
+            round: origin.round,
+            cause: origin.cause.clone(),
             ..TaskMetadata::default()
         };
-        metadata
-            .extra
-            .insert(META_ROUND.into(), serde_json::Value::from(origin.round));
         let new = NewTask {
             title: title_from(message),
             description: message.to_string(),
@@ -283,8 +294,15 @@ impl Organization {
             created_by: format!("agent:{from}"),
             metadata,
             max_attempts: 3,
+            idempotency_key: origin.key.clone(),
         };
         let now = inner.clock.now();
+        let applied_key = origin.key.as_ref().map(|k| format!("delegated:{k}"));
+        let already = match &applied_key {
+            Some(key) => inner.stores.deliveries.is_applied(from, key).await?,
+            None => false,
+        };
+        // With a key, a second create returns the task made the first time.
         let task = inner.stores.tasks.create(&target_id, new, now).await?;
         if let Some(parent) = &parent_task {
             let added = inner
@@ -317,6 +335,11 @@ impl Organization {
                 return Err(e.into());
             }
         }
+        if already {
+            // Delegated before under this key (the turn ran again after a crash): nothing to repeat.
+            self.ring(&target_id);
+            return Ok(task);
+        }
         let text = format!(
             "{} assigned task #{} to {}: {}",
             from, task.number, target_id, task.title
@@ -333,6 +356,9 @@ impl Organization {
         event.link = Some(link.id.clone());
         event.parent = parent_task;
         inner.emit(event);
+        if let Some(key) = &applied_key {
+            inner.stores.deliveries.mark_applied(from, key, now).await?;
+        }
         self.ring(&target_id);
         Ok(task)
     }
@@ -561,6 +587,7 @@ impl Organization {
                 .originating_channel
                 .clone()
                 .unwrap_or_else(|| ChannelId::link(delegator, target));
+            let (round, cause) = notice_round(notice, inner).await;
             let mut envelope = Envelope::new(
                 Source::System,
                 channel,
@@ -568,11 +595,9 @@ impl Organization {
                 content,
                 now,
             )
-            .with_idempotency_key(notice.key.clone());
-            let round = notice_round(notice, inner).await + 1;
-            envelope
-                .metadata
-                .insert(META_ROUND.into(), serde_json::Value::from(round));
+            .with_idempotency_key(notice.key.clone())
+            .with_round(round.saturating_add(1));
+            envelope.cause = cause;
             envelope.metadata.insert(
                 "task".into(),
                 serde_json::Value::String(notice.task.to_string()),
@@ -602,8 +627,11 @@ impl Organization {
     }
 }
 
-/// The delegation round of the task a notice is about.
-async fn notice_round(notice: &CompletionNotice, inner: &crate::org::OrgInner) -> u32 {
+/// The delegation round and the cause of the task a notice is about.
+async fn notice_round(
+    notice: &CompletionNotice,
+    inner: &crate::org::OrgInner,
+) -> (u32, Option<EnvelopeId>) {
     inner
         .stores
         .tasks
@@ -611,8 +639,7 @@ async fn notice_round(notice: &CompletionNotice, inner: &crate::org::OrgInner) -
         .await
         .ok()
         .flatten()
-        .and_then(|t| t.metadata.extra.get(META_ROUND).and_then(|v| v.as_u64()))
-        .map_or(0, |r| u32::try_from(r).unwrap_or(u32::MAX))
+        .map_or((0, None), |t| (t.metadata.round, t.metadata.cause))
 }
 
 /// The task loop of one agent: requeue expired leases, flush the outbox, claim ready tasks up to the
@@ -656,6 +683,7 @@ pub(crate) async fn run_task_loop(
             ),
         }
         org.flush_outbox(&me).await;
+        free_stale_claims(&org, &agent).await;
         while agent.running_tasks() < limit {
             // Every claim gets its own holder id: a worker that outlived its lease cannot complete
             // the task once another attempt claimed it.
@@ -688,7 +716,7 @@ pub(crate) async fn run_task_loop(
             event.task = Some(task.task_ref());
             event.parent = task.metadata.parent_task.clone();
             inner.emit(event);
-            agent.task_started();
+            agent.task_started(task.number, &holder);
             match &executor {
                 None => dispatch_to_queue(&org, &agent, &task, &holder).await,
                 Some(executor) => {
@@ -701,7 +729,7 @@ pub(crate) async fn run_task_loop(
                     let holder2 = holder.clone();
                     // Gives the slot back however the executor ends, a panic included; the lease
                     // of a crashed attempt then expires and the task is requeued.
-                    let slot = SlotGuard(agent.clone());
+                    let slot = SlotGuard(agent.clone(), task.number, holder.clone());
                     inner.spawner.spawn(Box::pin(async move {
                         let number = task.number;
                         let result = executor.execute(ctx, task).await;
@@ -721,12 +749,33 @@ pub(crate) async fn run_task_loop(
     }
 }
 
+/// Frees the slots of claims that are over: a worker that never returns keeps running, but once
+/// its lease expired and the task moved on, its claim no longer counts against the concurrency,
+/// so the requeued task can run again.
+async fn free_stale_claims(org: &Organization, agent: &crate::org::AgentRuntime) {
+    let me = agent.id();
+    for (number, holder) in agent.running_claims() {
+        match org.inner.stores.tasks.get(me, number).await {
+            Ok(Some(task))
+                if task.status == TaskStatus::InProgress
+                    && task.lease.as_ref().is_some_and(|l| l.holder == holder) => {}
+            Ok(_) => agent.task_finished(number, &holder),
+            Err(e) => crate::runtime::agent::report_error(
+                &org.inner,
+                me,
+                None,
+                format!("claim of task {number} not checked: {e}"),
+            ),
+        }
+    }
+}
+
 /// Frees one task slot of an agent when dropped, and wakes its task loop.
-struct SlotGuard(Arc<crate::org::AgentRuntime>);
+struct SlotGuard(Arc<crate::org::AgentRuntime>, u64, String);
 
 impl Drop for SlotGuard {
     fn drop(&mut self) {
-        self.0.task_finished();
+        self.0.task_finished(self.1, &self.2);
         self.0.ring();
     }
 }
@@ -734,14 +783,9 @@ impl Drop for SlotGuard {
 /// The delegation round a turn on `task` runs at: the round of the delegation that created it,
 /// plus one for every child it delegated already, so a worker that re-delegates each time it
 /// resumes reaches the round limit.
-fn task_round(task: &Task) -> u64 {
-    let base = task
-        .metadata
-        .extra
-        .get(META_ROUND)
-        .and_then(serde_json::Value::as_u64)
-        .unwrap_or(0);
-    base.saturating_add(task.metadata.children.len() as u64)
+fn task_round(task: &Task) -> u32 {
+    let children = u32::try_from(task.metadata.children.len()).unwrap_or(u32::MAX);
+    task.metadata.round.saturating_add(children)
 }
 
 /// Hands a claimed task to the agent's own loop, as a task envelope in its queue.
@@ -757,16 +801,13 @@ async fn dispatch_to_queue(
         EnvelopeKind::TaskAssigned,
         task_input(task),
         org.inner.clock.now(),
-    );
-    envelope
-        .metadata
-        .insert(META_TASK.into(), serde_json::Value::from(task.number));
-    envelope
-        .metadata
-        .insert(META_HOLDER.into(), serde_json::Value::String(holder.into()));
-    envelope
-        .metadata
-        .insert(META_ROUND.into(), serde_json::Value::from(task_round(task)));
+    )
+    .with_round(task_round(task));
+    envelope.task = Some(crate::envelope::TaskWork {
+        number: task.number,
+        holder: holder.to_string(),
+    });
+    envelope.cause = task.metadata.cause.clone();
     if let Err(e) = org.inner.enqueue(agent.id(), envelope, true).await {
         // The agent is gone: give the attempt back.
         finish_task(org, agent, task.number, holder, Err(e.to_string())).await;
@@ -782,9 +823,12 @@ pub(crate) async fn finish_task(
     result: Result<TaskOutcome, String>,
 ) {
     record_outcome(org, agent.id(), number, holder, result).await;
-    agent.task_finished();
+    agent.task_finished(number, holder);
     agent.ring();
 }
+
+/// How many times a task's outcome write is tried again before the lease is left to expire.
+const OUTCOME_ATTEMPTS: u32 = 20;
 
 /// Records the outcome of one attempt: complete, wait or fail (requeue or fail for good).
 async fn record_outcome(
@@ -807,13 +851,41 @@ async fn record_outcome(
             error,
         },
     };
-    if let Err(e) = org.task_transition(me, number, event).await {
-        crate::runtime::agent::report_error(
-            &org.inner,
-            me,
-            None,
-            format!("task {me}#{number} not updated: {e}"),
-        );
+    // A failed write is tried again (the result is kept meanwhile); a claim that is over (the
+    // lease expired and the task moved on) is refused for good and is not retried.
+    let mut attempt = 0u32;
+    loop {
+        match org.task_transition(me, number, event.clone()).await {
+            Ok(_) => return,
+            Err(e @ (StoreError::InvalidTransition(_) | StoreError::NotFound { .. })) => {
+                crate::runtime::agent::report_error(
+                    &org.inner,
+                    me,
+                    None,
+                    format!("task {me}#{number} not updated: {e}"),
+                );
+                return;
+            }
+            Err(e) => {
+                crate::runtime::agent::report_error(
+                    &org.inner,
+                    me,
+                    None,
+                    format!(
+                        "task {me}#{number} not updated (attempt {}; retrying): {e}",
+                        attempt + 1
+                    ),
+                );
+                if attempt >= OUTCOME_ATTEMPTS {
+                    return;
+                }
+                let wait = Duration::from_millis(50)
+                    .saturating_mul(1u32 << attempt.min(7))
+                    .min(Duration::from_secs(5));
+                org.inner.clock.sleep(wait).await;
+                attempt += 1;
+            }
+        }
     }
 }
 
@@ -858,6 +930,8 @@ impl Tool for SendAgentMessage {
             channel: ctx.channel.clone(),
             task: ctx.task.clone(),
             round: ctx.round,
+            cause: Some(ctx.cause.clone()),
+            key: Some(ctx.key.clone()),
         };
         match ctx
             .org

@@ -7,7 +7,8 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use crate::error::StoreError;
-use crate::ids::{AgentId, ChannelId, EnvelopeId, LinkId};
+use crate::channel::NewRecord;
+use crate::ids::{AgentId, ChannelId, ConversationId, EnvelopeId, LinkId};
 use crate::link::text_enum;
 use crate::time::Timestamp;
 
@@ -91,6 +92,36 @@ pub struct Envelope {
     /// Receivers apply an envelope with a key at most once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
+    /// The claimed task this envelope runs, when its kind is [`EnvelopeKind::TaskAssigned`] and it
+    /// came from the agent's own task loop.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<TaskWork>,
+    /// How many delegate-and-retrigger rounds led to this envelope (0 for a fresh message).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub round: u32,
+    /// The conversation this envelope belongs to (a message from a member, or the result of a
+    /// conversation that ended).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversation: Option<ConversationId>,
+    /// The envelope that started the exchange this one is part of: an external message is its own
+    /// cause; everything a turn sends on inherits the cause of what the turn answers. Budgets bound
+    /// the whole exchange one cause started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<EnvelopeId>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// A claimed task carried by a [`EnvelopeKind::TaskAssigned`] envelope: which task, and the lease
+/// holder of the claim (a stale claim is not run).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct TaskWork {
+    /// The task's number on the receiving agent's board.
+    pub number: u64,
+    /// The lease holder of the claim this envelope runs.
+    pub holder: String,
 }
 
 impl Envelope {
@@ -111,7 +142,34 @@ impl Envelope {
             metadata: serde_json::Map::new(),
             timestamp: now,
             idempotency_key: None,
+            task: None,
+            round: 0,
+            conversation: None,
+            cause: None,
         }
+    }
+
+    /// The cause of the exchange this envelope belongs to (itself when it starts one).
+    pub fn cause(&self) -> &EnvelopeId {
+        self.cause.as_ref().unwrap_or(&self.id)
+    }
+
+    /// Sets the cause.
+    pub fn with_cause(mut self, cause: EnvelopeId) -> Self {
+        self.cause = Some(cause);
+        self
+    }
+
+    /// Sets the delegation round.
+    pub fn with_round(mut self, round: u32) -> Self {
+        self.round = round;
+        self
+    }
+
+    /// Sets the conversation.
+    pub fn with_conversation(mut self, conversation: ConversationId) -> Self {
+        self.conversation = Some(conversation);
+        self
     }
 
     /// Sets the idempotency key.
@@ -150,6 +208,38 @@ pub trait DeliveryStore: Send + Sync + fmt::Debug {
         key: &str,
         now: Timestamp,
     ) -> Result<bool, StoreError>;
+    /// Whether what this store keeps survives the process (false for in-memory stores).
+    fn is_durable(&self) -> bool {
+        true
+    }
+    /// Whether `key` was marked applied for `agent` (by `mark_applied` or a commit).
+    async fn is_applied(&self, agent: &AgentId, key: &str) -> Result<bool, StoreError>;
+    /// Applies `commit` for `agent` atomically: after a crash either all of it is visible or none.
+    async fn commit(
+        &self,
+        agent: &AgentId,
+        commit: &TurnCommit,
+        now: Timestamp,
+    ) -> Result<(), StoreError>;
+}
+
+/// Everything one turn of an agent writes to that agent's own store, applied in one transaction.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TurnCommit {
+    /// Envelopes the turn consumed: removed from the agent's pending deliveries (absent ids are
+    /// ignored).
+    pub consumed: Vec<EnvelopeId>,
+    /// Channel records the turn wrote, appended in order (as `ChannelStore::append` would).
+    pub records: Vec<NewRecord>,
+    /// Idempotency keys the turn applied: marked applied (keys already marked are ignored).
+    pub applied: Vec<String>,
+}
+
+impl TurnCommit {
+    /// Whether the commit writes nothing.
+    pub fn is_empty(&self) -> bool {
+        self.consumed.is_empty() && self.records.is_empty() && self.applied.is_empty()
+    }
 }
 
 /// A `dyn` delivery store.
@@ -173,5 +263,19 @@ impl<T: DeliveryStore + ?Sized> DeliveryStore for std::sync::Arc<T> {
         now: Timestamp,
     ) -> Result<bool, StoreError> {
         (**self).mark_applied(agent, key, now).await
+    }
+    fn is_durable(&self) -> bool {
+        (**self).is_durable()
+    }
+    async fn is_applied(&self, agent: &AgentId, key: &str) -> Result<bool, StoreError> {
+        (**self).is_applied(agent, key).await
+    }
+    async fn commit(
+        &self,
+        agent: &AgentId,
+        commit: &TurnCommit,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        (**self).commit(agent, commit, now).await
     }
 }

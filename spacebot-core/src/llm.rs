@@ -9,7 +9,8 @@ use futures::stream::BoxStream;
 use serde::{Deserialize, Serialize};
 
 use crate::error::LlmError;
-use crate::ids::AgentId;
+use crate::envelope::EnvelopeKind;
+use crate::ids::{AgentId, ChannelId};
 
 /// One message of a chat request.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -144,6 +145,13 @@ pub struct ChatRequest {
     pub temperature: Option<f32>,
     /// Output token limit.
     pub max_tokens: Option<u32>,
+    /// The agent's channel the turn answers in (providers ignore it; mock models may script by it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channel: Option<ChannelId>,
+    /// The kind of envelope the model is answering right now (a user message, a task, a
+    /// conversation message, a retrigger); after a steer, the kind of the steering envelope.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub envelope_kind: Option<EnvelopeKind>,
 }
 
 /// Token usage.

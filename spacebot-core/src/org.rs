@@ -12,9 +12,9 @@
 //!
 //! See `docs/runtime.md` for the queue, the loop, checkpoints and steering.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
 use futures::channel::{mpsc, oneshot};
@@ -36,11 +36,6 @@ use crate::stores::Stores;
 use crate::time::{Clock, Spawner};
 use crate::tools::{Tool, ToolRegistry};
 use crate::topology::{Topology, TopologyAgent};
-
-/// Metadata key set on envelopes that were persisted for a stopped agent and handed over at start.
-pub(crate) const META_PERSISTED: &str = "spacebot.persisted";
-/// Metadata key set on an envelope put back at the front of the queue after a steer.
-pub(crate) const META_RESUMED: &str = "spacebot.resumed";
 
 /// Why the organization could not be built or changed.
 #[derive(Debug, thiserror::Error)]
@@ -258,8 +253,13 @@ pub(crate) struct AgentRuntime {
     pub(crate) stopped: Mutex<Option<oneshot::Receiver<()>>>,
     /// Wakes the task loop (capacity 1: a ring while one is pending is a no-op).
     pub(crate) doorbell: Mutex<Option<mpsc::Sender<()>>>,
-    /// Tasks claimed and not finished yet.
-    pub(crate) running_tasks: AtomicUsize,
+    /// Tasks claimed and not finished yet: task number -> lease holder of the claim.
+    pub(crate) running_tasks: Mutex<HashMap<u64, String>>,
+    /// Envelopes in the queue or in the running turn: a store hand-over skips them.
+    pub(crate) known: Mutex<HashSet<EnvelopeId>>,
+    /// Envelopes handed over from the store when the agent started: a delivery racing the start
+    /// that pushes one of them again is not queued twice.
+    pub(crate) loaded: Mutex<HashSet<EnvelopeId>>,
     /// The last external source seen per channel: a reply to a system message (a retrigger) in that
     /// channel goes to the same place. Kept in memory only.
     pub(crate) reply_sources: Mutex<HashMap<ChannelId, Source>>,
@@ -283,18 +283,50 @@ impl AgentRuntime {
     }
 
     pub(crate) fn running_tasks(&self) -> usize {
-        self.running_tasks.load(Ordering::Acquire)
+        lock(&self.running_tasks).len()
     }
 
-    pub(crate) fn task_started(&self) {
-        self.running_tasks.fetch_add(1, Ordering::AcqRel);
+    /// The claims counted against the task concurrency, as (task number, holder).
+    pub(crate) fn running_claims(&self) -> Vec<(u64, String)> {
+        lock(&self.running_tasks)
+            .iter()
+            .map(|(n, h)| (*n, h.clone()))
+            .collect()
     }
 
-    pub(crate) fn task_finished(&self) {
-        let _ = self
-            .running_tasks
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+    pub(crate) fn task_started(&self, number: u64, holder: &str) {
+        lock(&self.running_tasks).insert(number, holder.to_string());
     }
+
+    /// Frees the slot of the claim `holder` on task `number` (a later claim of the same task keeps
+    /// its own slot).
+    pub(crate) fn task_finished(&self, number: u64, holder: &str) {
+        let mut running = lock(&self.running_tasks);
+        if running.get(&number).is_some_and(|h| h == holder) {
+            running.remove(&number);
+        }
+    }
+
+    /// Takes `id` into the queue's bookkeeping; `false` when the queue or the running turn holds
+    /// it already (or it was handed over at start), so it must not be queued again.
+    pub(crate) fn admit(&self, id: &EnvelopeId) -> bool {
+        if lock(&self.loaded).contains(id) {
+            return false;
+        }
+        lock(&self.known).insert(id.clone())
+    }
+
+    /// Drops envelopes from the queue's bookkeeping (they were committed, or kept in the store).
+    pub(crate) fn forget(&self, ids: &[EnvelopeId]) {
+        let mut known = lock(&self.known);
+        for id in ids {
+            known.remove(id);
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[derive(Debug, Clone)]
@@ -319,6 +351,12 @@ pub(crate) struct OrgInner {
     pub(crate) config: OrgConfig,
     pub(crate) replies: Mutex<Option<mpsc::UnboundedReceiver<Reply>>>,
     pub(crate) child_counter: AtomicU64,
+    /// Which exchanges (by cause) took turns from each conversation: a conversation whose budget
+    /// one exchange spent is not started afresh by that exchange.
+    pub(crate) exchanges: Mutex<HashMap<crate::ids::ConversationId, Vec<EnvelopeId>>>,
+    /// Internal tasks sent and not yet answered, per (sender, receiver): each lets the receiver
+    /// announce back once, even over a one-way link.
+    pub(crate) internal_open: Mutex<HashMap<(AgentId, AgentId), u32>>,
 }
 
 impl fmt::Debug for OrgInner {
@@ -486,6 +524,8 @@ impl OrganizationBuilder {
                 config,
                 replies: Mutex::new(replies),
                 child_counter: AtomicU64::new(0),
+                exchanges: Mutex::new(HashMap::new()),
+                internal_open: Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -547,8 +587,10 @@ impl OrgInner {
         }
     }
 
-    /// Hands `envelope` to `agent`: into its queue when it runs, to its pending deliveries when it
-    /// is stopped. With `overflow_to_store`, a full queue also persists (the loop picks the envelope
+    /// Hands `envelope` to `agent`. On a durable store it is stored first (acknowledged means
+    /// stored), then queued when the agent runs (the queue is the fast path and the wake-up). On a
+    /// memory store it is queued when the agent runs and kept in the pending deliveries when it is
+    /// stopped. With `overflow_to_store`, a full queue also keeps it for later (the loop picks it
     /// up when its queue runs empty) instead of refusing.
     pub(crate) async fn enqueue(
         &self,
@@ -556,34 +598,68 @@ impl OrgInner {
         envelope: Envelope,
         overflow_to_store: bool,
     ) -> Result<(), DeliveryError> {
-        let envelope = {
-            let agents = self.read_agents();
-            match agents.get(agent) {
-                Some(Slot::Running(rt)) => match rt.queue.try_push(envelope) {
+        let durable = self.stores.deliveries.is_durable();
+        match self.slot(agent) {
+            Some(Slot::Running(rt)) => {
+                if !overflow_to_store && rt.queue.len() >= rt.queue.capacity() {
+                    return Err(DeliveryError::QueueFull(QueueError::Full {
+                        agent: agent.clone(),
+                        capacity: rt.queue.capacity(),
+                    }));
+                }
+            }
+            Some(Slot::Stopped(_)) => {}
+            Some(Slot::Ended) => {
+                return Err(DeliveryError::Ended {
+                    agent: agent.clone(),
+                });
+            }
+            None => {
+                return Err(DeliveryError::UnknownAgent {
+                    agent: agent.to_string(),
+                });
+            }
+        }
+        if durable {
+            self.stores.deliveries.persist(agent, &envelope).await?;
+        }
+        // Checked again after the write: the agent may have started or stopped meanwhile. A start
+        // reads the store after it marks the agent running, so an envelope stored before that is
+        // handed over by the start, and one stored after it is queued here.
+        let envelope = match self.slot(agent) {
+            Some(Slot::Running(rt)) => {
+                if !rt.admit(&envelope.id) {
+                    return Ok(());
+                }
+                match rt.queue.try_push(envelope) {
                     Ok(()) => return Ok(()),
-                    Err((e @ QueueError::Full { .. }, _)) if !overflow_to_store => {
-                        return Err(DeliveryError::QueueFull(e));
-                    }
-                    Err((QueueError::Full { .. }, envelope)) => {
+                    Err((e @ QueueError::Full { .. }, envelope)) => {
+                        rt.forget(std::slice::from_ref(&envelope.id));
+                        if durable {
+                            rt.pending.store(true, Ordering::Release);
+                            return Ok(());
+                        }
+                        if !overflow_to_store {
+                            return Err(DeliveryError::QueueFull(e));
+                        }
                         rt.pending.store(true, Ordering::Release);
                         *envelope
                     }
                     // Closed: the agent is stopping and its queue goes to the store; so does this.
-                    Err((_, envelope)) => *envelope,
-                },
-                Some(Slot::Stopped(_)) => envelope,
-                Some(Slot::Ended) => {
-                    return Err(DeliveryError::Ended {
-                        agent: agent.clone(),
-                    });
-                }
-                None => {
-                    return Err(DeliveryError::UnknownAgent {
-                        agent: agent.to_string(),
-                    });
+                    Err((_, envelope)) => {
+                        rt.forget(std::slice::from_ref(&envelope.id));
+                        *envelope
+                    }
                 }
             }
+            _ => envelope,
         };
+        if durable {
+            let mut event = self.event(agent, EventKind::DeliveryPersisted);
+            event.channel = Some(envelope.channel.clone());
+            self.emit(event);
+            return Ok(());
+        }
         self.persist(agent, envelope).await
     }
 
@@ -591,11 +667,8 @@ impl OrgInner {
     pub(crate) async fn persist(
         &self,
         agent: &AgentId,
-        mut envelope: Envelope,
+        envelope: Envelope,
     ) -> Result<(), DeliveryError> {
-        envelope
-            .metadata
-            .insert(META_PERSISTED.into(), serde_json::Value::Bool(true));
         self.stores.deliveries.persist(agent, &envelope).await?;
         let mut event = self.event(agent, EventKind::DeliveryPersisted);
         event.channel = Some(envelope.channel.clone());
@@ -604,7 +677,30 @@ impl OrgInner {
     }
 }
 
+impl OrgInner {
+    /// Called when an agent's loop ended: the behaviours let go of what the agent held.
+    pub(crate) async fn behaviours_agent_stopped(self: &Arc<Self>, agent: &AgentId) {
+        let org = Organization {
+            inner: self.clone(),
+        };
+        crate::dialogue::on_agent_stopped(&org, agent).await;
+    }
+}
+
 impl Organization {
+    /// Offers a finished answer to the behaviours; `true` when one routed it (it then does not go
+    /// to the agent's outbound).
+    pub(crate) async fn behaviours_route_reply(
+        &self,
+        agent: &AgentId,
+        channel: &ChannelId,
+        text: &str,
+        answered: &[Envelope],
+        cause: &EnvelopeId,
+    ) -> bool {
+        crate::dialogue::route_reply(self, agent, channel, text, answered, cause).await
+    }
+
     /// The organization's settings.
     pub fn settings(&self) -> &Settings {
         &self.inner.settings
@@ -779,7 +875,11 @@ impl Organization {
         to: &AgentId,
         message: InternalMessage,
     ) -> Result<EnvelopeId, DeliveryError> {
-        let link_id = self.check_internal(from, to, message.kind)?;
+        let open = match message.kind {
+            InternalKind::Announce => self.exchange_open(from, to).await?,
+            _ => false,
+        };
+        let link_id = self.check_internal(from, to, message.kind, open)?;
         let envelope = Envelope::new(
             Source::Internal {
                 from_agent: from.clone(),
@@ -800,6 +900,22 @@ impl Organization {
             return Ok(id);
         }
         self.inner.enqueue(to, envelope, false).await?;
+        {
+            let mut open = lock(&self.inner.internal_open);
+            match message.kind {
+                InternalKind::Task => *open.entry((from.clone(), to.clone())).or_default() += 1,
+                InternalKind::Announce => {
+                    let key = (to.clone(), from.clone());
+                    if let Some(n) = open.get_mut(&key) {
+                        *n = n.saturating_sub(1);
+                        if *n == 0 {
+                            open.remove(&key);
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
         let mut sent = self
             .inner
             .event(from, EventKind::MessageSent { to: to.clone() });
@@ -814,6 +930,7 @@ impl Organization {
         from: &AgentId,
         to: &AgentId,
         kind: InternalKind,
+        exchange_open: bool,
     ) -> Result<Option<crate::ids::LinkId>, DeliveryError> {
         let agents = self.inner.read_agents();
         let related = |a: &AgentId, b: &AgentId| match agents.get(a) {
@@ -836,10 +953,47 @@ impl Organization {
         drop(agents);
         let graph = self.inner.graph.read().unwrap_or_else(|e| e.into_inner());
         let link = match kind {
-            InternalKind::Announce => policy::check_answer(&graph, from, to, true)?,
+            InternalKind::Announce => match policy::check_start(&graph, from, to) {
+                Ok(link) => link,
+                Err(_) => policy::check_answer(&graph, from, to, exchange_open)?,
+            },
             InternalKind::Task | InternalKind::Cancel => policy::check_start(&graph, from, to)?,
         };
         Ok(Some(link.id.clone()))
+    }
+
+    /// Whether an exchange that `to` started with `from` is open: a conversation between them, or a
+    /// task `to` delegated to `from` that has not ended. On a one-way link `to -> from`, `from` may
+    /// answer inside such an exchange but not start one.
+    async fn exchange_open(&self, from: &AgentId, to: &AgentId) -> Result<bool, DeliveryError> {
+        if lock(&self.inner.internal_open)
+            .get(&(to.clone(), from.clone()))
+            .is_some_and(|n| *n > 0)
+        {
+            return Ok(true);
+        }
+        let stores = &self.inner.stores;
+        if let Some(c) = stores
+            .conversations
+            .find_open(&crate::dialogue::mirrored_key(from, to))
+            .await?
+            && c.initiator == *to
+        {
+            return Ok(true);
+        }
+        let filter = crate::task::TaskFilter {
+            statuses: vec![
+                crate::task::TaskStatus::PendingApproval,
+                crate::task::TaskStatus::Backlog,
+                crate::task::TaskStatus::Ready,
+                crate::task::TaskStatus::InProgress,
+                crate::task::TaskStatus::Waiting,
+            ],
+            delegated_by: Some(to.clone()),
+            created_by: None,
+            limit: Some(1),
+        };
+        Ok(!stores.tasks.list(from, &filter).await?.is_empty())
     }
 
     /// Cancels the agent's running turn, if any. The message being answered gets no reply (a
@@ -873,7 +1027,6 @@ impl Organization {
             Some(Slot::Ended) => return Err(OrgError::Ended(agent.clone())),
             None => return Err(OrgError::UnknownAgent(agent.clone())),
         };
-        let pending = self.inner.stores.deliveries.pending(agent).await?;
         let (done_tx, done_rx) = oneshot::channel();
         let (bell_tx, bell_rx) = mpsc::channel(1);
         let runtime = Arc::new(AgentRuntime {
@@ -883,13 +1036,11 @@ impl Organization {
             abort: Mutex::new(None),
             stopped: Mutex::new(Some(done_rx)),
             doorbell: Mutex::new(Some(bell_tx)),
-            running_tasks: AtomicUsize::new(0),
+            running_tasks: Mutex::new(HashMap::new()),
+            known: Mutex::new(HashSet::new()),
+            loaded: Mutex::new(HashSet::new()),
             reply_sources: Mutex::new(HashMap::new()),
         });
-        // Handed over past the bound: these were admitted before.
-        for envelope in pending.into_iter().rev() {
-            let _ = runtime.queue.push_front(envelope);
-        }
         {
             let mut agents = self.inner.write_agents();
             match agents.get(agent) {
@@ -898,6 +1049,39 @@ impl Organization {
                 }
                 // Someone else started (or ended) it meanwhile.
                 _ => return Ok(()),
+            }
+        }
+        // Read only now that the agent is marked running: a delivery stored before this read is
+        // handed over here, one stored after it is queued by the delivery itself.
+        match self.inner.stores.deliveries.pending(agent).await {
+            Ok(pending) => {
+                {
+                    let mut loaded = lock(&runtime.loaded);
+                    let known = lock(&runtime.known);
+                    for envelope in &pending {
+                        if !known.contains(&envelope.id) {
+                            loaded.insert(envelope.id.clone());
+                        }
+                    }
+                }
+                // Handed over past the bound, ahead of anything queued meanwhile: these were
+                // admitted before.
+                let known = lock(&runtime.known).clone();
+                for envelope in pending.into_iter().rev() {
+                    if !known.contains(&envelope.id) {
+                        let _ = runtime.queue.push_front(envelope);
+                    }
+                }
+            }
+            Err(e) => {
+                // The loop tries again when its queue runs empty.
+                runtime.pending.store(true, Ordering::Release);
+                crate::runtime::agent::report_error(
+                    &self.inner,
+                    agent,
+                    None,
+                    format!("pending deliveries not read at start: {e}"),
+                );
             }
         }
         self.inner
@@ -942,6 +1126,12 @@ impl Organization {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take();
+        // A durable store holds every queued envelope already.
+        let rest = if self.inner.stores.deliveries.is_durable() {
+            Vec::new()
+        } else {
+            rest
+        };
         for envelope in rest {
             self.inner
                 .persist(agent, envelope)

@@ -162,9 +162,19 @@ pub struct TaskMetadata {
     /// Tasks this task delegated, with their outcomes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub children: Vec<ChildTask>,
+    /// How many delegate-and-retrigger rounds led to the delegation that created this task.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub round: u32,
+    /// The envelope that started the exchange this task is part of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<crate::ids::EnvelopeId>,
     /// Application data.
     #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
     pub extra: serde_json::Map<String, serde_json::Value>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// The claim a worker holds on an in-progress task.
@@ -230,6 +240,9 @@ pub struct NewTask {
     pub metadata: TaskMetadata,
     /// Attempts allowed (at least 1).
     pub max_attempts: u32,
+    /// Creating with a key already used on the agent's board returns the task created the first
+    /// time, unchanged: a delegation repeated after a crash does not make a second task.
+    pub idempotency_key: Option<String>,
 }
 
 impl NewTask {
@@ -243,6 +256,7 @@ impl NewTask {
             created_by: "human".into(),
             metadata: TaskMetadata::default(),
             max_attempts: 3,
+            idempotency_key: None,
         }
     }
 

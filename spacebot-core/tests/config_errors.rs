@@ -242,7 +242,7 @@ fn error_unknown_field() {
     );
     assert_eq!(
         single_issue("[settings]\nmax_depth = 3"),
-        "settings: field \"max_depth\": unknown field; expected approval, max_delegation_depth, max_tool_rounds, queue_capacity, conversation_turn_budget, task_concurrency"
+        "settings: field \"max_depth\": unknown field; expected approval, max_delegation_depth, max_tool_rounds, queue_capacity, conversation_turn_budget, task_concurrency, max_tool_calls_per_response"
     );
     assert_eq!(
         single_issue("[agent]\nid = \"x\""),

@@ -23,6 +23,8 @@ fn origin() -> DelegationOrigin {
         channel: portal(),
         task: None,
         round: 0,
+        cause: None,
+        key: None,
     }
 }
 
@@ -31,6 +33,8 @@ fn from_task(agent: &str, number: u64) -> DelegationOrigin {
         channel: ChannelId::new(format!("task:{agent}#{number}")),
         task: Some(TaskRef::new(id(agent), number)),
         round: 0,
+        cause: None,
+        key: None,
     }
 }
 
@@ -348,6 +352,8 @@ async fn a_delegation_from_a_task_that_does_not_exist_is_an_error() {
 async fn the_send_tool_reports_denials_as_tool_errors() {
     let h = idle("").await;
     let ctx = ToolContext {
+        cause: spacebot_core::EnvelopeId::new("test-cause"),
+        key: spacebot_core::EnvelopeId::new_random().to_string(),
         agent: id("d"),
         channel: portal(),
         task: None,
@@ -439,6 +445,8 @@ async fn approval_always_holds_the_task_until_the_target_approves_it() {
 async fn the_send_tool_says_when_a_task_waits_for_approval() {
     let h = idle("approval = \"always\"").await;
     let ctx = ToolContext {
+        cause: spacebot_core::EnvelopeId::new("test-cause"),
+        key: spacebot_core::EnvelopeId::new_random().to_string(),
         agent: id("a"),
         channel: portal(),
         task: None,
@@ -494,6 +502,8 @@ async fn approval_unless_superior_lets_superiors_through_and_holds_peers() {
 
 fn ctx(org: &Organization, agent: &AgentId) -> ToolContext {
     ToolContext {
+        cause: spacebot_core::EnvelopeId::new("test-cause"),
+        key: spacebot_core::EnvelopeId::new_random().to_string(),
         agent: agent.clone(),
         channel: portal(),
         task: None,

@@ -96,6 +96,8 @@ async fn run(workload: Vec<Delegation>) -> Result<(), TestCaseError> {
             channel: channel.clone(),
             task: None,
             round: 0,
+            cause: None,
+            key: None,
         };
         let task = h
             .org

@@ -847,6 +847,8 @@ async fn a_stopped_delegator_gets_its_notice_when_it_starts() {
                 channel: portal(),
                 task: None,
                 round: 0,
+                cause: None,
+                key: None,
             },
         )
         .await

@@ -354,6 +354,10 @@ async fn the_round_limit_stops_a_looping_model() {
             .contains(&EventKind::RoundLimitReached { limit: 3 })
     })
     .await;
+    // The user is told the turn failed, and why.
+    let failed = h.reply().await;
+    assert!(failed.is_failure(), "{failed:?}");
+    assert!(failed.content.contains("3 tool rounds"), "{}", failed.content);
     // The loop is not stuck: it goes on with the next message.
     h.org.deliver("a", msg("second")).await.unwrap();
     assert_eq!(h.reply().await.content, "second answered");
@@ -409,9 +413,9 @@ async fn steering_answers_the_merged_backlog_then_the_interrupted_message() {
     call.respond_text("d'accord");
     let reply = h.reply().await;
     assert_eq!(reply.in_reply_to, vec![m2, m3]);
-    // Then the interrupted message, from the front of the queue.
+    // Then the interrupted message, resumed by the same turn.
     let call = calls.next().await.unwrap();
-    assert_eq!(last_user_text(&call.request), "write a long report");
+    assert!(last_user_text(&call.request).contains("write a long report"));
     call.respond_text("rapport");
     let reply = h.reply().await;
     assert_eq!(reply.in_reply_to, vec![m1]);
@@ -517,7 +521,7 @@ async fn after_a_steer_the_interrupted_message_waits_for_the_merged_answer() {
     call.respond_text("second answered");
     assert_eq!(h.reply().await.in_reply_to, vec![m2]);
     let call = calls.next().await.unwrap();
-    assert_eq!(last_user_text(&call.request), "first");
+    assert!(last_user_text(&call.request).contains("first"));
     call.respond_text("first answered");
     assert_eq!(h.reply().await.in_reply_to, vec![m1]);
     assert_eq!(

@@ -259,6 +259,13 @@ pub async fn delivery_store_round_trip(store: &dyn DeliveryStore) -> Result<(), 
                 1 => Some(String::new()),
                 _ => Some(UNUSUAL_TEXT.into()),
             },
+            task: (i % 2 == 1).then(|| crate::envelope::TaskWork {
+                number: u64::MAX - i as u64,
+                holder: UNUSUAL_TEXT.into(),
+            }),
+            round: i as u32,
+            conversation: (i % 3 == 2).then(|| crate::ids::ConversationId::new(UNUSUAL_TEXT)),
+            cause: (i % 2 == 0).then(|| EnvelopeId::new(format!("cause {UNUSUAL_TEXT}"))),
         };
         ok!(store.persist(&a, &e));
         expected.push(e);

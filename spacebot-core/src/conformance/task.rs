@@ -1238,9 +1238,12 @@ pub async fn task_store_round_trip(store: &dyn TaskStore) -> Result<(), Conforma
             delegation_chain: vec![agent("root")?, boss.clone()],
             parent_task: Some(TaskRef::new(boss.clone(), 9_223_372_036_854_775_807)),
             children: Vec::new(),
+            round: 7,
+            cause: Some(crate::ids::EnvelopeId::new(UNUSUAL_TEXT)),
             extra,
         },
         max_attempts: u32::MAX,
+        idempotency_key: None,
     };
     let far = Timestamp(i64::MAX - 1);
     let created = ok!(store.create(&a, new.clone(), far));

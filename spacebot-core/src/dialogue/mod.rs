@@ -33,7 +33,7 @@ use crate::conversation::{
 use crate::envelope::{Envelope, EnvelopeKind, Source};
 use crate::error::{InvalidInput, PolicyDenied, StoreError};
 use crate::event::EventKind;
-use crate::ids::{AgentId, ChannelId, ConversationId, LinkId};
+use crate::ids::{AgentId, ChannelId, ConversationId, EnvelopeId, LinkId};
 use crate::org::{DeliveryError, Organization};
 use crate::policy;
 use crate::prompts::ConversationRulesContext;
@@ -176,6 +176,41 @@ impl Opening {
     }
 }
 
+/// What a send belongs to: the exchange's cause (budgets bound the whole exchange one cause
+/// started) and the idempotency key of the effect (a turn run again after a crash sends under the
+/// same key, and receivers apply it once).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Exchange<'a> {
+    pub(crate) cause: &'a EnvelopeId,
+    pub(crate) key: Option<&'a str>,
+}
+
+/// Notes that the exchange `cause` took a turn of `conversation`.
+fn note_exchange(org: &Organization, conversation: &ConversationId, cause: &EnvelopeId) {
+    let mut exchanges = org
+        .inner
+        .exchanges
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    let causes = exchanges.entry(conversation.clone()).or_default();
+    if !causes.contains(cause) {
+        if causes.len() >= 16 {
+            causes.remove(0);
+        }
+        causes.push(cause.clone());
+    }
+}
+
+/// Whether the exchange `cause` took turns of `conversation`.
+fn used_by(org: &Organization, conversation: &ConversationId, cause: &EnvelopeId) -> bool {
+    org.inner
+        .exchanges
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(conversation)
+        .is_some_and(|c| c.contains(cause))
+}
+
 fn meta(id: &ConversationId) -> serde_json::Map<String, serde_json::Value> {
     let mut map = serde_json::Map::new();
     map.insert(
@@ -186,11 +221,7 @@ fn meta(id: &ConversationId) -> serde_json::Map<String, serde_json::Value> {
 }
 
 fn conversation_of(envelope: &Envelope) -> Option<ConversationId> {
-    envelope
-        .metadata
-        .get(META_CONVERSATION)
-        .and_then(serde_json::Value::as_str)
-        .map(ConversationId::new)
+    envelope.conversation.clone()
 }
 
 /// Appends a record to `agent`'s channel; a failure becomes an error event.
@@ -343,16 +374,42 @@ async fn latest_concluded(
         .find(|c| c.pair_key.as_deref() == Some(key)))
 }
 
+/// A conversation holding `key` whose budget the exchange `cause` spent (severed with no turn
+/// left after `cause` took turns of it).
+async fn spent_by(
+    org: &Organization,
+    agent: &AgentId,
+    key: &str,
+    cause: &EnvelopeId,
+) -> Result<Option<ConversationId>, StoreError> {
+    let filter = ConversationFilter {
+        member: Some(agent.clone()),
+        statuses: vec![ConversationStatus::Severed],
+    };
+    let list = org.inner.stores.conversations.list(&filter).await?;
+    Ok(list
+        .into_iter()
+        .rev()
+        .find(|c| {
+            c.pair_key.as_deref() == Some(key)
+                && c.budget_remaining == 0
+                && used_by(org, &c.id, cause)
+        })
+        .map(|c| c.id))
+}
+
 /// Finds the open conversation holding `key`, reopens the latest concluded one, or creates
 /// `fresh()`. Concurrent callers with one key end in one conversation. From the conversation's own
 /// channel only an open conversation may be joined: an ended one is not started again from inside
 /// (otherwise two models answering each other would start over whenever the budget severs them).
+#[allow(clippy::too_many_arguments)]
 async fn open_or_join<F>(
     org: &Organization,
     opener: &AgentId,
     key: &str,
     origin: Option<ChannelId>,
     from_own_channel: bool,
+    exchange: Exchange<'_>,
     may_start: impl Fn() -> Result<(), PolicyDenied>,
     fresh: F,
 ) -> Result<(Conversation, Opening), DialogueError>
@@ -372,6 +429,14 @@ where
             )));
         }
         may_start()?;
+        if let Some(spent) = spent_by(org, opener, key, exchange.cause).await? {
+            return Err(DialogueError::NotAllowed {
+                conversation: spent,
+                reason: "this exchange spent its turn budget with them already; a budget is \
+                         never granted again to the same request, so nothing was sent"
+                    .into(),
+            });
+        }
         if let Some(concluded) = latest_concluded(org, opener, key).await? {
             let mut next = concluded.clone();
             next.status = ConversationStatus::Open;
@@ -441,6 +506,26 @@ async fn charge_turn(
     Ok(charged)
 }
 
+/// A conversation between two agents lives on their link: once no enabled link joins them, it
+/// carries nothing more and is severed.
+async fn check_links(
+    org: &Organization,
+    conversation: &Conversation,
+    from: &AgentId,
+) -> Result<(), DialogueError> {
+    if conversation.mode != ConversationMode::Mirrored {
+        return Ok(());
+    }
+    let graph = org.inner.graph();
+    for member in conversation.members.iter().filter(|m| &m.agent != from) {
+        if let Err(denied) = policy::check_answer(&graph, from, &member.agent, true) {
+            sever(org, &conversation.id, Some(from), &denied.to_string()).await?;
+            return Err(DialogueError::Denied(denied));
+        }
+    }
+    Ok(())
+}
+
 /// Hands `text` from `from` to the other open members of `conversation`, charging one turn.
 /// With `sent_record`, a history-only copy goes into the sender's own channel. Returns how many
 /// members received it. A failed delivery to one member does not stop the others.
@@ -450,6 +535,7 @@ pub(crate) async fn deliver_turn(
     from: &AgentId,
     text: &str,
     sent_record: bool,
+    exchange: Exchange<'_>,
 ) -> Result<usize, DialogueError> {
     let Some(sender) = conversation.member(from).cloned() else {
         return Err(DialogueError::NotAllowed {
@@ -457,6 +543,8 @@ pub(crate) async fn deliver_turn(
             reason: format!("{from} is not a member"),
         });
     };
+    check_links(org, conversation, from).await?;
+    note_exchange(org, &conversation.id, exchange.cause);
     let charged = charge_turn(org, &conversation.id, from).await?;
     if sent_record {
         append(
@@ -490,8 +578,12 @@ pub(crate) async fn deliver_turn(
             EnvelopeKind::UserMessage,
             content.clone(),
             now,
-        );
-        envelope.metadata = meta(&conversation.id);
+        )
+        .with_conversation(conversation.id.clone())
+        .with_cause(exchange.cause.clone());
+        if let Some(key) = exchange.key {
+            envelope.idempotency_key = Some(format!("{key}:to:{}", member.agent));
+        }
         match org.inner.enqueue(&member.agent, envelope, true).await {
             Ok(()) => {
                 delivered += 1;
@@ -608,7 +700,13 @@ pub(crate) async fn conclude(
     id: &ConversationId,
     by: &AgentId,
     summary: &str,
+    exchange: Exchange<'_>,
 ) -> Result<Conversation, DialogueError> {
+    if let Some(current) = org.inner.stores.conversations.get(id).await?
+        && current.status == ConversationStatus::Open
+    {
+        check_links(org, &current, by).await?;
+    }
     let (concluded, _) = modify(org, id, |c| {
         if c.status != ConversationStatus::Open {
             return Err(DialogueError::NotAllowed {
@@ -666,11 +764,13 @@ pub(crate) async fn conclude(
             EnvelopeKind::Retrigger,
             format!("The conversation with {others} concluded ({name}): {summary}"),
             org.inner.clock.now(),
-        );
-        envelope.metadata.insert(
-            META_RESULT.into(),
-            serde_json::Value::String(id.to_string()),
-        );
+        )
+        .with_conversation(id.clone())
+        .with_cause(exchange.cause.clone());
+        envelope.idempotency_key = Some(match exchange.key {
+            Some(key) => format!("{key}:result"),
+            None => format!("conclusion:{id}:{}", concluded.revision),
+        });
         if let Err(e) = org
             .inner
             .enqueue(&concluded.initiator, envelope, true)
@@ -694,6 +794,7 @@ pub(crate) async fn send_mirrored(
     target: &str,
     origin: &ChannelId,
     message: &str,
+    exchange: Exchange<'_>,
 ) -> Result<(Conversation, Opening), DialogueError> {
     let to = org.resolve(target)?;
     let graph = org.inner.graph();
@@ -753,11 +854,12 @@ pub(crate) async fn send_mirrored(
         &key,
         origin.clone(),
         origin.is_none(),
+        exchange,
         may_start,
         fresh,
     )
     .await?;
-    deliver_turn(org, &conversation, from, message, true).await?;
+    deliver_turn(org, &conversation, from, message, true, exchange).await?;
     Ok((conversation, opening))
 }
 
@@ -768,6 +870,7 @@ pub(crate) async fn open_group(
     members: &[String],
     origin: &ChannelId,
     message: &str,
+    exchange: Exchange<'_>,
 ) -> Result<(Conversation, Opening), DialogueError> {
     if members.is_empty() {
         return Err(InvalidInput::new("members", "name at least one other agent").into());
@@ -844,11 +947,12 @@ pub(crate) async fn open_group(
         &key,
         origin.clone(),
         from_own_channel,
+        exchange,
         || Ok(()),
         fresh,
     )
     .await?;
-    deliver_turn(org, &conversation, from, message, true).await?;
+    deliver_turn(org, &conversation, from, message, true, exchange).await?;
     Ok((conversation, opening))
 }
 
@@ -944,6 +1048,7 @@ pub(crate) async fn route_reply(
     channel: &ChannelId,
     text: &str,
     answered: &[Envelope],
+    cause: &EnvelopeId,
 ) -> bool {
     let conversation = match conversation_for_reply(org, agent, channel, answered).await {
         Ok(Some(c)) => c,
@@ -962,7 +1067,15 @@ pub(crate) async fn route_reply(
         return true;
     };
     let note = if conversation.status == ConversationStatus::Open {
-        match deliver_turn(org, &conversation, agent, &text, false).await {
+        let key = answered
+            .first()
+            .map(|e| format!("{agent}:{}:reply", e.id))
+            .unwrap_or_default();
+        let exchange = Exchange {
+            cause,
+            key: Some(&key),
+        };
+        match deliver_turn(org, &conversation, agent, &text, false, exchange).await {
             Ok(_) => None,
             Err(e) => Some(format!("This reply was not delivered: {e}")),
         }
@@ -996,11 +1109,10 @@ async fn orphan_result_answer(
     channel: &ChannelId,
     answered: &[Envelope],
 ) -> bool {
-    let result = answered.iter().find_map(|e| {
-        e.metadata
-            .get(META_RESULT)
-            .and_then(serde_json::Value::as_str)
-    });
+    let result = answered
+        .iter()
+        .filter(|e| e.kind == EnvelopeKind::Retrigger)
+        .find_map(|e| e.conversation.as_ref().map(|c| c.to_string()));
     let Some(result) = result else {
         return false;
     };

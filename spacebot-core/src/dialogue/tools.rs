@@ -95,6 +95,10 @@ impl Tool for SendLinkMessage {
             &args.target,
             &ctx.channel,
             &args.message,
+            super::Exchange {
+                cause: &ctx.cause,
+                key: Some(&ctx.key),
+            },
         )
         .await
         .map_err(|e| tool_error(SEND_LINK_MESSAGE, e))?;
@@ -171,7 +175,16 @@ impl Tool for ConcludeLink {
                 ),
             ));
         }
-        let concluded = super::conclude(&ctx.org, &conversation.id, &ctx.agent, &args.summary)
+        let concluded = super::conclude(
+            &ctx.org,
+            &conversation.id,
+            &ctx.agent,
+            &args.summary,
+            super::Exchange {
+                cause: &ctx.cause,
+                key: Some(&ctx.key),
+            },
+        )
             .await
             .map_err(|e| tool_error(CONCLUDE_LINK, e))?;
         Ok(ToolOutput::end_turn(format!(
@@ -226,6 +239,10 @@ impl Tool for OpenGroup {
             &args.members,
             &ctx.channel,
             &args.message,
+            super::Exchange {
+                cause: &ctx.cause,
+                key: Some(&ctx.key),
+            },
         )
         .await
         .map_err(|e| tool_error(OPEN_GROUP, e))?;
@@ -303,7 +320,16 @@ impl Tool for CloseLink {
                 ),
             ));
         }
-        let closed = super::conclude(&ctx.org, &conversation.id, &ctx.agent, &args.message)
+        let closed = super::conclude(
+            &ctx.org,
+            &conversation.id,
+            &ctx.agent,
+            &args.message,
+            super::Exchange {
+                cause: &ctx.cause,
+                key: Some(&ctx.key),
+            },
+        )
             .await
             .map_err(|e| tool_error(CLOSE_LINK, e))?;
         Ok(ToolOutput::end_turn(format!(

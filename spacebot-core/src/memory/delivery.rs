@@ -1,12 +1,14 @@
 //! The in-memory [`DeliveryStore`].
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 
 use super::lock;
-use crate::envelope::{DeliveryStore, Envelope};
+use super::MemoryChannelStore;
+use crate::channel::ChannelStore;
+use crate::envelope::{DeliveryStore, Envelope, TurnCommit};
 use crate::error::StoreError;
 use crate::ids::{AgentId, EnvelopeId};
 use crate::time::Timestamp;
@@ -24,12 +26,21 @@ struct AgentDeliveries {
 #[derive(Debug, Default)]
 pub struct MemoryDeliveryStore {
     agents: Mutex<HashMap<AgentId, AgentDeliveries>>,
+    channels: Arc<MemoryChannelStore>,
 }
 
 impl MemoryDeliveryStore {
-    /// An empty store.
+    /// An empty store whose commits write records to a channel store of its own.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty store whose commits write records to `channels`.
+    pub fn with_channels(channels: Arc<MemoryChannelStore>) -> Self {
+        Self {
+            agents: Mutex::default(),
+            channels,
+        }
     }
 }
 
@@ -72,5 +83,35 @@ impl DeliveryStore for MemoryDeliveryStore {
             .or_default()
             .applied
             .insert(key.to_string()))
+    }
+
+    fn is_durable(&self) -> bool {
+        false
+    }
+
+    async fn is_applied(&self, agent: &AgentId, key: &str) -> Result<bool, StoreError> {
+        Ok(lock(&self.agents)
+            .get(agent)
+            .is_some_and(|a| a.applied.contains(key)))
+    }
+
+    async fn commit(
+        &self,
+        agent: &AgentId,
+        commit: &TurnCommit,
+        _now: Timestamp,
+    ) -> Result<(), StoreError> {
+        for record in &commit.records {
+            self.channels.append(agent, record.clone()).await?;
+        }
+        let mut agents = lock(&self.agents);
+        let state = agents.entry(agent.clone()).or_default();
+        if !commit.consumed.is_empty() {
+            state.pending.retain(|e| !commit.consumed.contains(&e.id));
+        }
+        for key in &commit.applied {
+            state.applied.insert(key.clone());
+        }
+        Ok(())
     }
 }

@@ -32,12 +32,13 @@ impl Stores {
     /// Every store in memory: a fresh, empty [`MemoryLinkStore`], [`MemoryConversationStore`],
     /// [`MemoryTaskStore`], [`MemoryChannelStore`] and [`MemoryDeliveryStore`].
     pub fn memory() -> Stores {
+        let channels = Arc::new(MemoryChannelStore::new());
         Stores {
             links: Arc::new(MemoryLinkStore::new()),
             conversations: Arc::new(MemoryConversationStore::new()),
             tasks: Arc::new(MemoryTaskStore::new()),
-            channels: Arc::new(MemoryChannelStore::new()),
-            deliveries: Arc::new(MemoryDeliveryStore::new()),
+            channels: channels.clone(),
+            deliveries: Arc::new(MemoryDeliveryStore::with_channels(channels)),
         }
     }
 }

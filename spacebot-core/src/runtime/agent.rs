@@ -1,29 +1,42 @@
 //! The agent's loop: the only consumer of its queue and the only caller of the tool loop.
+//!
+//! One envelope at a time: a record is written, a task runs as a turn whose answer is the task's
+//! result, anything else runs as a turn whose answer goes to the envelope's own destination. A turn
+//! commits once, at its end: the envelopes it consumed leave the agent's pending deliveries in the
+//! same store transaction as the records it wrote and the idempotency keys it applied (see
+//! [`TurnCommit`]). A turn killed before that commit runs again after a restart; the effects its
+//! tools had carry idempotency keys derived from the envelope and the call, so they are not repeated.
 
+use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::future::{AbortHandle, Abortable};
 
 use crate::channel::{NewRecord, RecordKind};
-use crate::delegation::{META_HOLDER, META_ROUND, META_TASK};
-use crate::envelope::{Envelope, EnvelopeKind, Source};
+use crate::envelope::{Envelope, EnvelopeKind, Source, TurnCommit};
 use crate::error::{LlmError, StoreError};
 use crate::event::EventKind;
-use crate::ids::{AgentId, ChannelId, TaskRef};
-use crate::llm::{ChatMessage, ChatRequest};
-use crate::org::{AgentRuntime, META_PERSISTED, META_RESUMED, OrgInner, Organization};
+use crate::ids::{AgentId, ChannelId, EnvelopeId, TaskRef};
+use crate::llm::{ChatMessage, ChatRequest, ToolCall};
+use crate::org::{AgentRuntime, OrgInner, Organization};
 use crate::policy;
 use crate::prompts::{LinkContext, OrgContext, PromptError, SystemPromptContext};
 use crate::runtime::history;
-use crate::runtime::outbound::{Outbound, OutboundError, Reply};
+use crate::runtime::outbound::{Outbound, OutboundError, Reply, ReplyKind};
 use crate::runtime::queue::AgentQueue;
-use crate::runtime::steer::{merge_backlog, source_label, split_backlog};
+use crate::runtime::steer::{merge_backlog, source_label};
 use crate::tools::ToolContext;
 
 /// How many history records of a channel a turn sends to the model.
 const HISTORY_LIMIT: usize = 50;
+
+/// The first wait after a store failure; it doubles up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+/// The longest wait between two tries of a failing store write.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 /// Why a turn ended without a reply.
 #[derive(Debug, thiserror::Error)]
@@ -55,17 +68,56 @@ pub enum TurnOutcome {
     Ended(String),
 }
 
-/// Options of one turn.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct TurnOptions {
-    /// The task being worked on.
-    pub(crate) task: Option<TaskRef>,
-    /// Send the answer to the agent's outbound (the normal case); a task executor keeps it.
-    pub(crate) send_reply: bool,
-    /// The delegation round of the message (see [`ToolContext::round`]).
-    pub(crate) round: u32,
-    /// The lease holder when the turn runs a claimed task: the lease is renewed at every checkpoint.
-    pub(crate) holder: Option<String>,
+/// What a turn writes to the agent's own store at its end, gathered while it runs.
+#[derive(Debug, Default)]
+pub(crate) struct TurnLog {
+    commit: TurnCommit,
+    keys: HashSet<String>,
+}
+
+impl TurnLog {
+    fn record(&mut self, record: NewRecord) {
+        self.commit.records.push(record);
+    }
+
+    /// Takes `envelope` as consumed by this turn; its key (if any) is applied at the commit.
+    fn consume(&mut self, envelope: &Envelope) {
+        self.commit.consumed.push(envelope.id.clone());
+        if let Some(key) = &envelope.idempotency_key
+            && self.keys.insert(key.clone())
+        {
+            self.commit.applied.push(key.clone());
+        }
+    }
+
+    /// Whether this turn consumed an envelope with `key` already.
+    fn has_key(&self, key: &str) -> bool {
+        self.keys.contains(key)
+    }
+
+    /// Writes the records gathered so far (in one store transaction), so the history shows them
+    /// while the turn goes on and before its answer leaves. The consumed envelopes and applied keys
+    /// wait for the turn's commit: a turn killed before it runs again (its records may then show
+    /// twice; its effects do not happen twice).
+    async fn flush_records(&mut self, org: &OrgInner, agent: &AgentId) {
+        if self.commit.records.is_empty() {
+            return;
+        }
+        let records = TurnCommit {
+            records: std::mem::take(&mut self.commit.records),
+            ..TurnCommit::default()
+        };
+        if let Err(e) = org
+            .stores
+            .deliveries
+            .commit(agent, &records, org.clock.now())
+            .await
+        {
+            // Kept for the turn's commit, which retries.
+            self.commit.records = records.records;
+            report_error(org, agent, None, format!("history not written yet: {e}"));
+        }
+    }
 }
 
 /// The loop of one agent: take an envelope, run a turn, repeat until the queue closes.
@@ -100,22 +152,27 @@ pub(crate) async fn run_loop(org: Arc<OrgInner>, agent: Arc<AgentRuntime>) {
             break;
         }
     }
-    crate::dialogue::on_agent_stopped(&Organization { inner: org.clone() }, agent.id()).await;
+    org.behaviours_agent_stopped(agent.id()).await;
     org.emit(org.event(agent.id(), EventKind::AgentStopped));
 }
 
-/// Envelopes persisted while the agent ran (its queue was full) go into the queue now that it is
-/// empty; they were admitted before, so the bound does not apply.
+/// Envelopes kept in the store that the queue does not hold yet (persisted while the queue was
+/// full, or while the agent started) go into the queue now that it is empty.
 async fn hand_over_pending(org: &OrgInner, agent: &AgentRuntime) {
     match org.stores.deliveries.pending(agent.id()).await {
         Ok(pending) => {
-            for envelope in pending.into_iter().rev() {
+            let fresh: Vec<Envelope> = pending
+                .into_iter()
+                .filter(|e| agent.admit(&e.id))
+                .collect();
+            for envelope in fresh.into_iter().rev() {
                 let _ = agent.queue.push_front(envelope);
             }
         }
         Err(e) => {
             agent.pending.store(true, Ordering::Release);
             report_error(org, agent.id(), None, format!("pending deliveries: {e}"));
+            backoff_sleep(org, 0).await;
         }
     }
 }
@@ -133,16 +190,66 @@ pub(crate) fn report_error(
     org.emit(event);
 }
 
-async fn append(org: &OrgInner, agent: &AgentId, record: NewRecord) {
-    let channel = record.channel.clone();
-    if let Err(e) = org.stores.channels.append(agent, record).await {
-        report_error(
-            org,
-            agent,
-            Some(&channel),
-            format!("history not written: {e}"),
-        );
+async fn backoff_sleep(org: &OrgInner, attempt: u32) {
+    let wait = FIRST_BACKOFF
+        .saturating_mul(1u32 << attempt.min(10))
+        .min(MAX_BACKOFF);
+    org.clock.sleep(wait).await;
+}
+
+/// Runs a store operation until it succeeds, waiting longer after each failure (an Error event
+/// each time). Gives up only when the agent is stopping, returning the last error.
+pub(crate) async fn retry_store<T, F, Fut>(
+    org: &OrgInner,
+    agent: &AgentRuntime,
+    what: &str,
+    mut op: F,
+) -> Result<T, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
+{
+    let mut attempt = 0u32;
+    loop {
+        match op().await {
+            Ok(value) => return Ok(value),
+            Err(e) => {
+                report_error(
+                    org,
+                    agent.id(),
+                    None,
+                    format!("{what} failed (attempt {}; retrying): {e}", attempt + 1),
+                );
+                if agent.queue.is_closed() {
+                    return Err(e);
+                }
+                backoff_sleep(org, attempt).await;
+                attempt = attempt.saturating_add(1);
+            }
+        }
     }
+}
+
+/// Writes a turn's commit, retrying until it is stored.
+async fn commit(org: &OrgInner, agent: &AgentRuntime, log: TurnLog) {
+    if log.commit.is_empty() {
+        return;
+    }
+    let me = agent.id();
+    let result = retry_store(org, agent, "committing a turn", || {
+        org.stores.deliveries.commit(me, &log.commit, org.clock.now())
+    })
+    .await;
+    match result {
+        Ok(()) => {}
+        Err(e) => report_error(
+            org,
+            me,
+            None,
+            format!("turn not committed (it runs again at the next start): {e}"),
+        ),
+    }
+    agent.forget(&log.commit.consumed);
 }
 
 fn author_of(source: &Source) -> String {
@@ -150,8 +257,6 @@ fn author_of(source: &Source) -> String {
         Source::External { .. } => "user".to_string(),
         Source::Internal { from_agent, .. } => format!("agent {from_agent}"),
         Source::System => "system".to_string(),
-        #[allow(unreachable_patterns)]
-        _ => "unknown".to_string(),
     }
 }
 
@@ -174,206 +279,242 @@ fn user_record(envelope: &Envelope) -> NewRecord {
         "envelope".into(),
         serde_json::Value::String(envelope.id.to_string()),
     );
+    if let Some(conversation) = &envelope.conversation {
+        record.metadata.insert(
+            crate::dialogue::META_CONVERSATION.into(),
+            serde_json::Value::String(conversation.to_string()),
+        );
+    }
     record
 }
 
-fn is_resumed(envelope: &Envelope) -> bool {
-    envelope.metadata.contains_key(META_RESUMED)
-}
-
-fn meta_u64(envelope: &Envelope, key: &str) -> Option<u64> {
-    envelope
-        .metadata
-        .get(key)
-        .and_then(serde_json::Value::as_u64)
+fn system_record(channel: &ChannelId, text: impl Into<String>, org: &OrgInner) -> NewRecord {
+    NewRecord::new(
+        channel.clone(),
+        RecordKind::System,
+        "system",
+        text,
+        org.clock.now(),
+    )
 }
 
 /// Takes one envelope off the queue and handles it.
 async fn process(org: &Arc<OrgInner>, agent: &Arc<AgentRuntime>, envelope: Envelope) {
-    let persisted = envelope.metadata.contains_key(META_PERSISTED);
-    // A resumed envelope (interrupted by a steer) had its key applied when it first ran.
-    let key = envelope
-        .idempotency_key
-        .as_ref()
-        .filter(|_| !is_resumed(&envelope));
-    let duplicate = match key {
-        Some(key) => match org
-            .stores
-            .deliveries
-            .mark_applied(agent.id(), key, org.clock.now())
-            .await
-        {
-            Ok(first) => !first,
-            Err(e) => {
-                report_error(
-                    org,
-                    agent.id(),
-                    None,
-                    format!("idempotency key {key} not checked: {e}"),
-                );
-                false
+    let me = agent.id().clone();
+    let mut log = TurnLog::default();
+    if let Some(key) = &envelope.idempotency_key {
+        let applied = retry_store(org, agent, "checking an idempotency key", || {
+            org.stores.deliveries.is_applied(&me, key)
+        })
+        .await;
+        match applied {
+            Ok(true) => {
+                // Applied before (a notice delivered twice): nothing to do but let it go.
+                log.commit.consumed.push(envelope.id.clone());
+                commit(org, agent, log).await;
+                return;
             }
-        },
-        None => false,
-    };
-    if duplicate {
-        // Applied before (a notice delivered twice): nothing to do.
-    } else if !envelope.kind.wakes_model() {
-        append(org, agent.id(), user_record(&envelope)).await;
-    } else if let Some(number) = meta_u64(&envelope, META_TASK) {
-        run_task(org, agent, envelope.clone(), number).await;
-    } else {
-        let handle = Organization { inner: org.clone() };
-        let channel = envelope.channel.clone();
-        let (abort, registration) = AbortHandle::new_pair();
-        *agent.abort.lock().unwrap_or_else(|e| e.into_inner()) = Some(abort);
-        let options = TurnOptions {
-            send_reply: true,
-            round: meta_u64(&envelope, META_ROUND)
-                .map_or(0, |r| u32::try_from(r).unwrap_or(u32::MAX)),
-            ..TurnOptions::default()
-        };
-        let turn = Abortable::new(
-            Box::pin(run_turn(&handle, agent, vec![envelope.clone()], options)),
-            registration,
-        );
-        let result = turn.await;
-        agent.abort.lock().unwrap_or_else(|e| e.into_inner()).take();
-        match result {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => {
-                let text = format!("turn failed: {e}");
-                append(
-                    org,
-                    agent.id(),
-                    NewRecord::new(
-                        channel.clone(),
-                        RecordKind::System,
-                        "system",
-                        text.clone(),
-                        org.clock.now(),
-                    ),
-                )
-                .await;
-                report_error(org, agent.id(), Some(&channel), text.clone());
-                if agent.spec.parent.is_some() {
-                    report_to_parent(
-                        org,
-                        agent,
-                        format!("child agent {} failed: {e}", agent.id()),
-                    )
-                    .await;
-                }
-            }
-            Err(_aborted) => {
-                append(
-                    org,
-                    agent.id(),
-                    NewRecord::new(
-                        channel.clone(),
-                        RecordKind::System,
-                        "system",
-                        "turn cancelled; the message was not answered",
-                        org.clock.now(),
-                    ),
-                )
-                .await;
-                let mut event = org.event(agent.id(), EventKind::TurnCancelled);
-                event.channel = Some(channel);
-                org.emit(event);
+            Ok(false) => {}
+            Err(_) => {
+                // Stopping while the store fails: the envelope stays stored for the next start.
+                agent.forget(std::slice::from_ref(&envelope.id));
+                keep_for_later(org, agent, envelope).await;
+                return;
             }
         }
     }
-    if persisted {
-        // Removed only now that it was processed: a crash before this point hands it over again.
-        if let Err(e) = org.stores.deliveries.remove(agent.id(), &envelope.id).await {
-            report_error(org, agent.id(), None, format!("pending delivery kept: {e}"));
+    if !envelope.kind.wakes_model() {
+        log.record(user_record(&envelope));
+        log.consume(&envelope);
+        commit(org, agent, log).await;
+        return;
+    }
+    if let Some(work) = envelope.task.clone() {
+        run_task(org, agent, envelope, work.number, work.holder, log).await;
+        return;
+    }
+    let handle = Organization { inner: org.clone() };
+    let channel = envelope.channel.clone();
+    let (abort, registration) = AbortHandle::new_pair();
+    *agent.abort.lock().unwrap_or_else(|e| e.into_inner()) = Some(abort);
+    let options = TurnOptions {
+        task: None,
+        holder: None,
+    };
+    let mut turn_log = TurnLog::default();
+    let result = {
+        let turn = Abortable::new(
+            Box::pin(run_turn(
+                &handle,
+                agent,
+                envelope.clone(),
+                options,
+                &mut turn_log,
+            )),
+            registration,
+        );
+        turn.await
+    };
+    agent.abort.lock().unwrap_or_else(|e| e.into_inner()).take();
+    let mut log = turn_log;
+    match result {
+        Ok(Ok(_)) => {}
+        Ok(Err(failure)) => {
+            let text = format!("turn failed: {}", failure.error);
+            for envelope in &failure.unanswered {
+                log.record(system_record(&envelope.channel, text.clone(), org));
+            }
+            report_error(org, &me, Some(&channel), text);
+            tell_failure(&handle, agent, &failure).await;
         }
+        Err(_aborted) => {
+            log.record(system_record(
+                &channel,
+                "turn cancelled; the message was not answered",
+                org,
+            ));
+            let mut event = org.event(&me, EventKind::TurnCancelled);
+            event.channel = Some(channel);
+            org.emit(event);
+        }
+    }
+    commit(org, agent, log).await;
+}
+
+/// An envelope the loop could not process because the agent is stopping: in memory-only stores it
+/// is kept in the pending deliveries (durable stores hold it already).
+async fn keep_for_later(org: &OrgInner, agent: &AgentRuntime, envelope: Envelope) {
+    if org.stores.deliveries.is_durable() {
+        return;
+    }
+    if let Err(e) = org.persist(agent.id(), envelope).await {
+        report_error(
+            org,
+            agent.id(),
+            None,
+            format!("a message could not be kept: {e}"),
+        );
     }
 }
 
-/// Drops drained envelopes whose idempotency key was applied before (a notice delivered twice)
-/// and marks the others' keys applied, as [`process`] does for envelopes taken one at a time.
-async fn drop_applied(org: &OrgInner, agent: &AgentId, drained: Vec<Envelope>) -> Vec<Envelope> {
-    let mut kept = Vec::with_capacity(drained.len());
-    for envelope in drained {
-        if let Some(key) = envelope
-            .idempotency_key
-            .as_ref()
-            .filter(|_| !is_resumed(&envelope))
-        {
-            match org
-                .stores
-                .deliveries
-                .mark_applied(agent, key, org.clock.now())
-                .await
-            {
-                Ok(false) => continue,
-                Ok(true) => {}
-                Err(e) => report_error(
-                    org,
-                    agent,
-                    None,
-                    format!("idempotency key {key} not checked: {e}"),
-                ),
-            }
+/// Tells the destinations of a failed turn's envelopes that it failed: a failure reply to the
+/// application for external messages, a report to the parent for a child agent.
+async fn tell_failure(org: &Organization, agent: &AgentRuntime, failure: &TurnFailure) {
+    let inner = &org.inner;
+    let reason = failure.error.to_string();
+    let mut by_source: Vec<(Source, ChannelId, Vec<EnvelopeId>)> = Vec::new();
+    for envelope in failure.unanswered.iter().filter(|e| e.task.is_none()) {
+        let source = reply_source(agent, std::slice::from_ref(envelope));
+        if !matches!(source, Source::External { .. }) || agent.spec.parent.is_some() {
+            continue;
         }
-        kept.push(envelope);
+        match by_source.iter_mut().find(|(s, c, _)| s == &source && c == &envelope.channel) {
+            Some((_, _, ids)) => ids.push(envelope.id.clone()),
+            None => by_source.push((source, envelope.channel.clone(), vec![envelope.id.clone()])),
+        }
     }
-    kept
+    for (source, channel, ids) in by_source {
+        let reply = Reply {
+            agent: agent.id().clone(),
+            channel: channel.clone(),
+            source,
+            in_reply_to: ids,
+            content: format!("the agent could not answer: {reason}"),
+            at: inner.clock.now(),
+            kind: ReplyKind::Failure,
+        };
+        if let Err(e) = agent.spec.outbound.send(reply).await {
+            report_error(
+                inner,
+                agent.id(),
+                Some(&channel),
+                format!("failure reply not delivered: {e}"),
+            );
+        }
+    }
+    if agent.spec.parent.is_some() {
+        report_to_parent(
+            inner,
+            agent,
+            format!("child agent {} failed: {reason}", agent.id()),
+        )
+        .await;
+    }
 }
 
 /// Runs a claimed task as a turn of the agent's own tool loop and records the outcome.
-async fn run_task(org: &Arc<OrgInner>, agent: &Arc<AgentRuntime>, envelope: Envelope, number: u64) {
+async fn run_task(
+    org: &Arc<OrgInner>,
+    agent: &Arc<AgentRuntime>,
+    envelope: Envelope,
+    number: u64,
+    holder: String,
+    mut log: TurnLog,
+) {
     let handle = Organization { inner: org.clone() };
-    let holder = envelope
-        .metadata
-        .get(META_HOLDER)
-        .and_then(|v| v.as_str())
-        .unwrap_or_default()
-        .to_string();
+    let me = agent.id().clone();
     // A task envelope handed over again after a restart may be stale: run it only while this holder
     // still holds the task.
-    match org.stores.tasks.get(agent.id(), number).await {
+    let current = retry_store(org, agent, "reading a task", || {
+        org.stores.tasks.get(&me, number)
+    })
+    .await;
+    match current {
         Ok(Some(task))
             if task.status == crate::task::TaskStatus::InProgress
                 && task.lease.as_ref().is_some_and(|l| l.holder == holder) => {}
         Ok(_) => {
             // This claim is over (its lease expired and the task moved on): free its slot.
-            agent.task_finished();
+            log.consume(&envelope);
+            commit(org, agent, log).await;
+            agent.task_finished(number, &holder);
             agent.ring();
             return;
         }
-        Err(e) => {
-            report_error(
-                org,
-                agent.id(),
-                None,
-                format!("task {number} not read: {e}"),
-            );
+        Err(_) => {
+            agent.forget(std::slice::from_ref(&envelope.id));
+            keep_for_later(org, agent, envelope).await;
             return;
         }
     }
     let options = TurnOptions {
-        task: Some(TaskRef::new(agent.id().clone(), number)),
-        send_reply: false,
-        round: meta_u64(&envelope, META_ROUND).map_or(0, |r| u32::try_from(r).unwrap_or(u32::MAX)),
+        task: Some(TaskRef::new(me.clone(), number)),
         holder: Some(holder.clone()),
     };
     let (abort, registration) = AbortHandle::new_pair();
     *agent.abort.lock().unwrap_or_else(|e| e.into_inner()) = Some(abort);
-    let turn = Abortable::new(
-        Box::pin(run_turn(&handle, agent, vec![envelope], options)),
-        registration,
-    );
-    let result = match turn.await {
-        Ok(Ok(TurnOutcome::Answer(text))) => Ok(crate::delegation::TaskOutcome::Done(text)),
-        Ok(Ok(TurnOutcome::Ended(_))) => Ok(crate::delegation::TaskOutcome::Waiting),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err("the turn was cancelled".to_string()),
+    let mut turn_log = TurnLog::default();
+    let outcome = {
+        let turn = Abortable::new(
+            Box::pin(run_turn(
+                &handle,
+                agent,
+                envelope.clone(),
+                options,
+                &mut turn_log,
+            )),
+            registration,
+        );
+        turn.await
     };
     agent.abort.lock().unwrap_or_else(|e| e.into_inner()).take();
+    let result = match outcome {
+        Ok(Ok(TurnOutcome::Answer(text))) => Ok(crate::delegation::TaskOutcome::Done(text)),
+        Ok(Ok(TurnOutcome::Ended(_))) => Ok(crate::delegation::TaskOutcome::Waiting),
+        Ok(Err(failure)) => {
+            let text = format!("turn failed: {}", failure.error);
+            for e in failure.unanswered.iter().filter(|e| e.task.is_none()) {
+                turn_log.record(system_record(&e.channel, text.clone(), org));
+            }
+            tell_failure(&handle, agent, &failure).await;
+            Err(failure.error.to_string())
+        }
+        Err(_) => Err("the turn was cancelled".to_string()),
+    };
+    // The outcome is recorded first: a crash between the two runs the (finished) task envelope
+    // again, which then finds its claim over and only lets it go.
     crate::delegation::finish_task(&handle, agent, number, &holder, result).await;
+    commit(org, agent, turn_log).await;
 }
 
 /// Sends a message to a child's parent (its outbound failed, or its turn failed).
@@ -466,22 +607,16 @@ pub(crate) fn system_prompt(
 }
 
 /// A turn may take this many times `max_tool_rounds` in all, steers included: each steer gives the
-/// merged message a fresh round budget, and this bounds a turn that producers keep steering.
+/// steering message a fresh round budget, and this bounds a turn that producers keep steering.
 const STEER_ROUND_FACTOR: u32 = 4;
 
 /// Puts envelopes back at the front of the queue, in order. A stopping agent's queue is closed:
-/// they are kept in its pending deliveries instead.
+/// they are kept in its pending deliveries instead (durable stores hold them already).
 async fn put_back(org: &OrgInner, agent: &AgentRuntime, envelopes: Vec<Envelope>) {
     for envelope in envelopes.into_iter().rev() {
-        if let Err(e) = agent.queue.push_front(envelope.clone())
-            && let Err(p) = org.persist(agent.id(), envelope).await
-        {
-            report_error(
-                org,
-                agent.id(),
-                None,
-                format!("interrupted message not kept ({e}): {p}"),
-            );
+        if agent.queue.push_front(envelope.clone()).is_err() {
+            agent.forget(std::slice::from_ref(&envelope.id));
+            keep_for_later(org, agent, envelope).await;
         }
     }
 }
@@ -509,104 +644,149 @@ fn tool_definitions(
     Ok(definitions)
 }
 
+/// Options of one turn.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct TurnOptions {
+    /// The task being worked on.
+    pub(crate) task: Option<TaskRef>,
+    /// The lease holder when the turn runs a claimed task: the lease is renewed at every checkpoint.
+    pub(crate) holder: Option<String>,
+}
+
+/// A turn that failed, and the envelopes it had not answered when it did.
+#[derive(Debug)]
+pub(crate) struct TurnFailure {
+    pub(crate) error: TurnError,
+    pub(crate) unanswered: Vec<Envelope>,
+}
+
+/// One level of a turn: the envelopes the model answers at that level. A steer pushes a frame;
+/// its answer goes to the steering envelopes' destinations, then the turn resumes the frame below.
+#[derive(Debug)]
+struct Frame {
+    envelopes: Vec<Envelope>,
+    rounds: u32,
+}
+
+impl Frame {
+    fn kind(&self) -> Option<EnvelopeKind> {
+        self.envelopes.first().map(|e| e.kind)
+    }
+    fn channel(&self) -> Option<&ChannelId> {
+        self.envelopes.first().map(|e| &e.channel)
+    }
+}
+
+fn failure(error: impl Into<TurnError>, frames: &[Frame]) -> TurnFailure {
+    TurnFailure {
+        error: error.into(),
+        unanswered: frames
+            .iter()
+            .flat_map(|f| f.envelopes.iter().cloned())
+            .collect(),
+    }
+}
+
+/// The text that resumes an interrupted frame after a steer was answered.
+fn resume_text(frame: &Frame) -> String {
+    format!(
+        "Your answer to the interruption was delivered. Now continue with what you were doing \
+         before it, and give your answer to this:\n\n{}",
+        merge_backlog(&frame.envelopes)
+    )
+}
+
 /// One turn: the tool-call loop over the LLM, with steering at each checkpoint.
 ///
-/// `current` holds the envelopes being answered (one, or several merged by a steer). After every
-/// tool round the loop drains the agent's queue; if anything arrived, the interrupted envelopes go
-/// back to the front of the queue, the drained ones become one user message, and the model answers
-/// that; the reply goes out and the turn ends, so the loop processes the queue again.
+/// The turn starts with one envelope. After every tool round the loop drains the agent's queue:
+/// records go to the history; tasks go back to the front of the queue (a task is work with its own
+/// result and waits for its own turn); anything else that wakes the model steers: the model answers
+/// it next, that answer goes to the steering envelopes' own destinations, and the turn then resumes
+/// what it was doing. Every envelope is answered once, to its own destination, by this one turn.
 pub(crate) async fn run_turn(
     org: &Organization,
     agent: &AgentRuntime,
-    mut current: Vec<Envelope>,
+    first: Envelope,
     options: TurnOptions,
-) -> Result<TurnOutcome, TurnError> {
+    log: &mut TurnLog,
+) -> Result<TurnOutcome, TurnFailure> {
     let inner = &org.inner;
     let me = agent.id().clone();
-    let Some(first) = current.first() else {
-        return Ok(TurnOutcome::Answer(String::new()));
-    };
     let channel = first.channel.clone();
+    let cause = first.cause().clone();
+    let base_round = first.round;
+    let mut frames = vec![Frame {
+        envelopes: vec![first],
+        rounds: 0,
+    }];
     let history = inner
         .stores
         .channels
         .history(&me, &channel, Some(HISTORY_LIMIT))
-        .await?;
-    for envelope in &current {
-        if !is_resumed(envelope) {
-            append(inner, &me, user_record(envelope)).await;
-        }
+        .await
+        .map_err(|e| failure(e, &frames))?;
+    for envelope in &frames[0].envelopes {
+        log.record(user_record(envelope));
+        log.consume(envelope);
     }
-    remember_sources(agent, &current);
-    let system = system_prompt(inner, agent, &channel)?;
+    remember_sources(agent, &frames[0].envelopes);
+    log.flush_records(inner, &me).await;
+    let system = system_prompt(inner, agent, &channel).map_err(|e| failure(e, &frames))?;
     let mut messages = Vec::with_capacity(history.len() + 4);
     messages.push(ChatMessage::system(system));
     messages.extend(history::to_messages(&history));
-    messages.push(ChatMessage::user(merge_backlog(&current)));
+    messages.push(ChatMessage::user(merge_backlog(&frames[0].envelopes)));
 
     let tools = &inner.tools;
-    let definitions = tool_definitions(org, &me)?;
+    let definitions = tool_definitions(org, &me).map_err(|e| failure(e, &frames))?;
     let limit = inner.settings.max_tool_rounds;
+    let call_cap = usize::try_from(inner.settings.max_tool_calls_per_response.max(1))
+        .unwrap_or(usize::MAX);
     let mut started = inner.event(&me, EventKind::TurnStarted);
     started.channel = Some(channel.clone());
     started.task = options.task.clone();
     inner.emit(started);
 
-    let mut rounds: u32 = 0;
     let mut total_rounds: u32 = 0;
+    let mut last_text = String::new();
     loop {
-        if rounds >= limit {
+        let Some(top) = frames.last() else {
+            return Ok(TurnOutcome::Answer(last_text));
+        };
+        if top.rounds >= limit || total_rounds >= limit.saturating_mul(STEER_ROUND_FACTOR) {
             let mut event = inner.event(&me, EventKind::RoundLimitReached { limit });
-            event.channel = Some(channel.clone());
+            event.channel = top.channel().cloned();
             event.task = options.task.clone();
             inner.emit(event);
-            return Err(TurnError::RoundLimit { limit });
+            return Err(failure(TurnError::RoundLimit { limit }, &frames));
         }
+        let reply_channel = top.channel().cloned().unwrap_or_else(|| channel.clone());
         let request = ChatRequest {
             agent: Some(me.clone()),
             messages: messages.clone(),
             tools: definitions.clone(),
+            channel: Some(reply_channel.clone()),
+            envelope_kind: top.kind(),
             ..ChatRequest::default()
         };
-        let response = inner.llm.complete(request).await?;
-        let reply_channel = current
-            .first()
-            .map(|e| e.channel.clone())
-            .unwrap_or_else(|| channel.clone());
+        let response = match inner.llm.complete(request).await {
+            Ok(r) => r,
+            Err(e) => return Err(failure(e, &frames)),
+        };
         if response.tool_calls.is_empty() {
             let text = response.content.unwrap_or_default();
-            append(
-                inner,
-                &me,
-                NewRecord::new(
-                    reply_channel.clone(),
-                    RecordKind::Assistant,
-                    me.as_str(),
-                    text.clone(),
-                    inner.clock.now(),
-                ),
-            )
-            .await;
-            let routed = options.send_reply
-                && crate::dialogue::route_reply(org, &me, &reply_channel, &text, &current).await;
-            if options.send_reply && !routed {
-                let reply = Reply {
-                    agent: me.clone(),
-                    channel: reply_channel.clone(),
-                    source: reply_source(agent, &current),
-                    in_reply_to: current.iter().map(|e| e.id.clone()).collect(),
-                    content: text.clone(),
-                    at: inner.clock.now(),
-                };
-                if let Err(e) = agent.spec.outbound.send(reply).await {
-                    report_error(
-                        inner,
-                        &me,
-                        Some(&reply_channel),
-                        format!("reply not delivered: {e}"),
-                    );
-                }
-            }
+            let Some(frame) = frames.pop() else {
+                return Ok(TurnOutcome::Answer(text));
+            };
+            log.record(NewRecord::new(
+                reply_channel.clone(),
+                RecordKind::Assistant,
+                me.as_str(),
+                text.clone(),
+                inner.clock.now(),
+            ));
+            log.flush_records(inner, &me).await;
+            deliver_answer(org, agent, &frame, &text, &cause).await;
             let mut event = inner.event(
                 &me,
                 EventKind::TurnFinished {
@@ -616,54 +796,62 @@ pub(crate) async fn run_turn(
             event.channel = Some(reply_channel);
             event.task = options.task.clone();
             inner.emit(event);
-            return Ok(TurnOutcome::Answer(text));
+            match frames.last() {
+                None => return Ok(TurnOutcome::Answer(text)),
+                Some(below) => {
+                    messages.push(ChatMessage::assistant(text.clone()));
+                    messages.push(ChatMessage::user(resume_text(below)));
+                    last_text = text;
+                    continue;
+                }
+            }
         }
 
-        rounds += 1;
+        if let Some(top) = frames.last_mut() {
+            top.rounds += 1;
+        }
         total_rounds += 1;
+        let round_index = total_rounds;
         messages.push(response.to_message());
-        let ctx = ToolContext {
-            agent: me.clone(),
-            channel: reply_channel.clone(),
-            task: options.task.clone(),
-            round: options.round,
-            org: org.clone(),
-        };
+        let key_base = frames
+            .last()
+            .and_then(|f| f.envelopes.first())
+            .map(|e| e.id.to_string())
+            .unwrap_or_default();
         let mut ended: Option<String> = None;
-        for call in &response.tool_calls {
-            let (text, ok) = match tools.call(&ctx, call).await {
-                Ok(output) => {
-                    if output.end_turn {
-                        ended = Some(output.content.clone());
-                    }
-                    (output.content, true)
-                }
-                Err(e) => (e.to_model_text(), false),
+        for (index, call) in response.tool_calls.iter().enumerate() {
+            let ctx = ToolContext {
+                agent: me.clone(),
+                channel: reply_channel.clone(),
+                task: options.task.clone(),
+                round: base_round,
+                cause: cause.clone(),
+                key: format!("{me}:{key_base}:{round_index}:{index}"),
+                org: org.clone(),
             };
-            let mut event = inner.event(
-                &me,
-                EventKind::ToolCalled {
-                    tool: call.name.clone(),
-                    ok,
-                },
-            );
-            event.channel = Some(reply_channel.clone());
-            event.task = options.task.clone();
-            inner.emit(event);
-            append(
-                inner,
-                &me,
-                NewRecord::new(
-                    reply_channel.clone(),
-                    RecordKind::Tool,
-                    me.as_str(),
-                    format!("{}({}) -> {}", call.name, call.arguments, text),
-                    inner.clock.now(),
-                ),
-            )
-            .await;
+            let (text, ok) = if index >= call_cap {
+                (
+                    format!(
+                        "error: not run: one response may call at most {call_cap} tools \
+                         (max_tool_calls_per_response); call fewer at a time"
+                    ),
+                    false,
+                )
+            } else {
+                match tools.call(&ctx, call).await {
+                    Ok(output) => {
+                        if output.end_turn {
+                            ended = Some(output.content.clone());
+                        }
+                        (output.content, true)
+                    }
+                    Err(e) => (e.to_model_text(), false),
+                }
+            };
+            tool_called(org, &me, &reply_channel, &options, call, &text, ok, log);
             messages.push(ChatMessage::tool(call.id.clone(), text));
         }
+        log.flush_records(inner, &me).await;
         if let Some(text) = ended {
             let mut event = inner.event(
                 &me,
@@ -674,7 +862,15 @@ pub(crate) async fn run_turn(
             event.channel = Some(reply_channel);
             event.task = options.task.clone();
             inner.emit(event);
-            return Ok(TurnOutcome::Ended(text));
+            // The frame that ended waits for a result (a retrigger answers it later).
+            frames.pop();
+            match frames.last() {
+                None => return Ok(TurnOutcome::Ended(text)),
+                Some(below) => {
+                    messages.push(ChatMessage::user(resume_text(below)));
+                    continue;
+                }
+            }
         }
 
         // Checkpoint: a task's lease is renewed, so a long turn keeps its claim ...
@@ -693,58 +889,156 @@ pub(crate) async fn run_turn(
                     renew,
                     inner.clock.now(),
                 )
-                .await?;
+                .await
+                .map_err(|e| failure(e, &frames))?;
         }
         // ... and anything that arrived meanwhile steers the turn.
-        // Messages a steer put back earlier wait at the front until this answer is out: only fresh
-        // arrivals steer (otherwise two interrupted messages would take turns forever).
-        let (waiting, fresh): (Vec<Envelope>, Vec<Envelope>) =
-            agent.queue.drain().into_iter().partition(is_resumed);
-        let steers = fresh.iter().any(|e| e.kind.wakes_model());
-        if steers && total_rounds >= limit.saturating_mul(STEER_ROUND_FACTOR) {
-            // Steered too long: stop here; everything waits, untouched, in arrival order.
-            let mut back = waiting;
-            back.extend(fresh);
-            put_back(inner, agent, back).await;
-            let mut event = inner.event(&me, EventKind::RoundLimitReached { limit });
-            event.channel = Some(channel.clone());
-            event.task = options.task.clone();
-            inner.emit(event);
-            return Err(TurnError::RoundLimit { limit });
-        }
-        let backlog = split_backlog(drop_applied(inner, &me, fresh).await);
-        for record in &backlog.records {
-            append(inner, &me, user_record(record)).await;
-        }
-        if backlog.to_answer.is_empty() {
-            put_back(inner, agent, waiting).await;
+        let drained = agent.queue.drain();
+        if drained.is_empty() {
             continue;
         }
-        let interrupted = std::mem::replace(&mut current, backlog.to_answer);
-        // Back to the front in arrival order: messages interrupted earlier first, then this one.
-        let mut back = waiting;
-        back.extend(interrupted.into_iter().map(|mut envelope| {
-            envelope
-                .metadata
-                .insert(META_RESUMED.into(), serde_json::Value::Bool(true));
-            envelope
-        }));
-        put_back(inner, agent, back).await;
+        let mut wait = Vec::new();
+        let mut fresh: Vec<Envelope> = Vec::new();
+        for envelope in drained {
+            let seen = envelope.idempotency_key.as_ref().is_some_and(|k| {
+                log.has_key(k) || fresh.iter().any(|f| f.idempotency_key.as_ref() == Some(k))
+            });
+            if envelope.task.is_some() || envelope.kind == EnvelopeKind::TaskAssigned {
+                wait.push(envelope);
+            } else if seen {
+                log.commit.consumed.push(envelope.id.clone());
+            } else if !envelope.kind.wakes_model() {
+                log.record(user_record(&envelope));
+                log.consume(&envelope);
+            } else {
+                fresh.push(envelope);
+            }
+        }
+        if !fresh.is_empty() && total_rounds >= limit.saturating_mul(STEER_ROUND_FACTOR) {
+            // Steered too long: the fresh messages wait for their own turn.
+            wait.extend(fresh.drain(..));
+        }
+        put_back(inner, agent, wait).await;
+        if fresh.is_empty() {
+            continue;
+        }
+        // A key applied before (a notice delivered twice) is not answered again.
+        let mut steering = Vec::with_capacity(fresh.len());
+        for envelope in fresh {
+            if let Some(key) = &envelope.idempotency_key
+                && inner
+                    .stores
+                    .deliveries
+                    .is_applied(&me, key)
+                    .await
+                    .unwrap_or(false)
+            {
+                log.commit.consumed.push(envelope.id.clone());
+                continue;
+            }
+            steering.push(envelope);
+        }
+        if steering.is_empty() {
+            continue;
+        }
+        for envelope in &steering {
+            log.record(user_record(envelope));
+            log.consume(envelope);
+        }
+        remember_sources(agent, &steering);
+        log.flush_records(inner, &me).await;
         let mut event = inner.event(
             &me,
             EventKind::Steered {
-                merged: current.len(),
+                merged: steering.len(),
             },
         );
-        event.channel = current.first().map(|e| e.channel.clone());
+        event.channel = steering.first().map(|e| e.channel.clone());
         event.task = options.task.clone();
         inner.emit(event);
-        for envelope in &current {
-            append(inner, &me, user_record(envelope)).await;
+        messages.push(ChatMessage::user(merge_backlog(&steering)));
+        frames.push(Frame {
+            envelopes: steering,
+            rounds: 0,
+        });
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn tool_called(
+    org: &Organization,
+    me: &AgentId,
+    channel: &ChannelId,
+    options: &TurnOptions,
+    call: &ToolCall,
+    text: &str,
+    ok: bool,
+    log: &mut TurnLog,
+) {
+    let inner = &org.inner;
+    let mut event = inner.event(
+        me,
+        EventKind::ToolCalled {
+            tool: call.name.clone(),
+            ok,
+        },
+    );
+    event.channel = Some(channel.clone());
+    event.task = options.task.clone();
+    inner.emit(event);
+    log.record(NewRecord::new(
+        channel.clone(),
+        RecordKind::Tool,
+        me.as_str(),
+        format!("{}({}) -> {}", call.name, call.arguments, text),
+        inner.clock.now(),
+    ));
+}
+
+/// Sends a frame's answer to each of its envelopes' destinations: a conversation's other members,
+/// the application's outbound (grouped per reply target), and, for a task, nowhere here (the caller
+/// records it as the task's result).
+async fn deliver_answer(
+    org: &Organization,
+    agent: &AgentRuntime,
+    frame: &Frame,
+    text: &str,
+    cause: &EnvelopeId,
+) {
+    let me = agent.id();
+    let inner = &org.inner;
+    // Group the frame's non-task envelopes by channel, in arrival order.
+    let mut groups: Vec<(ChannelId, Vec<Envelope>)> = Vec::new();
+    for envelope in frame.envelopes.iter().filter(|e| e.task.is_none()) {
+        match groups.iter_mut().find(|(c, _)| c == &envelope.channel) {
+            Some((_, list)) => list.push(envelope.clone()),
+            None => groups.push((envelope.channel.clone(), vec![envelope.clone()])),
         }
-        remember_sources(agent, &current);
-        messages.push(ChatMessage::user(merge_backlog(&current)));
-        rounds = 0;
+    }
+    for (channel, envelopes) in groups {
+        let routed = org
+            .behaviours_route_reply(me, &channel, text, &envelopes, cause)
+            .await;
+        if routed {
+            continue;
+        }
+        let reply = Reply {
+            agent: me.clone(),
+            channel: channel.clone(),
+            source: reply_source(agent, &envelopes),
+            in_reply_to: envelopes.iter().map(|e| e.id.clone()).collect(),
+            content: text.to_string(),
+            at: inner.clock.now(),
+            kind: ReplyKind::Answer,
+        };
+        if let Err(e) = agent.spec.outbound.send(reply).await {
+            report_error(
+                inner,
+                me,
+                Some(&channel),
+                format!("reply not delivered: {e}"),
+            );
+        }
     }
 }
 
@@ -765,6 +1059,10 @@ impl Outbound for ParentOutbound {
                 "the organization is gone".to_string(),
             ));
         };
+        let content = match reply.kind {
+            ReplyKind::Failure => format!("Child agent {} failed: {}", self.child, reply.content),
+            _ => format!("Result from child agent {}: {}", self.child, reply.content),
+        };
         let envelope = Envelope::new(
             Source::Internal {
                 from_agent: self.child.clone(),
@@ -772,9 +1070,10 @@ impl Outbound for ParentOutbound {
             },
             self.report_to.clone(),
             EnvelopeKind::Announce,
-            format!("Result from child agent {}: {}", self.child, reply.content),
+            content,
             org.clock.now(),
-        );
+        )
+        .with_idempotency_key(format!("child-reply:{}", reply.in_reply_to_key()));
         // A full parent queue overflows to the parent's pending deliveries (picked up when its queue
         // runs empty): a child's result is never refused for being early.
         org.enqueue(&self.parent, envelope, true)

@@ -11,5 +11,5 @@ pub mod queue;
 pub mod steer;
 
 pub use agent::{TurnError, TurnOutcome};
-pub use outbound::{ChannelOutbound, Outbound, OutboundError, Reply};
+pub use outbound::{ChannelOutbound, Outbound, OutboundError, Reply, ReplyKind};
 pub use queue::{AgentQueue, BoundedQueue, QueueError, Recv};

@@ -30,9 +30,39 @@ pub struct Reply {
     pub content: String,
     /// When the reply was produced.
     pub at: Timestamp,
+    /// An answer, or the news that the agent could not answer.
+    pub kind: ReplyKind,
+}
+
+/// What a [`Reply`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ReplyKind {
+    /// The agent's answer.
+    #[default]
+    Answer,
+    /// The agent could not answer (its model failed, or it ran out of tool rounds); `content`
+    /// says why, as "the agent could not answer: ...".
+    Failure,
 }
 
 impl Reply {
+    /// A stable key of the envelopes this reply answers: a reply repeated after a crash (the turn ran
+    /// again) has the same key, so an application can recognise it.
+    pub fn in_reply_to_key(&self) -> String {
+        self.in_reply_to
+            .iter()
+            .map(|id| id.as_str())
+            .collect::<Vec<_>>()
+            .join("+")
+    }
+
+    /// Whether this reply says the agent could not answer.
+    pub fn is_failure(&self) -> bool {
+        self.kind == ReplyKind::Failure
+    }
+
     /// The external reply target, when the answered message came from a gateway.
     pub fn reply_target(&self) -> Option<&str> {
         match &self.source {

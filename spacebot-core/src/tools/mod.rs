@@ -12,7 +12,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use crate::error::{InvalidInput, PolicyDenied};
-use crate::ids::{AgentId, ChannelId, TaskRef};
+use crate::ids::{AgentId, ChannelId, EnvelopeId, TaskRef};
 use crate::llm::{ToolCall, ToolDefinition};
 use crate::org::Organization;
 
@@ -115,6 +115,12 @@ pub struct ToolContext {
     /// How many delegate-and-retrigger rounds led to this turn (0 for a fresh message); delegation
     /// refuses past a limit so a model that re-delegates on every result cannot loop forever.
     pub round: u32,
+    /// The envelope that started the exchange this call is part of (see [`Envelope::cause`](crate::Envelope::cause)).
+    pub cause: EnvelopeId,
+    /// The idempotency key of this call: derived from the envelope being answered, the tool round
+    /// and the call's position, so a turn run again after a crash asks for the same effects under
+    /// the same keys and the stores apply them once.
+    pub key: String,
     /// The organization (for tools that message, delegate or read boards).
     pub org: Organization,
 }
