@@ -143,6 +143,8 @@ pub enum EventKind {
     },
     /// A model turn started.
     TurnStarted,
+    /// The agent's loop finished its work and waits with an empty queue.
+    AgentIdle,
     /// A model turn finished.
     TurnFinished {
         /// Tool rounds used.

@@ -253,6 +253,8 @@ pub(crate) struct AgentRuntime {
     pub(crate) stopped: Mutex<Option<oneshot::Receiver<()>>>,
     /// Wakes the task loop (capacity 1: a ring while one is pending is a no-op).
     pub(crate) doorbell: Mutex<Option<mpsc::Sender<()>>>,
+    /// Whether the loop is handling an envelope.
+    pub(crate) busy: AtomicBool,
     /// Tasks claimed and not finished yet: task number -> lease holder of the claim.
     pub(crate) running_tasks: Mutex<HashMap<u64, String>>,
     /// Envelopes in the queue or in the running turn: a store hand-over skips them.
@@ -280,6 +282,11 @@ impl AgentRuntime {
         {
             let _ = bell.try_send(());
         }
+    }
+
+    /// Whether the loop waits for work (no turn running).
+    pub(crate) fn idle(&self) -> bool {
+        !self.busy.load(Ordering::Acquire)
     }
 
     pub(crate) fn running_tasks(&self) -> usize {
@@ -357,6 +364,8 @@ pub(crate) struct OrgInner {
     /// Internal tasks sent and not yet answered, per (sender, receiver): each lets the receiver
     /// announce back once, even over a one-way link.
     pub(crate) internal_open: Mutex<HashMap<(AgentId, AgentId), u32>>,
+    /// Every event, for [`Organization::subscribe`] and the waits.
+    pub(crate) bus: crate::bus::EventBus,
 }
 
 impl fmt::Debug for OrgInner {
@@ -420,12 +429,14 @@ impl OrganizationBuilder {
         self.llm = Some(llm);
         self
     }
-    /// The spawner for agent loops (required; `TokioSpawner` with the `tokio` feature).
+    /// The spawner for agent loops (with the `tokio` feature it defaults to the current Tokio
+    /// runtime; required otherwise).
     pub fn spawner(mut self, spawner: Arc<dyn Spawner>) -> Self {
         self.spawner = Some(spawner);
         self
     }
-    /// The clock (required; `TokioClock` with the `tokio` feature, `ManualClock` in tests).
+    /// The clock (with the `tokio` feature it defaults to `TokioClock`; required otherwise;
+    /// `ManualClock` in tests).
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = Some(clock);
         self
@@ -469,8 +480,14 @@ impl OrganizationBuilder {
     pub async fn build(self) -> Result<Organization, OrgError> {
         let stores = self.stores.ok_or(OrgError::Missing("stores"))?;
         let llm = self.llm.ok_or(OrgError::Missing("an LLM provider"))?;
-        let spawner = self.spawner.ok_or(OrgError::Missing("a spawner"))?;
-        let clock = self.clock.ok_or(OrgError::Missing("a clock"))?;
+        let spawner = self
+            .spawner
+            .or_else(default_spawner)
+            .ok_or(OrgError::Missing("a spawner"))?;
+        let clock = self
+            .clock
+            .or_else(default_clock)
+            .ok_or(OrgError::Missing("a clock"))?;
         let config = self.config;
         config.validate()?;
         for agent in self.agent_outbounds.keys().chain(self.executors.keys()) {
@@ -526,8 +543,34 @@ impl OrganizationBuilder {
                 child_counter: AtomicU64::new(0),
                 exchanges: Mutex::new(HashMap::new()),
                 internal_open: Mutex::new(HashMap::new()),
+                bus: crate::bus::EventBus::new(1024),
             }),
         })
+    }
+}
+
+/// With the `tokio` feature, the current Tokio runtime spawns agent loops when the builder was
+/// given no spawner.
+fn default_spawner() -> Option<Arc<dyn Spawner>> {
+    #[cfg(feature = "tokio")]
+    {
+        crate::rt::TokioSpawner::try_current().map(|s| Arc::new(s) as Arc<dyn Spawner>)
+    }
+    #[cfg(not(feature = "tokio"))]
+    {
+        None
+    }
+}
+
+/// With the `tokio` feature, the wall clock when the builder was given no clock.
+fn default_clock() -> Option<Arc<dyn Clock>> {
+    #[cfg(feature = "tokio")]
+    {
+        Some(Arc::new(crate::rt::TokioClock))
+    }
+    #[cfg(not(feature = "tokio"))]
+    {
+        None
     }
 }
 
@@ -568,6 +611,9 @@ impl OrgInner {
     }
 
     pub(crate) fn emit(&self, event: Event) {
+        if self.bus.subscriber_count() > 0 {
+            self.bus.emit(event.clone());
+        }
         self.events.emit(event);
     }
 
@@ -1036,6 +1082,7 @@ impl Organization {
             abort: Mutex::new(None),
             stopped: Mutex::new(Some(done_rx)),
             doorbell: Mutex::new(Some(bell_tx)),
+            busy: AtomicBool::new(false),
             running_tasks: Mutex::new(HashMap::new()),
             known: Mutex::new(HashSet::new()),
             loaded: Mutex::new(HashSet::new()),

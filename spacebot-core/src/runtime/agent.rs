@@ -129,7 +129,12 @@ pub(crate) async fn run_loop(org: Arc<OrgInner>, agent: Arc<AgentRuntime>) {
         let Some(envelope) = agent.queue.recv().await else {
             break;
         };
+        agent.busy.store(true, Ordering::Release);
         process(&org, &agent, envelope).await;
+        agent.busy.store(false, Ordering::Release);
+        if agent.queue.is_empty() {
+            org.emit(org.event(agent.id(), EventKind::AgentIdle));
+        }
         if let Some(parent) = &agent.spec.parent
             && parent.end_after_reply
             && agent.queue.is_empty()

@@ -10,9 +10,13 @@
 //!
 //! [`RecordingSink`] keeps every emitted [`Event`](crate::event::Event).
 //!
-//! None of them needs an async runtime: they are built on `futures` alone.
+//! None of them needs an async runtime: they are built on `futures` alone. With the `tokio` feature,
+//! [`OrgHarness`] wires a whole organization for a test: replies, recorded events, and waits that
+//! fail the test after a timeout.
 
 mod fn_llm;
+#[cfg(feature = "tokio")]
+mod harness;
 mod pair;
 mod recording;
 mod scripted;
@@ -21,6 +25,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 pub use fn_llm::FnLlm;
+#[cfg(feature = "tokio")]
+pub use harness::{OrgHarness, OrgHarnessBuilder};
 pub use pair::{MockLlm, MockLlmHandle, PendingCall};
 pub use recording::RecordingSink;
 pub use scripted::ScriptedLlm;

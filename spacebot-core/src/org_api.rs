@@ -1,0 +1,282 @@
+//! The operator's side of [`Organization`]: links that change at run time and take effect at once,
+//! tasks approved, rejected or cancelled from outside, and waits for what happened.
+
+use crate::bus::EventSubscription;
+use crate::error::{InvalidInput, StoreError};
+use crate::event::{Event, EventKind};
+use crate::ids::{AgentId, TaskRef};
+use crate::link::{AgentLink, LinkDirection, LinkRelationship};
+use crate::org::{OrgError, Organization};
+use crate::policy::LinkGraph;
+use crate::runtime::queue::AgentQueue;
+use crate::task::{Task, TaskEvent, TaskStatus};
+
+/// A change to an existing link. Fields left `None` keep their value.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LinkChange {
+    /// A new direction.
+    pub direction: Option<LinkDirection>,
+    /// A new relationship.
+    pub relationship: Option<LinkRelationship>,
+    /// Enable or disable.
+    pub enabled: Option<bool>,
+}
+
+impl LinkChange {
+    /// Enables or disables the link.
+    pub fn enabled(enabled: bool) -> Self {
+        Self {
+            enabled: Some(enabled),
+            ..Self::default()
+        }
+    }
+}
+
+impl Organization {
+    fn known_agent(&self, agent: &AgentId) -> Result<(), OrgError> {
+        if self.graph().contains(agent.as_str()) {
+            Ok(())
+        } else {
+            Err(OrgError::UnknownAgent(agent.clone()))
+        }
+    }
+
+    /// Rebuilds the link graph from the store (every policy check reads it from then on).
+    async fn refresh_links(&self) -> Result<(), OrgError> {
+        let links: Vec<AgentLink> = self.inner.stores.links.list().await?;
+        let agents = self.graph().agents().to_vec();
+        let graph = LinkGraph::new(agents, links);
+        *self.inner.graph.write().unwrap_or_else(|e| e.into_inner()) = std::sync::Arc::new(graph);
+        Ok(())
+    }
+
+    /// The links, as the policy sees them now.
+    pub fn links(&self) -> Vec<AgentLink> {
+        self.graph().links().to_vec()
+    }
+
+    /// The link from `from` to `to`, if any.
+    pub fn link(&self, from: &AgentId, to: &AgentId) -> Option<AgentLink> {
+        self.graph().between(from.as_str(), to.as_str()).cloned()
+    }
+
+    /// Creates a link between two agents of the organization. It takes effect at once: every
+    /// later policy check sees it. Refused (nothing stored) for an unknown agent, a self-link, or a
+    /// pair that is linked already in either direction.
+    ///
+    /// ```no_run
+    /// # async fn demo(org: spacebot_core::Organization) -> Result<(), spacebot_core::OrgError> {
+    /// use spacebot_core::{AgentId, LinkDirection, LinkRelationship};
+    /// let (a, b) = (AgentId::parse("a")?, AgentId::parse("b")?);
+    /// org.create_link(&a, &b, LinkDirection::TwoWay, LinkRelationship::Peer).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn create_link(
+        &self,
+        from: &AgentId,
+        to: &AgentId,
+        direction: LinkDirection,
+        relationship: LinkRelationship,
+    ) -> Result<AgentLink, OrgError> {
+        self.known_agent(from)?;
+        self.known_agent(to)?;
+        if from == to {
+            return Err(InvalidInput::new("to", format!("{from} cannot be linked to itself")).into());
+        }
+        let graph = self.graph();
+        if graph.between(from.as_str(), to.as_str()).is_some()
+            || graph.between(to.as_str(), from.as_str()).is_some()
+        {
+            return Err(InvalidInput::new(
+                "link",
+                format!("{from} and {to} are linked already; update that link instead"),
+            )
+            .into());
+        }
+        let link = AgentLink::new(
+            from.clone(),
+            to.clone(),
+            direction,
+            relationship,
+            self.inner.clock.now(),
+        );
+        self.inner.stores.links.create(&link).await?;
+        self.refresh_links().await?;
+        crate::dialogue::ensure_link_channels(self).await?;
+        Ok(link)
+    }
+
+    /// Changes the link from `from` to `to`. Takes effect at once: a disabled link allows nothing,
+    /// on every path (tools, internal sends, conversation replies and conclusions).
+    pub async fn update_link(
+        &self,
+        from: &AgentId,
+        to: &AgentId,
+        change: LinkChange,
+    ) -> Result<AgentLink, OrgError> {
+        let mut link = self.link(from, to).ok_or_else(|| {
+            OrgError::Store(StoreError::not_found(format!("link {from} -> {to}")))
+        })?;
+        if let Some(direction) = change.direction {
+            link.direction = direction;
+        }
+        if let Some(relationship) = change.relationship {
+            link.relationship = relationship;
+        }
+        if let Some(enabled) = change.enabled {
+            link.enabled = enabled;
+        }
+        link.updated_at = self.inner.clock.now();
+        self.inner.stores.links.update(&link).await?;
+        self.refresh_links().await?;
+        Ok(link)
+    }
+
+    /// Enables or disables the link from `from` to `to`.
+    pub async fn set_link_enabled(
+        &self,
+        from: &AgentId,
+        to: &AgentId,
+        enabled: bool,
+    ) -> Result<AgentLink, OrgError> {
+        self.update_link(from, to, LinkChange::enabled(enabled))
+            .await
+    }
+
+    /// Deletes the link from `from` to `to`; from then on the pair may not message each other.
+    pub async fn delete_link(&self, from: &AgentId, to: &AgentId) -> Result<(), OrgError> {
+        let link = self.link(from, to).ok_or_else(|| {
+            OrgError::Store(StoreError::not_found(format!("link {from} -> {to}")))
+        })?;
+        self.inner.stores.links.delete(&link.id).await?;
+        self.refresh_links().await
+    }
+
+    /// A task, by reference.
+    pub async fn task(&self, task: &TaskRef) -> Result<Option<Task>, OrgError> {
+        Ok(self.inner.stores.tasks.get(&task.agent, task.number).await?)
+    }
+
+    async fn operate(&self, task: &TaskRef, event: TaskEvent) -> Result<Task, OrgError> {
+        self.known_agent(&task.agent)?;
+        let transition = self
+            .task_transition(&task.agent, task.number, event)
+            .await?;
+        self.ring(&task.agent);
+        Ok(transition.task)
+    }
+
+    /// Approves a task waiting for approval: it becomes ready and the agent's task loop is woken.
+    pub async fn approve_task(&self, task: &TaskRef) -> Result<Task, OrgError> {
+        self.operate(task, TaskEvent::Approve).await
+    }
+
+    /// Rejects a task waiting for approval: it is cancelled with `reason`, and its delegator is
+    /// told.
+    pub async fn reject_task(&self, task: &TaskRef, reason: &str) -> Result<Task, OrgError> {
+        let current = self.task(task).await?.ok_or_else(|| {
+            OrgError::Store(StoreError::not_found(format!("task {task}")))
+        })?;
+        if current.status != TaskStatus::PendingApproval {
+            return Err(InvalidInput::new(
+                "task",
+                format!("task {task} is {}, not pending_approval", current.status),
+            )
+            .into());
+        }
+        self.operate(
+            task,
+            TaskEvent::Cancel {
+                reason: format!("rejected: {reason}"),
+            },
+        )
+        .await
+    }
+
+    /// Cancels a task that has not ended; its delegator is told.
+    pub async fn cancel_task(&self, task: &TaskRef, reason: &str) -> Result<Task, OrgError> {
+        self.operate(
+            task,
+            TaskEvent::Cancel {
+                reason: reason.to_string(),
+            },
+        )
+        .await
+    }
+
+    /// Every event the organization emits from now on (besides the sink set on the builder). A
+    /// subscriber that falls behind is told how many events it missed.
+    pub fn subscribe(&self) -> EventSubscription {
+        self.inner.bus.subscribe()
+    }
+
+    /// Waits until `task` has ended (done, failed or cancelled) and returns it. Reads the store
+    /// again each time an event about the task is emitted; never polls on a timer, so it works on
+    /// a manual clock too. Wrap it in your runtime's timeout.
+    pub async fn wait_task_ended(&self, task: &TaskRef) -> Result<Task, OrgError> {
+        let mut events = self.subscribe();
+        loop {
+            match self.task(task).await? {
+                Some(t) if t.status.is_terminal() => return Ok(t),
+                Some(_) => {}
+                None => {
+                    return Err(OrgError::Store(StoreError::not_found(format!(
+                        "task {task}"
+                    ))));
+                }
+            }
+            loop {
+                match events.recv().await {
+                    Ok(event) if event.task.as_ref() == Some(task) && is_task_end(&event) => break,
+                    Ok(_) => {}
+                    // Missed some: read the store again.
+                    Err(crate::bus::RecvError::Lagged { .. }) => break,
+                    Err(crate::bus::RecvError::Closed) => {
+                        return Err(OrgError::Invalid(InvalidInput::new(
+                            "events",
+                            "the organization's event bus closed",
+                        )));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether `agent` is idle: running, its queue empty, no turn and no task running.
+    pub fn is_idle(&self, agent: &AgentId) -> bool {
+        match self.inner.slot(agent) {
+            Some(crate::org::Slot::Running(rt)) => {
+                rt.queue.is_empty() && rt.idle() && rt.running_tasks() == 0
+            }
+            _ => false,
+        }
+    }
+
+    /// Waits until `agent` is idle (see [`is_idle`](Self::is_idle)). Woken by the agent's
+    /// `AgentIdle` events; never polls on a timer. Wrap it in your runtime's timeout.
+    pub async fn wait_idle(&self, agent: &AgentId) -> Result<(), OrgError> {
+        self.known_agent(agent)?;
+        let mut events = self.subscribe();
+        while !self.is_idle(agent) {
+            match events.recv().await {
+                Ok(_) | Err(crate::bus::RecvError::Lagged { .. }) => {}
+                Err(crate::bus::RecvError::Closed) => {
+                    return Err(OrgError::Invalid(InvalidInput::new(
+                        "events",
+                        "the organization's event bus closed",
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether an event says a task ended.
+pub fn is_task_end(event: &Event) -> bool {
+    matches!(
+        event.kind,
+        EventKind::TaskCompleted | EventKind::TaskFailed { .. } | EventKind::TaskCancelled
+    )
+}

@@ -1,0 +1,233 @@
+//! [`OrgHarness`]: an organization wired for tests, with the waits tests need.
+//!
+//! It builds an [`Organization`] from a TOML configuration on the stores you give it, records every
+//! event, and collects the replies. Every wait fails the test after a timeout (10 s by default): a
+//! hang guard, never a timing assertion. Tests wait on a condition or an event; they never sleep and
+//! then assert that something did not happen.
+//!
+//! ```no_run
+//! # async fn demo() {
+//! use std::sync::Arc;
+//! use spacebot_core::testing::{OrgHarness, ScriptedLlm};
+//! use spacebot_core::{InboundMessage, Stores};
+//! let llm = Arc::new(ScriptedLlm::new().with_fallback(|_| {
+//!     Ok(spacebot_core::llm::ChatResponse::text("hello"))
+//! }));
+//! let mut h = OrgHarness::builder("[[agents]]\nid = \"a\"\nname = \"A\"\n")
+//!     .stores(Stores::memory())
+//!     .llm(llm)
+//!     .build()
+//!     .await;
+//! h.org.start_all().await.unwrap();
+//! h.org.deliver("a", InboundMessage::new("portal", "u1", "hi")).await.unwrap();
+//! assert_eq!(h.reply().await.content, "hello");
+//! # }
+//! ```
+
+// A test harness: a failed wait or a failed set-up ends the test with its message.
+#![allow(clippy::panic, clippy::expect_used, clippy::unwrap_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::channel::mpsc::UnboundedReceiver;
+
+use crate::config::OrgConfig;
+use crate::delegation::TaskExecutor;
+use crate::event::{Event, EventKind};
+use crate::ids::{AgentId, ChannelId};
+use crate::llm::LlmProvider;
+use crate::org::Organization;
+use crate::rt::{TokioClock, TokioSpawner};
+use crate::runtime::Reply;
+use crate::stores::Stores;
+use crate::testing::RecordingSink;
+use crate::time::{Clock, ManualClock};
+use crate::tools::Tool;
+
+/// Builds an [`OrgHarness`].
+#[derive(Debug)]
+pub struct OrgHarnessBuilder {
+    config: String,
+    stores: Option<Stores>,
+    llm: Option<Arc<dyn LlmProvider>>,
+    clock: Option<ManualClock>,
+    tools: Vec<Arc<dyn Tool>>,
+    executors: Vec<(AgentId, Arc<dyn TaskExecutor>)>,
+}
+
+/// An organization wired for tests: its replies, its events, its stores, and waits that fail the
+/// test after a timeout.
+#[derive(Debug)]
+pub struct OrgHarness {
+    /// The organization (agents not started).
+    pub org: Organization,
+    /// The replies of root agents.
+    pub replies: UnboundedReceiver<Reply>,
+    /// Every event, recorded.
+    pub events: Arc<RecordingSink>,
+    /// The stores the organization runs on.
+    pub stores: Stores,
+    /// The manual clock, when the harness was built with one.
+    pub clock: Option<ManualClock>,
+    /// How long a wait may take before it fails the test (default 10 s).
+    pub timeout: Duration,
+}
+
+impl OrgHarness {
+    /// Starts building a harness from a TOML configuration.
+    pub fn builder(config: impl Into<String>) -> OrgHarnessBuilder {
+        OrgHarnessBuilder {
+            config: config.into(),
+            stores: None,
+            llm: None,
+            clock: None,
+            tools: Vec::new(),
+            executors: Vec::new(),
+        }
+    }
+
+    /// The next reply (fails the test after the timeout).
+    pub async fn reply(&mut self) -> Reply {
+        match tokio::time::timeout(self.timeout, self.replies.next()).await {
+            Ok(Some(reply)) => reply,
+            Ok(None) => panic!("the reply stream closed"),
+            Err(_) => panic!("no reply within {:?}", self.timeout),
+        }
+    }
+
+    /// Replies received so far, without waiting.
+    pub fn replies_now(&mut self) -> Vec<Reply> {
+        let mut out = Vec::new();
+        while let Ok(reply) = self.replies.try_recv() {
+            out.push(reply);
+        }
+        out
+    }
+
+    /// Waits until `pred` holds for the recorded events (fails the test after the timeout).
+    pub async fn wait_for(&self, what: &str, pred: impl Fn(&[Event]) -> bool) {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        loop {
+            if pred(&self.events.events()) {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out after {:?} waiting for {what}",
+                self.timeout
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    /// Waits until at least `n` recorded events match `pred`.
+    pub async fn wait_count(&self, what: &str, n: usize, pred: impl Fn(&EventKind) -> bool) {
+        self.wait_for(what, |events| {
+            events.iter().filter(|e| pred(&e.kind)).count() >= n
+        })
+        .await;
+    }
+
+    /// Waits until an async condition holds (polled; fails the test after the timeout).
+    pub async fn wait_until<F, Fut>(&self, what: &str, mut cond: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        loop {
+            if cond().await {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out after {:?} waiting for {what}",
+                self.timeout
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    /// How many recorded events match `pred`.
+    pub fn count(&self, pred: impl Fn(&EventKind) -> bool) -> usize {
+        self.events.kinds().iter().filter(|k| pred(k)).count()
+    }
+
+    /// The history of `agent`'s `channel`, oldest first.
+    pub async fn history(&self, agent: &str, channel: &ChannelId) -> Vec<crate::ChannelRecord> {
+        let agent = AgentId::parse(agent).expect("a valid agent id");
+        self.stores
+            .channels
+            .history(&agent, channel, None)
+            .await
+            .expect("history readable")
+    }
+}
+
+impl OrgHarnessBuilder {
+    /// The stores (default: in memory).
+    pub fn stores(mut self, stores: Stores) -> Self {
+        self.stores = Some(stores);
+        self
+    }
+
+    /// The model (required).
+    pub fn llm(mut self, llm: Arc<dyn LlmProvider>) -> Self {
+        self.llm = Some(llm);
+        self
+    }
+
+    /// Runs on a manual clock (default: the wall clock).
+    pub fn manual_clock(mut self, clock: ManualClock) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// A tool every agent gets.
+    pub fn tool(mut self, tool: Arc<dyn Tool>) -> Self {
+        self.tools.push(tool);
+        self
+    }
+
+    /// Runs `agent`'s tasks with `executor`.
+    pub fn executor(mut self, agent: &str, executor: Arc<dyn TaskExecutor>) -> Self {
+        self.executors
+            .push((AgentId::parse(agent).expect("a valid agent id"), executor));
+        self
+    }
+
+    /// Builds the organization (agents stopped). Must run inside a Tokio runtime.
+    pub async fn build(self) -> OrgHarness {
+        let config = OrgConfig::from_toml_str(&self.config).expect("a valid configuration");
+        let stores = self.stores.unwrap_or_else(Stores::memory);
+        let events = Arc::new(RecordingSink::new());
+        let clock: Arc<dyn Clock> = match &self.clock {
+            Some(c) => Arc::new(c.clone()),
+            None => Arc::new(TokioClock),
+        };
+        let mut builder = Organization::builder(config)
+            .stores(stores.clone())
+            .llm(self.llm.expect("the harness needs a model: call .llm(...)"))
+            .spawner(Arc::new(TokioSpawner::current()))
+            .clock(clock)
+            .events(events.clone());
+        for tool in self.tools {
+            builder = builder.tool(tool);
+        }
+        for (agent, executor) in self.executors {
+            builder = builder.task_executor(agent, executor);
+        }
+        let org = builder.build().await.expect("the organization builds");
+        let replies = org.take_replies().expect("replies not taken yet");
+        OrgHarness {
+            org,
+            replies,
+            events,
+            stores,
+            clock: self.clock,
+            timeout: Duration::from_secs(10),
+        }
+    }
+}

@@ -1,0 +1,502 @@
+//! Scenarios at the junctions of the agent loop, delegation and conversations, through the public
+#![allow(unreachable_pub)]
+//! API only. Each takes the stores to run on, so every backend runs them all.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::json;
+use spacebot::delegation::{DelegationOrigin, TaskContext, TaskExecutor, TaskOutcome};
+use spacebot::event::EventKind;
+use spacebot::llm::{ChatMessage, ChatResponse};
+use spacebot::testing::{FnLlm, MockLlm, OrgHarness, tool_call};
+use spacebot::tools::{Tool, ToolContext, ToolError, ToolOutput};
+use spacebot::{
+    AgentId, ChannelId, DeliveryError, EnvelopeKind, InboundMessage, InternalMessage, ManualClock,
+    Stores, Task, TaskRef, TaskStatus, ToolDefinition,
+};
+
+pub fn id(s: &str) -> AgentId {
+    AgentId::parse(s).unwrap()
+}
+
+fn user(text: &str) -> InboundMessage {
+    InboundMessage::new("portal", "u1", text)
+}
+
+fn last_user(messages: &[ChatMessage]) -> String {
+    messages
+        .iter()
+        .rev()
+        .find_map(|m| match m {
+            ChatMessage::User { content } => Some(content.clone()),
+            _ => None,
+        })
+        .unwrap_or_default()
+}
+
+/// Sleeps for `ms` milliseconds, then answers.
+#[derive(Debug)]
+pub struct SlowTool(pub u64);
+
+#[async_trait]
+impl Tool for SlowTool {
+    fn definition(&self) -> ToolDefinition {
+        ToolDefinition::new("slow", "Takes a while.", json!({"type": "object"}))
+    }
+    async fn call(
+        &self,
+        _ctx: &ToolContext,
+        _args: serde_json::Value,
+    ) -> Result<ToolOutput, ToolError> {
+        tokio::time::sleep(Duration::from_millis(self.0)).await;
+        Ok(ToolOutput::text("done"))
+    }
+}
+
+/// Echoes.
+#[derive(Debug)]
+pub struct Echo;
+
+#[async_trait]
+impl Tool for Echo {
+    fn definition(&self) -> ToolDefinition {
+        ToolDefinition::new("echo", "Echoes.", json!({"type": "object"}))
+    }
+    async fn call(
+        &self,
+        _ctx: &ToolContext,
+        _args: serde_json::Value,
+    ) -> Result<ToolOutput, ToolError> {
+        Ok(ToolOutput::text("echo"))
+    }
+}
+
+const PEERS: &str = r#"
+[[agents]]
+id = "a"
+name = "Alpha"
+[[agents]]
+id = "b"
+name = "Beta"
+[[agents]]
+id = "c"
+name = "Gamma"
+[[links]]
+from = "a"
+to = "b"
+direction = "two_way"
+relationship = "peer"
+[[links]]
+from = "c"
+to = "a"
+direction = "two_way"
+relationship = "superior"
+"#;
+
+const ONE_WAY: &str = r#"
+[[agents]]
+id = "a"
+name = "Alpha"
+[[agents]]
+id = "b"
+name = "Beta"
+[[links]]
+from = "a"
+to = "b"
+direction = "one_way"
+relationship = "superior"
+"#;
+
+/// 1. A model that reopens after every conclusion, with a slow tool so conclusions steer its turn,
+/// cannot escape the conversation budget: the exchange one user message caused is bounded.
+pub async fn conversation_budget_bounds_the_whole_exchange(stores: Stores) {
+    let llm = Arc::new(FnLlm::new(|req| {
+        if req.agent.as_ref().map(AgentId::as_str) == Some("b") {
+            return Ok(ChatResponse::tool_calls(vec![tool_call(
+                "conclude_link",
+                json!({"summary": "enough"}),
+            )]));
+        }
+        Ok(ChatResponse::tool_calls(vec![
+            tool_call(
+                "send_link_message",
+                json!({"target": "b", "message": "again"}),
+            ),
+            tool_call("slow", json!({})),
+        ]))
+    }));
+    let settings = "[settings]\nconversation_turn_budget = 6\nmax_tool_rounds = 4\n";
+    let mut h = OrgHarness::builder(format!("{settings}{PEERS}"))
+        .stores(stores)
+        .llm(llm.clone())
+        .tool(Arc::new(SlowTool(150)))
+        .build()
+        .await;
+    h.timeout = Duration::from_secs(60);
+    h.org.start_all().await.unwrap();
+    h.org.deliver("a", user("talk to b")).await.unwrap();
+    // The user is told the turn ended without an answer (the model never stops calling tools).
+    let reply = h.reply().await;
+    assert!(reply.is_failure(), "{reply:?}");
+    // Everything the exchange caused dies down: both agents idle with empty queues.
+    let (a, b) = (id("a"), id("b"));
+    h.wait_until("both agents idle", || {
+        let ok = h.org.is_idle(&a) && h.org.is_idle(&b);
+        async move { ok }
+    })
+    .await;
+    let conversations = h.org.conversations(&Default::default()).await.unwrap();
+    assert_eq!(
+        conversations.len(),
+        1,
+        "one conversation, reopened, never a fresh budget: {conversations:?}"
+    );
+    let sent = h
+        .history("b", &ChannelId::link(&b, &a))
+        .await
+        .into_iter()
+        .filter(|r| r.record.content == "again")
+        .count();
+    assert!(sent <= 6, "{sent} messages crossed a budget of 6");
+    assert!(sent >= 1);
+    assert!(
+        h.count(|k| matches!(k, EventKind::Steered { .. })) >= 1,
+        "conclusions arrived mid-turn and steered"
+    );
+}
+
+/// 2. A task delegated to an agent while its user turn waits on the model is not merged into that
+/// turn: the user gets the user's answer, the task gets its own turn and its own result.
+pub async fn a_task_arriving_mid_turn_gets_its_own_turn(stores: Stores) {
+    let (llm, mut calls) = MockLlm::pair();
+    let mut h = OrgHarness::builder(PEERS)
+        .stores(stores)
+        .llm(Arc::new(llm))
+        .tool(Arc::new(Echo))
+        .build()
+        .await;
+    let (a, c) = (id("a"), id("c"));
+    h.org.start_agent(&a).await.unwrap();
+    h.org.deliver("a", user("hello")).await.unwrap();
+    let busy = calls.next().await.unwrap();
+    let task = h
+        .org
+        .delegate(
+            &c,
+            "a",
+            "Count the stars.",
+            DelegationOrigin::new(ChannelId::new("portal:c")),
+        )
+        .await
+        .unwrap();
+    h.wait_count("the claim", 1, |k| matches!(k, EventKind::TaskClaimed { .. }))
+        .await;
+    h.wait_until("the task in a's queue", || {
+        let n = h.org.queue_len(&a).unwrap_or(0);
+        async move { n >= 1 }
+    })
+    .await;
+    busy.respond_tool_calls(vec![tool_call("echo", json!({}))]);
+    // The checkpoint does not merge the task: the model answers the user's message alone.
+    let next = calls.next().await.unwrap();
+    assert_eq!(next.request.envelope_kind, Some(EnvelopeKind::UserMessage));
+    assert!(!last_user(&next.request.messages).contains("Count the stars"));
+    next.respond_text("hi there");
+    let reply = h.reply().await;
+    assert_eq!(reply.content, "hi there");
+    // Then the task runs as its own turn, and its answer is its result.
+    let task_call = calls.next().await.unwrap();
+    assert!(last_user(&task_call.request.messages).contains("Count the stars"));
+    task_call.respond_text("seven");
+    let ended = tokio::time::timeout(
+        Duration::from_secs(10),
+        h.org.wait_task_ended(&task.task_ref()),
+    )
+    .await
+    .expect("the task ended")
+    .unwrap();
+    assert_eq!(ended.status, TaskStatus::Done);
+    assert_eq!(ended.result.as_deref(), Some("seven"));
+}
+
+/// 3. A user message that arrives while the agent works on a delegated task steers it: the user's
+/// answer goes to the user, and the task's result is the answer to the task.
+pub async fn a_user_message_steering_a_task_is_answered_to_the_user(stores: Stores) {
+    let (llm, mut calls) = MockLlm::pair();
+    let mut h = OrgHarness::builder(PEERS)
+        .stores(stores)
+        .llm(Arc::new(llm))
+        .tool(Arc::new(Echo))
+        .build()
+        .await;
+    let (a, c) = (id("a"), id("c"));
+    h.org.start_agent(&a).await.unwrap();
+    let task = h
+        .org
+        .delegate(
+            &c,
+            "a",
+            "Write the report.",
+            DelegationOrigin::new(ChannelId::new("portal:c")),
+        )
+        .await
+        .unwrap();
+    let working = calls.next().await.unwrap();
+    assert!(last_user(&working.request.messages).contains("Write the report"));
+    let m = h.org.deliver("a", user("are you there?")).await.unwrap();
+    h.wait_until("the message queued", || {
+        let n = h.org.queue_len(&a).unwrap_or(0);
+        async move { n >= 1 }
+    })
+    .await;
+    working.respond_tool_calls(vec![tool_call("echo", json!({}))]);
+    let steered = calls.next().await.unwrap();
+    assert_eq!(last_user(&steered.request.messages), "are you there?");
+    steered.respond_text("yes, writing the report");
+    let reply = h.reply().await;
+    assert_eq!(reply.content, "yes, writing the report");
+    assert_eq!(reply.in_reply_to, vec![m]);
+    let resumed = calls.next().await.unwrap();
+    assert!(last_user(&resumed.request.messages).contains("Write the report"));
+    resumed.respond_text("the report");
+    let ended = tokio::time::timeout(
+        Duration::from_secs(10),
+        h.org.wait_task_ended(&task.task_ref()),
+    )
+    .await
+    .expect("the task ended")
+    .unwrap();
+    assert_eq!(ended.result.as_deref(), Some("the report"));
+}
+
+/// 4. On a one-way link a -> b, b may answer inside an exchange a started, but may not start one.
+pub async fn an_announce_cannot_open_an_exchange_over_a_one_way_link(stores: Stores) {
+    let llm = Arc::new(FnLlm::new(|_| Ok(ChatResponse::text("ok"))));
+    let h = OrgHarness::builder(ONE_WAY)
+        .stores(stores)
+        .llm(llm)
+        .build()
+        .await;
+    let (a, b) = (id("a"), id("b"));
+    let err = h
+        .org
+        .send_internal(&b, &a, InternalMessage::announce("hello?"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, DeliveryError::Denied(_)), "{err:?}");
+    assert!(
+        h.org.stores().deliveries.pending(&a).await.unwrap().is_empty(),
+        "nothing was kept for a"
+    );
+    // Once a delegated to b, b may report back.
+    h.org
+        .delegate(
+            &a,
+            "b",
+            "Do it.",
+            DelegationOrigin::new(ChannelId::new("portal:a")),
+        )
+        .await
+        .unwrap();
+    h.org
+        .send_internal(&b, &a, InternalMessage::announce("on it"))
+        .await
+        .unwrap();
+}
+
+/// 5. After a link is disabled, an open conversation over it carries nothing more: the peer's
+/// plain-text answer does not cross, and the conversation is severed.
+pub async fn a_disabled_link_carries_nothing(stores: Stores) {
+    let (llm, mut calls) = MockLlm::pair();
+    let mut h = OrgHarness::builder(PEERS)
+        .stores(stores)
+        .llm(Arc::new(llm))
+        .build()
+        .await;
+    let (a, b) = (id("a"), id("b"));
+    h.org.start_all().await.unwrap();
+    h.org.deliver("a", user("ask b")).await.unwrap();
+    calls
+        .next()
+        .await
+        .unwrap()
+        .respond_tool_calls(vec![tool_call(
+            "send_link_message",
+            json!({"target": "b", "message": "what time is it?"}),
+        )]);
+    // a answers its user; b is woken by the message (in either order).
+    let mut b_call = None;
+    for _ in 0..2 {
+        let call = calls.next().await.unwrap();
+        if call.agent() == Some(&b) {
+            b_call = Some(call);
+        } else {
+            call.respond_text("asked b");
+        }
+    }
+    assert_eq!(h.reply().await.content, "asked b");
+    let b_call = b_call.expect("b was woken");
+    h.org.set_link_enabled(&a, &b, false).await.unwrap();
+    b_call.respond_text("noon");
+    h.wait_count("the severance", 1, |k| {
+        matches!(k, EventKind::ConversationSevered { .. })
+    })
+    .await;
+    let crossed = h
+        .history("a", &ChannelId::link(&a, &b))
+        .await
+        .into_iter()
+        .any(|r| r.record.content.contains("noon"));
+    assert!(!crossed, "the answer crossed a disabled link");
+    h.org.wait_idle(&a).await.unwrap();
+    assert!(
+        calls.try_next().is_none(),
+        "a was woken over a disabled link"
+    );
+}
+
+/// 6. Deliveries racing `start_agent` are all answered by that start, none stranded.
+pub async fn deliveries_racing_a_start_are_all_answered(stores: Stores) {
+    let llm = Arc::new(FnLlm::new(|req| {
+        Ok(ChatResponse::text(format!(
+            "re: {}",
+            last_user(&req.messages)
+        )))
+    }));
+    let mut h = OrgHarness::builder(PEERS)
+        .stores(stores)
+        .llm(llm)
+        .build()
+        .await;
+    let a = id("a");
+    for round in 0..5 {
+        let org = h.org.clone();
+        let senders: Vec<_> = (0..10)
+            .map(|i| {
+                let org = org.clone();
+                tokio::spawn(async move {
+                    org.deliver("a", user(&format!("m{round}-{i}")))
+                        .await
+                        .unwrap()
+                })
+            })
+            .collect();
+        let starter = {
+            let org = org.clone();
+            let a = a.clone();
+            tokio::spawn(async move { org.start_agent(&a).await.unwrap() })
+        };
+        let mut ids = Vec::new();
+        for s in senders {
+            ids.push(s.await.unwrap());
+        }
+        starter.await.unwrap();
+        let mut answered = Vec::new();
+        while answered.len() < ids.len() {
+            answered.extend(h.reply().await.in_reply_to);
+        }
+        ids.sort();
+        answered.sort();
+        assert_eq!(answered, ids, "round {round}");
+        h.org.stop_agent(&a).await.unwrap();
+    }
+}
+
+/// Never returns on its first call; completes on the next.
+#[derive(Debug, Default)]
+struct HangsOnce(AtomicUsize);
+
+#[async_trait]
+impl TaskExecutor for HangsOnce {
+    async fn execute(&self, _ctx: TaskContext, _task: Task) -> Result<TaskOutcome, String> {
+        if self.0.fetch_add(1, Ordering::SeqCst) == 0 {
+            futures::future::pending::<()>().await;
+        }
+        Ok(TaskOutcome::Done("second attempt".into()))
+    }
+}
+
+/// 7. A worker that never returns does not keep its slot once its lease expired: the requeued task
+/// runs again.
+pub async fn a_hung_worker_does_not_block_the_board(stores: Stores) {
+    let clock = ManualClock::new(1_000);
+    let llm = Arc::new(FnLlm::new(|_| Ok(ChatResponse::text("ok"))));
+    let exec = Arc::new(HangsOnce::default());
+    let h = OrgHarness::builder(format!("[settings]\ntask_concurrency = 1\n{ONE_WAY}"))
+        .stores(stores)
+        .llm(llm)
+        .manual_clock(clock.clone())
+        .executor("b", exec.clone())
+        .build()
+        .await;
+    let (a, b) = (id("a"), id("b"));
+    h.org.start_agent(&b).await.unwrap();
+    let task = h
+        .org
+        .delegate(
+            &a,
+            "b",
+            "Do it.",
+            DelegationOrigin::new(ChannelId::new("portal:a")),
+        )
+        .await
+        .unwrap();
+    h.wait_until("the first attempt", || {
+        let n = exec.0.load(Ordering::SeqCst);
+        async move { n >= 1 }
+    })
+    .await;
+    // The lease (10 minutes) runs out; the loop's next check requeues and claims again.
+    clock.advance(Duration::from_secs(11 * 60));
+    let done = tokio::time::timeout(
+        Duration::from_secs(10),
+        h.org.wait_task_ended(&TaskRef::new(b.clone(), task.number)),
+    )
+    .await
+    .expect("the requeued task ran again")
+    .unwrap();
+    assert_eq!(done.result.as_deref(), Some("second attempt"));
+}
+
+/// 8. One response cannot fan out into thousands of effects: calls past the cap are answered as
+/// errors, not run.
+pub async fn tool_calls_per_response_are_capped(stores: Stores) {
+    let llm = Arc::new(FnLlm::new(|req| {
+        if req.agent.as_ref().map(AgentId::as_str) != Some("a") {
+            return Ok(ChatResponse::text("ok"));
+        }
+        let calls = (0..3_000)
+            .map(|i| {
+                tool_call(
+                    "send_agent_message",
+                    json!({"target": "b", "message": format!("job {i}")}),
+                )
+            })
+            .collect();
+        Ok(ChatResponse::tool_calls(calls))
+    }));
+    let settings = "[settings]\nmax_tool_calls_per_response = 5\n";
+    let h = OrgHarness::builder(format!("{settings}{PEERS}"))
+        .stores(stores)
+        .llm(llm.clone())
+        .build()
+        .await;
+    let (a, b) = (id("a"), id("b"));
+    h.org.start_agent(&a).await.unwrap();
+    h.org.deliver("a", user("fan out")).await.unwrap();
+    h.wait_count("the turn end", 1, |k| matches!(k, EventKind::TurnFinished { .. }))
+        .await;
+    let tasks = h
+        .org
+        .stores()
+        .tasks
+        .list(&b, &Default::default())
+        .await
+        .unwrap();
+    assert_eq!(tasks.len(), 5, "only the first 5 calls ran");
+    let refused = h.count(|k| matches!(k, EventKind::ToolCalled { ok: false, .. }));
+    assert_eq!(refused, 2_995);
+}
