@@ -656,6 +656,7 @@ pub(crate) async fn run_task_loop(
     let mut claims: u64 = 0;
     let executor = agent.spec.executor.clone();
     let limit = inner.settings.task_concurrency.max(1);
+    recover_orphaned_claims(&org, &me).await;
     loop {
         if agent.queue.is_closed() {
             break;
@@ -730,11 +731,13 @@ pub(crate) async fn run_task_loop(
                     // Gives the slot back however the executor ends, a panic included; the lease
                     // of a crashed attempt then expires and the task is requeued.
                     let slot = SlotGuard(agent.clone(), task.number, holder.clone());
+                    let live = LiveClaim::new(&inner, &holder);
                     inner.spawner.spawn(Box::pin(async move {
                         let number = task.number;
                         let result = executor.execute(ctx, task).await;
                         record_outcome(&org2, slot.0.id(), number, &holder2, result).await;
                         drop(slot);
+                        drop(live);
                     }));
                 }
             }
@@ -745,6 +748,49 @@ pub(crate) async fn run_task_loop(
         if let futures::future::Either::Left((None, _)) = futures::future::select(rung, sleep).await
         {
             break;
+        }
+    }
+}
+
+/// At start, a task still in progress under a claim nobody in this process works on was left by a
+/// worker that died with its process (a crash): that attempt fails now and the task is requeued
+/// (or fails for good past its attempts), instead of waiting for its lease to run out.
+async fn recover_orphaned_claims(org: &Organization, me: &AgentId) {
+    let filter = crate::task::TaskFilter {
+        statuses: vec![TaskStatus::InProgress],
+        ..Default::default()
+    };
+    let tasks = match org.inner.stores.tasks.list(me, &filter).await {
+        Ok(tasks) => tasks,
+        Err(e) => {
+            crate::runtime::agent::report_error(
+                &org.inner,
+                me,
+                None,
+                format!("claims left by a stopped process not checked: {e}"),
+            );
+            return;
+        }
+    };
+    for task in tasks {
+        let Some(lease) = task.lease.clone() else {
+            continue;
+        };
+        if org.inner.live_claim(&lease.holder) {
+            continue;
+        }
+        let event = TaskEvent::Fail {
+            holder: lease.holder,
+            error: "the worker stopped before it finished (its process ended); the attempt runs again"
+                .to_string(),
+        };
+        if let Err(e) = org.task_transition(me, task.number, event).await {
+            crate::runtime::agent::report_error(
+                &org.inner,
+                me,
+                None,
+                format!("claim of task {me}#{} not recovered: {e}", task.number),
+            );
         }
     }
 }
@@ -767,6 +813,30 @@ async fn free_stale_claims(org: &Organization, agent: &crate::org::AgentRuntime)
                 format!("claim of task {number} not checked: {e}"),
             ),
         }
+    }
+}
+
+/// Marks a claim as worked on in this process while alive (a restarted task loop leaves it be).
+struct LiveClaim(Arc<crate::org::OrgInner>, String);
+
+impl LiveClaim {
+    fn new(inner: &Arc<crate::org::OrgInner>, holder: &str) -> Self {
+        inner
+            .live_claims
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(holder.to_string());
+        Self(inner.clone(), holder.to_string())
+    }
+}
+
+impl Drop for LiveClaim {
+    fn drop(&mut self) {
+        self.0
+            .live_claims
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.1);
     }
 }
 

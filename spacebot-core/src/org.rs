@@ -366,6 +366,8 @@ pub(crate) struct OrgInner {
     pub(crate) internal_open: Mutex<HashMap<(AgentId, AgentId), u32>>,
     /// Every event, for [`Organization::subscribe`] and the waits.
     pub(crate) bus: crate::bus::EventBus,
+    /// Lease holders of claims a custom executor of this process still works on.
+    pub(crate) live_claims: Mutex<HashSet<String>>,
 }
 
 impl fmt::Debug for OrgInner {
@@ -544,6 +546,7 @@ impl OrganizationBuilder {
                 exchanges: Mutex::new(HashMap::new()),
                 internal_open: Mutex::new(HashMap::new()),
                 bus: crate::bus::EventBus::new(1024),
+                live_claims: Mutex::new(HashSet::new()),
             }),
         })
     }
@@ -724,6 +727,11 @@ impl OrgInner {
 }
 
 impl OrgInner {
+    /// Whether a custom executor of this process still works on the claim of `holder`.
+    pub(crate) fn live_claim(&self, holder: &str) -> bool {
+        lock(&self.live_claims).contains(holder)
+    }
+
     /// Called when an agent's loop ended: the behaviours let go of what the agent held.
     pub(crate) async fn behaviours_agent_stopped(self: &Arc<Self>, agent: &AgentId) {
         let org = Organization {
