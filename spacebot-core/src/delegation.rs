@@ -18,6 +18,7 @@
 //!
 //! See `docs/delegation.md`.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,14 +27,15 @@ use async_trait::async_trait;
 use serde::Deserialize;
 
 use crate::channel::{NewRecord, RecordKind};
-use crate::envelope::{Envelope, EnvelopeKind, Source};
+use crate::envelope::{Envelope, EnvelopeKind, Source, TaskWork};
 use crate::error::{InvalidInput, PolicyDenied, StoreError};
 use crate::event::EventKind;
 use crate::ids::{AgentId, ChannelId, EnvelopeId, TaskRef};
 use crate::llm::ToolDefinition;
 use crate::org::Organization;
 use crate::policy;
-use crate::runtime::queue::AgentQueue;
+use crate::runtime::agent::TurnOutcome;
+use crate::runtime::behaviour::{AgentWorker, Behaviour};
 use crate::task::{
     CompletionNotice, Expect, NewTask, Priority, Task, TaskEvent, TaskFilter, TaskMetadata,
     TaskStatus, Transition, truncate_chars,
@@ -155,11 +157,38 @@ pub struct TaskContext {
     pub org: Organization,
     /// The worker's lease holder id (needed to complete or fail).
     pub holder: String,
+    /// The task being run.
+    pub task: TaskRef,
+}
+
+impl TaskContext {
+    /// Renews this claim's lease for another [`DEFAULT_LEASE`]: an executor that works longer
+    /// than the lease calls it now and then so its task is not requeued under it. Fails with
+    /// [`StoreError::InvalidTransition`] once the claim is over.
+    pub async fn renew(&self) -> Result<(), StoreError> {
+        let inner = &self.org.inner;
+        let now = inner.clock.now();
+        inner
+            .stores
+            .tasks
+            .transition(
+                &self.task.agent,
+                self.task.number,
+                Expect::any(),
+                TaskEvent::Renew {
+                    holder: self.holder.clone(),
+                    lease_until: now.plus(DEFAULT_LEASE),
+                },
+                now,
+            )
+            .await
+            .map(|_| ())
+    }
 }
 
 /// Runs a claimed task. The default is the agent's own tool loop (the task goes through the agent's
 /// queue); applications may plug deterministic code per agent with
-/// [`OrganizationBuilder::task_executor`](crate::org::OrganizationBuilder::task_executor).
+/// [`OrganizationBuilder::task_executor`](crate::org_builder::OrganizationBuilder::task_executor).
 ///
 /// # Contract
 /// - `execute` returns the outcome or an error; the runtime completes, parks (`Waiting`) or fails the
@@ -644,21 +673,21 @@ async fn notice_round(
 
 /// The task loop of one agent: requeue expired leases, flush the outbox, claim ready tasks up to the
 /// concurrency limit and hand them to the executor; sleep until rung or until the next lease check.
-pub(crate) async fn run_task_loop(
+async fn run_task_loop(
     org: Organization,
-    agent: Arc<crate::org::AgentRuntime>,
-    mut doorbell: futures::channel::mpsc::Receiver<()>,
+    agent: AgentWorker,
+    mut doorbell: crate::runtime::behaviour::Doorbell,
+    executor: Option<Arc<dyn TaskExecutor>>,
 ) {
     use futures::StreamExt;
     let inner = org.inner.clone();
     let me = agent.id().clone();
     let loop_id = uuid::Uuid::new_v4().simple().to_string();
     let mut claims: u64 = 0;
-    let executor = agent.spec.executor.clone();
     let limit = inner.settings.task_concurrency.max(1);
     recover_orphaned_claims(&org, &me).await;
     loop {
-        if agent.queue.is_closed() {
+        if agent.is_stopping() {
             break;
         }
         match inner
@@ -685,7 +714,7 @@ pub(crate) async fn run_task_loop(
         }
         org.flush_outbox(&me).await;
         free_stale_claims(&org, &agent).await;
-        while agent.running_tasks() < limit {
+        while agent.running() < limit {
             // Every claim gets its own holder id: a worker that outlived its lease cannot complete
             // the task once another attempt claimed it.
             claims += 1;
@@ -717,13 +746,14 @@ pub(crate) async fn run_task_loop(
             event.task = Some(task.task_ref());
             event.parent = task.metadata.parent_task.clone();
             inner.emit(event);
-            agent.task_started(task.number, &holder);
+            agent.claim_started(task.number, &holder);
             match &executor {
                 None => dispatch_to_queue(&org, &agent, &task, &holder).await,
                 Some(executor) => {
                     let ctx = TaskContext {
                         org: org.clone(),
                         holder: holder.clone(),
+                        task: task.task_ref(),
                     };
                     let executor = executor.clone();
                     let org2 = org.clone();
@@ -798,14 +828,14 @@ async fn recover_orphaned_claims(org: &Organization, me: &AgentId) {
 /// Frees the slots of claims that are over: a worker that never returns keeps running, but once
 /// its lease expired and the task moved on, its claim no longer counts against the concurrency,
 /// so the requeued task can run again.
-async fn free_stale_claims(org: &Organization, agent: &crate::org::AgentRuntime) {
+async fn free_stale_claims(org: &Organization, agent: &AgentWorker) {
     let me = agent.id();
-    for (number, holder) in agent.running_claims() {
+    for (number, holder) in agent.claims() {
         match org.inner.stores.tasks.get(me, number).await {
             Ok(Some(task))
                 if task.status == TaskStatus::InProgress
                     && task.lease.as_ref().is_some_and(|l| l.holder == holder) => {}
-            Ok(_) => agent.task_finished(number, &holder),
+            Ok(_) => agent.claim_ended(number, &holder),
             Err(e) => crate::runtime::agent::report_error(
                 &org.inner,
                 me,
@@ -841,11 +871,11 @@ impl Drop for LiveClaim {
 }
 
 /// Frees one task slot of an agent when dropped, and wakes its task loop.
-struct SlotGuard(Arc<crate::org::AgentRuntime>, u64, String);
+struct SlotGuard(AgentWorker, u64, String);
 
 impl Drop for SlotGuard {
     fn drop(&mut self) {
-        self.0.task_finished(self.1, &self.2);
+        self.0.claim_ended(self.1, &self.2);
         self.0.ring();
     }
 }
@@ -859,12 +889,7 @@ fn task_round(task: &Task) -> u32 {
 }
 
 /// Hands a claimed task to the agent's own loop, as a task envelope in its queue.
-async fn dispatch_to_queue(
-    org: &Organization,
-    agent: &crate::org::AgentRuntime,
-    task: &Task,
-    holder: &str,
-) {
+async fn dispatch_to_queue(org: &Organization, agent: &AgentWorker, task: &Task, holder: &str) {
     let mut envelope = Envelope::new(
         Source::System,
         ChannelId::new(format!("task:{}", task.task_ref())),
@@ -885,15 +910,15 @@ async fn dispatch_to_queue(
 }
 
 /// Records the outcome of one attempt run through the agent's queue and frees its slot.
-pub(crate) async fn finish_task(
+async fn finish_task(
     org: &Organization,
-    agent: &crate::org::AgentRuntime,
+    agent: &AgentWorker,
     number: u64,
     holder: &str,
     result: Result<TaskOutcome, String>,
 ) {
     record_outcome(org, agent.id(), number, holder, result).await;
-    agent.task_finished(number, holder);
+    agent.claim_ended(number, holder);
     agent.ring();
 }
 
@@ -956,6 +981,119 @@ async fn record_outcome(
                 attempt += 1;
             }
         }
+    }
+}
+
+/// Delegation as a [`Behaviour`]: the `send_agent_message` and board tools, a task loop per root
+/// agent (claims, leases, the completion outbox), and the outcome of task turns.
+#[derive(Debug, Default)]
+pub struct Delegation {
+    executors: HashMap<AgentId, Arc<dyn TaskExecutor>>,
+}
+
+impl Delegation {
+    /// Delegation whose tasks run as turns of each agent's own tool loop, except for the agents
+    /// in `executors`, whose tasks run with their executor.
+    pub fn new(executors: HashMap<AgentId, Arc<dyn TaskExecutor>>) -> Self {
+        Self { executors }
+    }
+}
+
+#[async_trait]
+impl Behaviour for Delegation {
+    fn name(&self) -> &'static str {
+        "delegation"
+    }
+
+    fn tools(&self) -> Vec<Arc<dyn Tool>> {
+        builtin_tools()
+    }
+
+    fn on_agent_started(&self, org: &Organization, agent: AgentWorker) {
+        if agent.is_child() {
+            return;
+        }
+        let Some(doorbell) = agent.take_doorbell() else {
+            return;
+        };
+        let executor = self.executors.get(agent.id()).cloned();
+        org.inner.spawner.spawn(Box::pin(run_task_loop(
+            org.clone(),
+            agent,
+            doorbell,
+            executor,
+        )));
+    }
+
+    async fn exchange_open(
+        &self,
+        org: &Organization,
+        from: &AgentId,
+        to: &AgentId,
+    ) -> Result<bool, StoreError> {
+        let filter = crate::task::TaskFilter {
+            statuses: vec![
+                TaskStatus::PendingApproval,
+                TaskStatus::Backlog,
+                TaskStatus::Ready,
+                TaskStatus::InProgress,
+                TaskStatus::Waiting,
+            ],
+            delegated_by: Some(to.clone()),
+            created_by: None,
+            limit: Some(1),
+        };
+        Ok(!org.inner.stores.tasks.list(from, &filter).await?.is_empty())
+    }
+
+    async fn claim_valid(
+        &self,
+        org: &Organization,
+        agent: &AgentId,
+        work: &TaskWork,
+    ) -> Option<Result<bool, StoreError>> {
+        Some(
+            org.inner
+                .stores
+                .tasks
+                .get(agent, work.number)
+                .await
+                .map(|task| {
+                    task.is_some_and(|t| {
+                        t.status == TaskStatus::InProgress
+                            && t.lease.as_ref().is_some_and(|l| l.holder == work.holder)
+                    })
+                }),
+        )
+    }
+
+    async fn checkpoint(
+        &self,
+        org: &Organization,
+        agent: &AgentId,
+        work: &TaskWork,
+    ) -> Result<(), StoreError> {
+        let ctx = TaskContext {
+            org: org.clone(),
+            holder: work.holder.clone(),
+            task: TaskRef::new(agent.clone(), work.number),
+        };
+        ctx.renew().await
+    }
+
+    async fn work_ended(
+        &self,
+        org: &Organization,
+        agent: &AgentWorker,
+        work: &TaskWork,
+        outcome: &Result<TurnOutcome, String>,
+    ) {
+        let result = match outcome {
+            Ok(TurnOutcome::Answer(text)) => Ok(TaskOutcome::Done(text.clone())),
+            Ok(TurnOutcome::Ended(_)) => Ok(TaskOutcome::Waiting),
+            Err(e) => Err(e.clone()),
+        };
+        finish_task(org, agent, work.number, &work.holder, result).await;
     }
 }
 
@@ -1258,7 +1396,7 @@ impl Tool for TaskUpdate {
 }
 
 /// The tools every agent gets from the runtime.
-pub(crate) fn builtin_tools() -> Vec<Arc<dyn Tool>> {
+fn builtin_tools() -> Vec<Arc<dyn Tool>> {
     vec![
         Arc::new(SendAgentMessage),
         Arc::new(TaskCreate),

@@ -12,6 +12,9 @@ use crate::ids::{AgentId, ChannelId, ConversationId, EnvelopeId, LinkId};
 use crate::link::text_enum;
 use crate::time::Timestamp;
 
+/// Metadata key naming the conversation a channel record belongs to.
+pub const META_CONVERSATION: &str = "spacebot.conversation";
+
 /// Where an envelope came from. The runtime stamps it; it is never taken from model output.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "source")]

@@ -17,6 +17,7 @@ pub mod llm;
 pub mod memory;
 pub mod org;
 pub mod org_api;
+pub mod org_builder;
 pub mod policy;
 pub mod prompts;
 pub mod runtime;
@@ -48,8 +49,10 @@ pub use link::{AgentLink, LinkDirection, LinkRelationship, LinkStore};
 pub use llm::{ChatMessage, ChatRequest, ChatResponse, LlmProvider, ToolCall, ToolDefinition};
 pub use org::{
     ChildSpec, DeliveryError, InboundMessage, InternalKind, InternalMessage, OrgError,
-    Organization, OrganizationBuilder,
+    Organization,
 };
+pub use org_builder::OrganizationBuilder;
+pub use runtime::behaviour::{AgentWorker, Answer, Behaviour};
 pub use policy::{ApprovalPolicy, LinkGraph, OrgChart};
 pub use prompts::{Identity, Prompts};
 pub use org_api::LinkChange;

@@ -20,21 +20,21 @@ use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 use futures::channel::{mpsc, oneshot};
 use futures::future::AbortHandle;
 
-use crate::config::{AgentConfig, ConfigError, OrgConfig, Settings};
-use crate::delegation::TaskExecutor;
+use crate::config::{ConfigError, OrgConfig, Settings};
 use crate::envelope::{Envelope, EnvelopeKind, Source};
 use crate::error::{InvalidInput, PolicyDenied, StoreError};
-use crate::event::{Event, EventKind, EventSink, NullSink};
+use crate::event::{Event, EventKind, EventSink};
 use crate::ids::{AgentId, ChannelId, EnvelopeId};
 use crate::link::AgentLink;
 use crate::llm::LlmProvider;
 use crate::policy::{self, LinkGraph};
 use crate::prompts::{Identity, IdentityError, PromptError, Prompts};
-use crate::runtime::outbound::{ChannelOutbound, Outbound, Reply};
+use crate::runtime::outbound::{Outbound, Reply};
 use crate::runtime::queue::{AgentQueue, BoundedQueue, QueueError};
 use crate::stores::Stores;
 use crate::time::{Clock, Spawner};
-use crate::tools::{Tool, ToolRegistry};
+use crate::runtime::behaviour::Behaviour;
+use crate::tools::ToolRegistry;
 use crate::topology::{Topology, TopologyAgent};
 
 /// Why the organization could not be built or changed.
@@ -229,8 +229,6 @@ pub(crate) struct AgentSpec {
     pub(crate) parent: Option<ParentLink>,
     pub(crate) outbound: Arc<dyn Outbound>,
     pub(crate) instructions: Option<String>,
-    /// A custom task executor; `None` runs tasks as turns of the agent's own tool loop.
-    pub(crate) executor: Option<Arc<dyn TaskExecutor>>,
 }
 
 /// A child's tie to its parent.
@@ -251,8 +249,11 @@ pub(crate) struct AgentRuntime {
     pub(crate) pending: AtomicBool,
     pub(crate) abort: Mutex<Option<AbortHandle>>,
     pub(crate) stopped: Mutex<Option<oneshot::Receiver<()>>>,
-    /// Wakes the task loop (capacity 1: a ring while one is pending is a no-op).
+    /// Wakes the behaviours' workers of this agent (capacity 1: a ring while one is pending is a
+    /// no-op).
     pub(crate) doorbell: Mutex<Option<mpsc::Sender<()>>>,
+    /// The doorbell's receiving end, until a behaviour's worker takes it.
+    pub(crate) bell_rx: Mutex<Option<mpsc::Receiver<()>>>,
     /// Whether the loop is handling an envelope.
     pub(crate) busy: AtomicBool,
     /// Tasks claimed and not finished yet: task number -> lease holder of the claim.
@@ -368,6 +369,8 @@ pub(crate) struct OrgInner {
     pub(crate) bus: crate::bus::EventBus,
     /// Lease holders of claims a custom executor of this process still works on.
     pub(crate) live_claims: Mutex<HashSet<String>>,
+    /// The behaviours plugged into the host, in order.
+    pub(crate) behaviours: Vec<Arc<dyn Behaviour>>,
 }
 
 impl fmt::Debug for OrgInner {
@@ -383,221 +386,6 @@ impl fmt::Debug for OrgInner {
 #[derive(Debug, Clone)]
 pub struct Organization {
     pub(crate) inner: Arc<OrgInner>,
-}
-
-/// Builds an [`Organization`]: configuration plus backends.
-#[derive(Debug)]
-pub struct OrganizationBuilder {
-    config: OrgConfig,
-    stores: Option<Stores>,
-    llm: Option<Arc<dyn LlmProvider>>,
-    spawner: Option<Arc<dyn Spawner>>,
-    clock: Option<Arc<dyn Clock>>,
-    events: Arc<dyn EventSink>,
-    outbound: Option<Arc<dyn Outbound>>,
-    agent_outbounds: HashMap<AgentId, Arc<dyn Outbound>>,
-    prompts: Option<Prompts>,
-    tools: Vec<Arc<dyn Tool>>,
-    executors: HashMap<AgentId, Arc<dyn TaskExecutor>>,
-}
-
-impl Organization {
-    /// Starts building an organization from `config`.
-    pub fn builder(config: OrgConfig) -> OrganizationBuilder {
-        OrganizationBuilder {
-            config,
-            stores: None,
-            llm: None,
-            spawner: None,
-            clock: None,
-            events: Arc::new(NullSink),
-            outbound: None,
-            agent_outbounds: HashMap::new(),
-            prompts: None,
-            tools: Vec::new(),
-            executors: HashMap::new(),
-        }
-    }
-}
-
-impl OrganizationBuilder {
-    /// The stores (required).
-    pub fn stores(mut self, stores: Stores) -> Self {
-        self.stores = Some(stores);
-        self
-    }
-    /// The LLM provider (required).
-    pub fn llm(mut self, llm: Arc<dyn LlmProvider>) -> Self {
-        self.llm = Some(llm);
-        self
-    }
-    /// The spawner for agent loops (with the `tokio` feature it defaults to the current Tokio
-    /// runtime; required otherwise).
-    pub fn spawner(mut self, spawner: Arc<dyn Spawner>) -> Self {
-        self.spawner = Some(spawner);
-        self
-    }
-    /// The clock (with the `tokio` feature it defaults to `TokioClock`; required otherwise;
-    /// `ManualClock` in tests).
-    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
-        self.clock = Some(clock);
-        self
-    }
-    /// Where events go (default: nowhere).
-    pub fn events(mut self, events: Arc<dyn EventSink>) -> Self {
-        self.events = events;
-        self
-    }
-    /// Where root agents' replies go. Without one, replies are read with
-    /// [`Organization::take_replies`].
-    pub fn outbound(mut self, outbound: Arc<dyn Outbound>) -> Self {
-        self.outbound = Some(outbound);
-        self
-    }
-    /// A different outbound for one root agent.
-    pub fn agent_outbound(mut self, agent: AgentId, outbound: Arc<dyn Outbound>) -> Self {
-        self.agent_outbounds.insert(agent, outbound);
-        self
-    }
-    /// The prompt templates (default: the embedded ones).
-    pub fn prompts(mut self, prompts: Prompts) -> Self {
-        self.prompts = Some(prompts);
-        self
-    }
-    /// Runs `agent`'s tasks with `executor` instead of the agent's own tool loop (for example
-    /// deterministic code).
-    pub fn task_executor(mut self, agent: AgentId, executor: Arc<dyn TaskExecutor>) -> Self {
-        self.executors.insert(agent, executor);
-        self
-    }
-    /// A tool every agent gets.
-    pub fn tool(mut self, tool: Arc<dyn Tool>) -> Self {
-        self.tools.push(tool);
-        self
-    }
-
-    /// Validates everything, syncs the configured links into the link store (configuration wins),
-    /// reads every agent's identity files, and returns the organization with every agent stopped.
-    /// Call [`Organization::start_all`] next.
-    pub async fn build(self) -> Result<Organization, OrgError> {
-        let stores = self.stores.ok_or(OrgError::Missing("stores"))?;
-        let llm = self.llm.ok_or(OrgError::Missing("an LLM provider"))?;
-        let spawner = self
-            .spawner
-            .or_else(default_spawner)
-            .ok_or(OrgError::Missing("a spawner"))?;
-        let clock = self
-            .clock
-            .or_else(default_clock)
-            .ok_or(OrgError::Missing("a clock"))?;
-        let config = self.config;
-        config.validate()?;
-        for agent in self.agent_outbounds.keys().chain(self.executors.keys()) {
-            if !config.agents.iter().any(|a| &a.id == agent) {
-                return Err(OrgError::UnknownAgent(agent.clone()));
-            }
-        }
-        let mut tools = ToolRegistry::new();
-        for tool in crate::delegation::builtin_tools() {
-            tools.register(tool)?;
-        }
-        for tool in crate::dialogue::dialogue_tools() {
-            tools.register(tool)?;
-        }
-        for tool in self.tools {
-            tools.register(tool)?;
-        }
-        let prompts = self.prompts.unwrap_or_default();
-
-        config
-            .sync_links(stores.links.as_ref(), clock.now())
-            .await?;
-        let links = stores.links.list().await?;
-        let graph = LinkGraph::new(config.agents.iter().map(|a| a.id.clone()), links);
-
-        let (default_outbound, replies) = match self.outbound {
-            Some(o) => (o, None),
-            None => {
-                let (o, rx) = ChannelOutbound::new();
-                (Arc::new(o) as Arc<dyn Outbound>, Some(rx))
-            }
-        };
-        let mut agents = HashMap::new();
-        for agent in &config.agents {
-            let mut spec = agent_spec(agent, &self.agent_outbounds, &default_outbound)?;
-            spec.executor = self.executors.get(&agent.id).cloned();
-            agents.insert(agent.id.clone(), Slot::Stopped(Arc::new(spec)));
-        }
-        Ok(Organization {
-            inner: Arc::new(OrgInner {
-                stores,
-                llm,
-                spawner,
-                clock,
-                events: self.events,
-                prompts,
-                settings: config.settings.clone(),
-                tools,
-                graph: RwLock::new(Arc::new(graph)),
-                agents: RwLock::new(agents),
-                config,
-                replies: Mutex::new(replies),
-                child_counter: AtomicU64::new(0),
-                exchanges: Mutex::new(HashMap::new()),
-                internal_open: Mutex::new(HashMap::new()),
-                bus: crate::bus::EventBus::new(1024),
-                live_claims: Mutex::new(HashSet::new()),
-            }),
-        })
-    }
-}
-
-/// With the `tokio` feature, the current Tokio runtime spawns agent loops when the builder was
-/// given no spawner.
-fn default_spawner() -> Option<Arc<dyn Spawner>> {
-    #[cfg(feature = "tokio")]
-    {
-        crate::rt::TokioSpawner::try_current().map(|s| Arc::new(s) as Arc<dyn Spawner>)
-    }
-    #[cfg(not(feature = "tokio"))]
-    {
-        None
-    }
-}
-
-/// With the `tokio` feature, the wall clock when the builder was given no clock.
-fn default_clock() -> Option<Arc<dyn Clock>> {
-    #[cfg(feature = "tokio")]
-    {
-        Some(Arc::new(crate::rt::TokioClock))
-    }
-    #[cfg(not(feature = "tokio"))]
-    {
-        None
-    }
-}
-
-fn agent_spec(
-    agent: &AgentConfig,
-    outbounds: &HashMap<AgentId, Arc<dyn Outbound>>,
-    default: &Arc<dyn Outbound>,
-) -> Result<AgentSpec, OrgError> {
-    let identity = match &agent.workspace {
-        Some(dir) => Identity::load(dir)?,
-        None => Identity::default(),
-    };
-    Ok(AgentSpec {
-        id: agent.id.clone(),
-        name: agent.name.clone(),
-        identity,
-        parent: None,
-        outbound: outbounds
-            .get(&agent.id)
-            .cloned()
-            .unwrap_or_else(|| default.clone()),
-        instructions: None,
-        executor: None,
-    })
 }
 
 impl OrgInner {
@@ -737,7 +525,9 @@ impl OrgInner {
         let org = Organization {
             inner: self.clone(),
         };
-        crate::dialogue::on_agent_stopped(&org, agent).await;
+        for behaviour in &self.behaviours {
+            behaviour.on_agent_stopped(&org, agent).await;
+        }
     }
 }
 
@@ -752,7 +542,19 @@ impl Organization {
         answered: &[Envelope],
         cause: &EnvelopeId,
     ) -> bool {
-        crate::dialogue::route_reply(self, agent, channel, text, answered, cause).await
+        let answer = crate::runtime::behaviour::Answer {
+            agent,
+            channel,
+            text,
+            answered,
+            cause,
+        };
+        for behaviour in &self.inner.behaviours {
+            if behaviour.route_answer(self, &answer).await {
+                return true;
+            }
+        }
+        false
     }
 
     /// The organization's settings.
@@ -1026,28 +828,12 @@ impl Organization {
         {
             return Ok(true);
         }
-        let stores = &self.inner.stores;
-        if let Some(c) = stores
-            .conversations
-            .find_open(&crate::dialogue::mirrored_key(from, to))
-            .await?
-            && c.initiator == *to
-        {
-            return Ok(true);
+        for behaviour in &self.inner.behaviours {
+            if behaviour.exchange_open(self, from, to).await? {
+                return Ok(true);
+            }
         }
-        let filter = crate::task::TaskFilter {
-            statuses: vec![
-                crate::task::TaskStatus::PendingApproval,
-                crate::task::TaskStatus::Backlog,
-                crate::task::TaskStatus::Ready,
-                crate::task::TaskStatus::InProgress,
-                crate::task::TaskStatus::Waiting,
-            ],
-            delegated_by: Some(to.clone()),
-            created_by: None,
-            limit: Some(1),
-        };
-        Ok(!stores.tasks.list(from, &filter).await?.is_empty())
+        Ok(false)
     }
 
     /// Cancels the agent's running turn, if any. The message being answered gets no reply (a
@@ -1065,7 +851,9 @@ impl Organization {
 
     /// Starts every configured agent that is not running.
     pub async fn start_all(&self) -> Result<(), OrgError> {
-        crate::dialogue::ensure_link_channels(self).await?;
+        for behaviour in &self.inner.behaviours {
+            behaviour.on_start_all(self).await?;
+        }
         for agent in self.agent_ids() {
             self.start_agent(&agent).await?;
         }
@@ -1090,6 +878,7 @@ impl Organization {
             abort: Mutex::new(None),
             stopped: Mutex::new(Some(done_rx)),
             doorbell: Mutex::new(Some(bell_tx)),
+            bell_rx: Mutex::new(Some(bell_rx)),
             busy: AtomicBool::new(false),
             running_tasks: Mutex::new(HashMap::new()),
             known: Mutex::new(HashSet::new()),
@@ -1147,14 +936,9 @@ impl Organization {
             crate::runtime::agent::run_loop(inner, loop_runtime).await;
             let _ = done_tx.send(());
         }));
-        if spec.parent.is_none() {
-            self.inner
-                .spawner
-                .spawn(Box::pin(crate::delegation::run_task_loop(
-                    self.clone(),
-                    runtime,
-                    bell_rx,
-                )));
+        let worker = crate::runtime::behaviour::AgentWorker { rt: runtime };
+        for behaviour in &self.inner.behaviours {
+            behaviour.on_agent_started(self, worker.clone());
         }
         Ok(())
     }
@@ -1258,7 +1042,6 @@ impl Organization {
             }),
             outbound,
             instructions: spec.instructions.clone(),
-            executor: None,
         };
         self.inner
             .write_agents()

@@ -103,7 +103,9 @@ impl Organization {
         );
         self.inner.stores.links.create(&link).await?;
         self.refresh_links().await?;
-        crate::dialogue::ensure_link_channels(self).await?;
+        for behaviour in &self.inner.behaviours {
+            behaviour.on_start_all(self).await?;
+        }
         Ok(link)
     }
 

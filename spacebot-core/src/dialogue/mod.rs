@@ -38,12 +38,13 @@ use crate::org::{DeliveryError, Organization};
 use crate::policy;
 use crate::prompts::ConversationRulesContext;
 use crate::runtime::agent::report_error;
+use crate::runtime::behaviour::{Answer, Behaviour};
 
 pub(crate) use tools::dialogue_tools;
 pub use tools::{CLOSE_LINK, CONCLUDE_LINK, OPEN_GROUP, SEND_LINK_MESSAGE, SEVER_LINK};
 
 /// Metadata key naming the conversation on the envelopes and records it produces.
-pub const META_CONVERSATION: &str = "spacebot.conversation";
+pub use crate::envelope::META_CONVERSATION;
 /// Metadata key naming the conversation on the retrigger that carries its result.
 pub const META_RESULT: &str = "spacebot.conversation_result";
 
@@ -1132,6 +1133,57 @@ async fn orphan_result_answer(
     )
     .await;
     true
+}
+
+/// Conversations as a [`Behaviour`]: the conversation tools, both channels of every link, answers
+/// routed to a conversation's other members, and a stopped agent's conversations severed.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Conversations;
+
+#[async_trait::async_trait]
+impl Behaviour for Conversations {
+    fn name(&self) -> &'static str {
+        "conversations"
+    }
+
+    fn tools(&self) -> Vec<std::sync::Arc<dyn crate::tools::Tool>> {
+        dialogue_tools()
+    }
+
+    async fn on_start_all(&self, org: &Organization) -> Result<(), StoreError> {
+        ensure_link_channels(org).await
+    }
+
+    async fn exchange_open(
+        &self,
+        org: &Organization,
+        from: &AgentId,
+        to: &AgentId,
+    ) -> Result<bool, StoreError> {
+        Ok(org
+            .inner
+            .stores
+            .conversations
+            .find_open(&mirrored_key(from, to))
+            .await?
+            .is_some_and(|c| c.initiator == *to))
+    }
+
+    async fn route_answer(&self, org: &Organization, answer: &Answer<'_>) -> bool {
+        route_reply(
+            org,
+            answer.agent,
+            answer.channel,
+            answer.text,
+            answer.answered,
+            answer.cause,
+        )
+        .await
+    }
+
+    async fn on_agent_stopped(&self, org: &Organization, agent: &AgentId) {
+        on_agent_stopped(org, agent).await;
+    }
 }
 
 /// Called when an agent's session ends (it is stopped or ends): its open conversations are severed.

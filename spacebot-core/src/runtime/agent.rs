@@ -286,7 +286,7 @@ fn user_record(envelope: &Envelope) -> NewRecord {
     );
     if let Some(conversation) = &envelope.conversation {
         record.metadata.insert(
-            crate::dialogue::META_CONVERSATION.into(),
+            crate::envelope::META_CONVERSATION.into(),
             serde_json::Value::String(conversation.to_string()),
         );
     }
@@ -344,7 +344,7 @@ async fn process(org: &Arc<OrgInner>, agent: &Arc<AgentRuntime>, envelope: Envel
     *agent.abort.lock().unwrap_or_else(|e| e.into_inner()) = Some(abort);
     let options = TurnOptions {
         task: None,
-        holder: None,
+        work: None,
     };
     let mut turn_log = TurnLog::default();
     let result = {
@@ -458,22 +458,30 @@ async fn run_task(
 ) {
     let handle = Organization { inner: org.clone() };
     let me = agent.id().clone();
-    // A task envelope handed over again after a restart may be stale: run it only while this holder
-    // still holds the task.
-    let current = retry_store(org, agent, "reading a task", || {
-        org.stores.tasks.get(&me, number)
+    // A task envelope handed over again after a restart may be stale: run it only while this claim
+    // is still valid.
+    let work = crate::envelope::TaskWork {
+        number,
+        holder: holder.clone(),
+    };
+    let valid = retry_store(org, agent, "checking a claim", || async {
+        for behaviour in &org.behaviours {
+            if let Some(valid) = behaviour.claim_valid(&handle, &me, &work).await {
+                return valid;
+            }
+        }
+        Ok(true)
     })
     .await;
-    match current {
-        Ok(Some(task))
-            if task.status == crate::task::TaskStatus::InProgress
-                && task.lease.as_ref().is_some_and(|l| l.holder == holder) => {}
-        Ok(_) => {
-            // This claim is over (its lease expired and the task moved on): free its slot.
+    let worker = crate::runtime::behaviour::AgentWorker { rt: agent.clone() };
+    match valid {
+        Ok(true) => {}
+        Ok(false) => {
+            // This claim is over (its lease expired and the task moved on): let it go.
             log.consume(&envelope);
             commit(org, agent, log).await;
-            agent.task_finished(number, &holder);
-            agent.ring();
+            worker.claim_ended(number, &holder);
+            worker.ring();
             return;
         }
         Err(_) => {
@@ -484,7 +492,7 @@ async fn run_task(
     }
     let options = TurnOptions {
         task: Some(TaskRef::new(me.clone(), number)),
-        holder: Some(holder.clone()),
+        work: Some(work.clone()),
     };
     let (abort, registration) = AbortHandle::new_pair();
     *agent.abort.lock().unwrap_or_else(|e| e.into_inner()) = Some(abort);
@@ -504,8 +512,7 @@ async fn run_task(
     };
     agent.abort.lock().unwrap_or_else(|e| e.into_inner()).take();
     let result = match outcome {
-        Ok(Ok(TurnOutcome::Answer(text))) => Ok(crate::delegation::TaskOutcome::Done(text)),
-        Ok(Ok(TurnOutcome::Ended(_))) => Ok(crate::delegation::TaskOutcome::Waiting),
+        Ok(Ok(outcome)) => Ok(outcome),
         Ok(Err(failure)) => {
             let text = format!("turn failed: {}", failure.error);
             for e in failure.unanswered.iter().filter(|e| e.task.is_none()) {
@@ -518,7 +525,9 @@ async fn run_task(
     };
     // The outcome is recorded first: a crash between the two runs the (finished) task envelope
     // again, which then finds its claim over and only lets it go.
-    crate::delegation::finish_task(&handle, agent, number, &holder, result).await;
+    for behaviour in &org.behaviours {
+        behaviour.work_ended(&handle, &worker, &work, &result).await;
+    }
     commit(org, agent, turn_log).await;
 }
 
@@ -654,8 +663,8 @@ fn tool_definitions(
 pub(crate) struct TurnOptions {
     /// The task being worked on.
     pub(crate) task: Option<TaskRef>,
-    /// The lease holder when the turn runs a claimed task: the lease is renewed at every checkpoint.
-    pub(crate) holder: Option<String>,
+    /// The claimed work the turn runs: the behaviours' checkpoint hook runs at every checkpoint.
+    pub(crate) work: Option<crate::envelope::TaskWork>,
 }
 
 /// A turn that failed, and the envelopes it had not answered when it did.
@@ -878,24 +887,15 @@ pub(crate) async fn run_turn(
             }
         }
 
-        // Checkpoint: a task's lease is renewed, so a long turn keeps its claim ...
-        if let (Some(task), Some(holder)) = (&options.task, &options.holder) {
-            let renew = crate::task::TaskEvent::Renew {
-                holder: holder.clone(),
-                lease_until: inner.clock.now().plus(crate::delegation::DEFAULT_LEASE),
-            };
-            inner
-                .stores
-                .tasks
-                .transition(
-                    &task.agent,
-                    task.number,
-                    crate::task::Expect::any(),
-                    renew,
-                    inner.clock.now(),
-                )
-                .await
-                .map_err(|e| failure(e, &frames))?;
+        // Checkpoint: claimed work tells its behaviour (a task's lease is renewed, so a long turn
+        // keeps its claim) ...
+        if let Some(work) = &options.work {
+            for behaviour in &inner.behaviours {
+                behaviour
+                    .checkpoint(org, &me, work)
+                    .await
+                    .map_err(|e| failure(e, &frames))?;
+            }
         }
         // ... and anything that arrived meanwhile steers the turn.
         let drained = agent.queue.drain();

@@ -5,6 +5,7 @@
 //! agent is made of. See `docs/runtime.md` for the whole picture.
 
 pub(crate) mod agent;
+pub mod behaviour;
 pub mod history;
 pub mod outbound;
 pub mod queue;

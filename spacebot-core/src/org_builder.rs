@@ -1,0 +1,250 @@
+//! [`OrganizationBuilder`]: the facade that assembles the host with its behaviours (delegation,
+//! conversations, and any the application adds) from configuration plus backends.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, RwLock};
+
+use crate::config::{AgentConfig, OrgConfig};
+use crate::delegation::{Delegation, TaskExecutor};
+use crate::dialogue::Conversations;
+use crate::event::{EventSink, NullSink};
+use crate::ids::AgentId;
+use crate::llm::LlmProvider;
+use crate::org::{AgentSpec, OrgError, OrgInner, Organization, Slot};
+use crate::policy::LinkGraph;
+use crate::prompts::{Identity, Prompts};
+use crate::runtime::behaviour::Behaviour;
+use crate::runtime::outbound::{ChannelOutbound, Outbound};
+use crate::stores::Stores;
+use crate::time::{Clock, Spawner};
+use crate::tools::{Tool, ToolRegistry};
+
+/// Builds an [`Organization`]: configuration plus backends.
+#[derive(Debug)]
+pub struct OrganizationBuilder {
+    config: OrgConfig,
+    stores: Option<Stores>,
+    llm: Option<Arc<dyn LlmProvider>>,
+    spawner: Option<Arc<dyn Spawner>>,
+    clock: Option<Arc<dyn Clock>>,
+    events: Arc<dyn EventSink>,
+    outbound: Option<Arc<dyn Outbound>>,
+    agent_outbounds: HashMap<AgentId, Arc<dyn Outbound>>,
+    prompts: Option<Prompts>,
+    tools: Vec<Arc<dyn Tool>>,
+    executors: HashMap<AgentId, Arc<dyn TaskExecutor>>,
+    behaviours: Vec<Arc<dyn Behaviour>>,
+}
+
+impl Organization {
+    /// Starts building an organization from `config`.
+    pub fn builder(config: OrgConfig) -> OrganizationBuilder {
+        OrganizationBuilder {
+            config,
+            stores: None,
+            llm: None,
+            spawner: None,
+            clock: None,
+            events: Arc::new(NullSink),
+            outbound: None,
+            agent_outbounds: HashMap::new(),
+            prompts: None,
+            tools: Vec::new(),
+            executors: HashMap::new(),
+            behaviours: Vec::new(),
+        }
+    }
+}
+
+impl OrganizationBuilder {
+    /// The stores (required).
+    pub fn stores(mut self, stores: Stores) -> Self {
+        self.stores = Some(stores);
+        self
+    }
+    /// The LLM provider (required).
+    pub fn llm(mut self, llm: Arc<dyn LlmProvider>) -> Self {
+        self.llm = Some(llm);
+        self
+    }
+    /// The spawner for agent loops (with the `tokio` feature it defaults to the current Tokio
+    /// runtime; required otherwise).
+    pub fn spawner(mut self, spawner: Arc<dyn Spawner>) -> Self {
+        self.spawner = Some(spawner);
+        self
+    }
+    /// The clock (with the `tokio` feature it defaults to `TokioClock`; required otherwise;
+    /// `ManualClock` in tests).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+    /// Where events go (default: nowhere).
+    pub fn events(mut self, events: Arc<dyn EventSink>) -> Self {
+        self.events = events;
+        self
+    }
+    /// Where root agents' replies go. Without one, replies are read with
+    /// [`Organization::take_replies`].
+    pub fn outbound(mut self, outbound: Arc<dyn Outbound>) -> Self {
+        self.outbound = Some(outbound);
+        self
+    }
+    /// A different outbound for one root agent.
+    pub fn agent_outbound(mut self, agent: AgentId, outbound: Arc<dyn Outbound>) -> Self {
+        self.agent_outbounds.insert(agent, outbound);
+        self
+    }
+    /// The prompt templates (default: the embedded ones).
+    pub fn prompts(mut self, prompts: Prompts) -> Self {
+        self.prompts = Some(prompts);
+        self
+    }
+    /// Runs `agent`'s tasks with `executor` instead of the agent's own tool loop (for example
+    /// deterministic code).
+    pub fn task_executor(mut self, agent: AgentId, executor: Arc<dyn TaskExecutor>) -> Self {
+        self.executors.insert(agent, executor);
+        self
+    }
+    /// A behaviour of your own, beside delegation and conversations: its tools go to every agent
+    /// and its hooks run at the points of each agent's life (see [`Behaviour`]).
+    pub fn behaviour(mut self, behaviour: Arc<dyn Behaviour>) -> Self {
+        self.behaviours.push(behaviour);
+        self
+    }
+    /// A tool every agent gets.
+    pub fn tool(mut self, tool: Arc<dyn Tool>) -> Self {
+        self.tools.push(tool);
+        self
+    }
+
+    /// Validates everything, syncs the configured links into the link store (configuration wins),
+    /// reads every agent's identity files, and returns the organization with every agent stopped.
+    /// Call [`Organization::start_all`] next.
+    pub async fn build(self) -> Result<Organization, OrgError> {
+        let stores = self.stores.ok_or(OrgError::Missing("stores"))?;
+        let llm = self.llm.ok_or(OrgError::Missing("an LLM provider"))?;
+        let spawner = self
+            .spawner
+            .or_else(default_spawner)
+            .ok_or(OrgError::Missing("a spawner"))?;
+        let clock = self
+            .clock
+            .or_else(default_clock)
+            .ok_or(OrgError::Missing("a clock"))?;
+        let config = self.config;
+        config.validate()?;
+        for agent in self.agent_outbounds.keys().chain(self.executors.keys()) {
+            if !config.agents.iter().any(|a| &a.id == agent) {
+                return Err(OrgError::UnknownAgent(agent.clone()));
+            }
+        }
+        // The behaviours this facade assembles: delegation and conversations, then the
+        // application's own.
+        let mut behaviours: Vec<Arc<dyn Behaviour>> = vec![
+            Arc::new(Delegation::new(self.executors.clone())),
+            Arc::new(Conversations),
+        ];
+        behaviours.extend(self.behaviours);
+        let mut tools = ToolRegistry::new();
+        for behaviour in &behaviours {
+            for tool in behaviour.tools() {
+                tools.register(tool)?;
+            }
+        }
+        for tool in self.tools {
+            tools.register(tool)?;
+        }
+        let prompts = self.prompts.unwrap_or_default();
+
+        config
+            .sync_links(stores.links.as_ref(), clock.now())
+            .await?;
+        let links = stores.links.list().await?;
+        let graph = LinkGraph::new(config.agents.iter().map(|a| a.id.clone()), links);
+
+        let (default_outbound, replies) = match self.outbound {
+            Some(o) => (o, None),
+            None => {
+                let (o, rx) = ChannelOutbound::new();
+                (Arc::new(o) as Arc<dyn Outbound>, Some(rx))
+            }
+        };
+        let mut agents = HashMap::new();
+        for agent in &config.agents {
+            let spec = agent_spec(agent, &self.agent_outbounds, &default_outbound)?;
+            agents.insert(agent.id.clone(), Slot::Stopped(Arc::new(spec)));
+        }
+        Ok(Organization {
+            inner: Arc::new(OrgInner {
+                stores,
+                llm,
+                spawner,
+                clock,
+                events: self.events,
+                prompts,
+                settings: config.settings.clone(),
+                tools,
+                graph: RwLock::new(Arc::new(graph)),
+                agents: RwLock::new(agents),
+                config,
+                replies: Mutex::new(replies),
+                child_counter: AtomicU64::new(0),
+                exchanges: Mutex::new(HashMap::new()),
+                internal_open: Mutex::new(HashMap::new()),
+                bus: crate::bus::EventBus::new(1024),
+                live_claims: Mutex::new(HashSet::new()),
+                behaviours,
+            }),
+        })
+    }
+}
+
+/// With the `tokio` feature, the current Tokio runtime spawns agent loops when the builder was
+/// given no spawner.
+fn default_spawner() -> Option<Arc<dyn Spawner>> {
+    #[cfg(feature = "tokio")]
+    {
+        crate::rt::TokioSpawner::try_current().map(|s| Arc::new(s) as Arc<dyn Spawner>)
+    }
+    #[cfg(not(feature = "tokio"))]
+    {
+        None
+    }
+}
+
+/// With the `tokio` feature, the wall clock when the builder was given no clock.
+fn default_clock() -> Option<Arc<dyn Clock>> {
+    #[cfg(feature = "tokio")]
+    {
+        Some(Arc::new(crate::rt::TokioClock))
+    }
+    #[cfg(not(feature = "tokio"))]
+    {
+        None
+    }
+}
+
+fn agent_spec(
+    agent: &AgentConfig,
+    outbounds: &HashMap<AgentId, Arc<dyn Outbound>>,
+    default: &Arc<dyn Outbound>,
+) -> Result<AgentSpec, OrgError> {
+    let identity = match &agent.workspace {
+        Some(dir) => Identity::load(dir)?,
+        None => Identity::default(),
+    };
+    Ok(AgentSpec {
+        id: agent.id.clone(),
+        name: agent.name.clone(),
+        identity,
+        parent: None,
+        outbound: outbounds
+            .get(&agent.id)
+            .cloned()
+            .unwrap_or_else(|| default.clone()),
+        instructions: None,
+    })
+}
+
