@@ -811,8 +811,9 @@ async fn recover_orphaned_claims(org: &Organization, me: &AgentId) {
         }
         let event = TaskEvent::Fail {
             holder: lease.holder,
-            error: "the worker stopped before it finished (its process ended); the attempt runs again"
-                .to_string(),
+            error:
+                "the worker stopped before it finished (its process ended); the attempt runs again"
+                    .to_string(),
         };
         if let Err(e) = org.task_transition(me, task.number, event).await {
             crate::runtime::agent::report_error(

@@ -6,8 +6,8 @@ use std::fmt;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use crate::error::StoreError;
 use crate::channel::NewRecord;
+use crate::error::StoreError;
 use crate::ids::{AgentId, ChannelId, ConversationId, EnvelopeId, LinkId};
 use crate::link::text_enum;
 use crate::time::Timestamp;

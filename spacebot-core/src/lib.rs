@@ -1,4 +1,54 @@
-#![doc = "Traits, domain model, pure state machines and runtime of spacebot."]
+//! Traits, domain model, pure state machines and runtime of spacebot: an organization of LLM agents
+//! in your process, wired by a policy-checked graph of links, delegating work as durable tasks,
+//! holding conversations that always end, each agent with one steerable inbound queue.
+//!
+//! # Layers
+//!
+//! | layer | modules |
+//! |---|---|
+//! | facade | [`Organization`] ([`org`], [`org_api`]), [`OrganizationBuilder`] ([`org_builder`]) |
+//! | behaviours | [`delegation`] ([`delegation::Delegation`]), [`dialogue`] ([`dialogue::Conversations`]), plugged in through [`Behaviour`] |
+//! | host | [`runtime`]: queues, the agent loop, turns, steering, outbound |
+//! | pure cores | [`task::Task::apply`], [`policy`], [`runtime::steer`], [`runtime::history`] |
+//! | traits and stores | [`Stores`]: [`LinkStore`], [`TaskStore`], [`ChannelStore`], [`ConversationStore`], [`DeliveryStore`]; [`memory`] |
+//!
+//! # A first organization
+//!
+//! ```
+//! # #[cfg(all(feature = "tokio", feature = "testing"))]
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! use std::sync::Arc;
+//! use futures::StreamExt;
+//! use spacebot_core::llm::ChatResponse;
+//! use spacebot_core::testing::FnLlm;
+//! use spacebot_core::{InboundMessage, OrgConfig, Organization, Stores};
+//!
+//! let config = OrgConfig::from_toml_str("[[agents]]\nid = \"support\"\nname = \"Support\"\n").unwrap();
+//! let llm = Arc::new(FnLlm::new(|_| Ok(ChatResponse::text("Hello! How can I help?"))));
+//! let org = Organization::builder(config).stores(Stores::memory()).llm(llm).build().await.unwrap();
+//! org.start_all().await.unwrap();
+//! let mut replies = org.take_replies().unwrap();
+//! let id = org.deliver("support", InboundMessage::new("portal", "chat-1", "Hi")).await.unwrap();
+//! let reply = replies.next().await.unwrap();
+//! assert_eq!(reply.in_reply_to, vec![id]);
+//! assert_eq!(reply.content, "Hello! How can I help?");
+//! # });
+//! ```
+//!
+//! # Features
+//!
+//! | feature | what it adds | default |
+//! |---|---|---|
+//! | `tokio` | [`rt::TokioSpawner`], [`rt::TokioClock`]; the builder uses them when given none | no |
+//! | `testing` | [`testing`]: `ScriptedLlm`, `MockLlm::pair`, `FnLlm`, `RecordingSink`, and with `tokio` the `OrgHarness` | no |
+//! | `conformance` | [`conformance`]: the suite every store backend runs | no |
+//!
+//! # Guides
+//!
+//! In the repository's `docs/`: `concepts.md` (agents, links, channels, tasks, conversations),
+//! `architecture.md` (the layers, the walk of one message and one task), `runtime.md` (queues,
+//! turns, steering, waits), `delegation.md`, `conversations.md`, `durability.md` (what is stored
+//! when, what repeats after a crash), `storage.md`, `providers.md`.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 
@@ -48,14 +98,13 @@ pub use ids::{AgentId, ChannelId, ConversationId, EnvelopeId, LinkId, TaskRef};
 pub use link::{AgentLink, LinkDirection, LinkRelationship, LinkStore};
 pub use llm::{ChatMessage, ChatRequest, ChatResponse, LlmProvider, ToolCall, ToolDefinition};
 pub use org::{
-    ChildSpec, DeliveryError, InboundMessage, InternalKind, InternalMessage, OrgError,
-    Organization,
+    ChildSpec, DeliveryError, InboundMessage, InternalKind, InternalMessage, OrgError, Organization,
 };
+pub use org_api::LinkChange;
 pub use org_builder::OrganizationBuilder;
-pub use runtime::behaviour::{AgentWorker, Answer, Behaviour};
 pub use policy::{ApprovalPolicy, LinkGraph, OrgChart};
 pub use prompts::{Identity, Prompts};
-pub use org_api::LinkChange;
+pub use runtime::behaviour::{AgentWorker, Answer, Behaviour};
 pub use runtime::{AgentQueue, ChannelOutbound, Outbound, Reply, ReplyKind};
 pub use stores::Stores;
 pub use task::{NewTask, Task, TaskStatus, TaskStore};

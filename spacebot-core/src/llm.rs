@@ -8,8 +8,8 @@ use async_trait::async_trait;
 use futures::stream::BoxStream;
 use serde::{Deserialize, Serialize};
 
-use crate::error::LlmError;
 use crate::envelope::EnvelopeKind;
+use crate::error::LlmError;
 use crate::ids::{AgentId, ChannelId};
 
 /// One message of a chat request.

@@ -29,11 +29,11 @@ use crate::link::AgentLink;
 use crate::llm::LlmProvider;
 use crate::policy::{self, LinkGraph};
 use crate::prompts::{Identity, IdentityError, PromptError, Prompts};
+use crate::runtime::behaviour::Behaviour;
 use crate::runtime::outbound::{Outbound, Reply};
 use crate::runtime::queue::{AgentQueue, BoundedQueue, QueueError};
 use crate::stores::Stores;
 use crate::time::{Clock, Spawner};
-use crate::runtime::behaviour::Behaviour;
 use crate::tools::ToolRegistry;
 use crate::topology::{Topology, TopologyAgent};
 

@@ -82,7 +82,9 @@ impl Organization {
         self.known_agent(from)?;
         self.known_agent(to)?;
         if from == to {
-            return Err(InvalidInput::new("to", format!("{from} cannot be linked to itself")).into());
+            return Err(
+                InvalidInput::new("to", format!("{from} cannot be linked to itself")).into(),
+            );
         }
         let graph = self.graph();
         if graph.between(from.as_str(), to.as_str()).is_some()
@@ -157,7 +159,12 @@ impl Organization {
 
     /// A task, by reference.
     pub async fn task(&self, task: &TaskRef) -> Result<Option<Task>, OrgError> {
-        Ok(self.inner.stores.tasks.get(&task.agent, task.number).await?)
+        Ok(self
+            .inner
+            .stores
+            .tasks
+            .get(&task.agent, task.number)
+            .await?)
     }
 
     async fn operate(&self, task: &TaskRef, event: TaskEvent) -> Result<Task, OrgError> {
@@ -177,9 +184,10 @@ impl Organization {
     /// Rejects a task waiting for approval: it is cancelled with `reason`, and its delegator is
     /// told.
     pub async fn reject_task(&self, task: &TaskRef, reason: &str) -> Result<Task, OrgError> {
-        let current = self.task(task).await?.ok_or_else(|| {
-            OrgError::Store(StoreError::not_found(format!("task {task}")))
-        })?;
+        let current = self
+            .task(task)
+            .await?
+            .ok_or_else(|| OrgError::Store(StoreError::not_found(format!("task {task}"))))?;
         if current.status != TaskStatus::PendingApproval {
             return Err(InvalidInput::new(
                 "task",

@@ -247,4 +247,3 @@ fn agent_spec(
         instructions: None,
     })
 }
-

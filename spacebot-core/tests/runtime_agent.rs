@@ -357,7 +357,11 @@ async fn the_round_limit_stops_a_looping_model() {
     // The user is told the turn failed, and why.
     let failed = h.reply().await;
     assert!(failed.is_failure(), "{failed:?}");
-    assert!(failed.content.contains("3 tool rounds"), "{}", failed.content);
+    assert!(
+        failed.content.contains("3 tool rounds"),
+        "{}",
+        failed.content
+    );
     // The loop is not stuck: it goes on with the next message.
     h.org.deliver("a", msg("second")).await.unwrap();
     assert_eq!(h.reply().await.content, "second answered");

@@ -192,8 +192,10 @@ pub async fn a_task_arriving_mid_turn_gets_its_own_turn(stores: Stores) {
         )
         .await
         .unwrap();
-    h.wait_count("the claim", 1, |k| matches!(k, EventKind::TaskClaimed { .. }))
-        .await;
+    h.wait_count("the claim", 1, |k| {
+        matches!(k, EventKind::TaskClaimed { .. })
+    })
+    .await;
     h.wait_until("the task in a's queue", || {
         let n = h.org.queue_len(&a).unwrap_or(0);
         async move { n >= 1 }
@@ -288,7 +290,13 @@ pub async fn an_announce_cannot_open_an_exchange_over_a_one_way_link(stores: Sto
         .unwrap_err();
     assert!(matches!(err, DeliveryError::Denied(_)), "{err:?}");
     assert!(
-        h.org.stores().deliveries.pending(&a).await.unwrap().is_empty(),
+        h.org
+            .stores()
+            .deliveries
+            .pending(&a)
+            .await
+            .unwrap()
+            .is_empty(),
         "nothing was kept for a"
     );
     // Once a delegated to b, b may report back.
@@ -487,8 +495,10 @@ pub async fn tool_calls_per_response_are_capped(stores: Stores) {
     let (a, b) = (id("a"), id("b"));
     h.org.start_agent(&a).await.unwrap();
     h.org.deliver("a", user("fan out")).await.unwrap();
-    h.wait_count("the turn end", 1, |k| matches!(k, EventKind::TurnFinished { .. }))
-        .await;
+    h.wait_count("the turn end", 1, |k| {
+        matches!(k, EventKind::TurnFinished { .. })
+    })
+    .await;
     let tasks = h
         .org
         .stores()

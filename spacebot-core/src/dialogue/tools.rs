@@ -185,8 +185,8 @@ impl Tool for ConcludeLink {
                 key: Some(&ctx.key),
             },
         )
-            .await
-            .map_err(|e| tool_error(CONCLUDE_LINK, e))?;
+        .await
+        .map_err(|e| tool_error(CONCLUDE_LINK, e))?;
         Ok(ToolOutput::end_turn(format!(
             "Conversation {} concluded; your summary was sent.",
             concluded.id
@@ -330,8 +330,8 @@ impl Tool for CloseLink {
                 key: Some(&ctx.key),
             },
         )
-            .await
-            .map_err(|e| tool_error(CLOSE_LINK, e))?;
+        .await
+        .map_err(|e| tool_error(CLOSE_LINK, e))?;
         Ok(ToolOutput::end_turn(format!(
             "Conversation {} closed; your final message was delivered.",
             closed.id

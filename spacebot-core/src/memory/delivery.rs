@@ -5,8 +5,8 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 
-use super::lock;
 use super::MemoryChannelStore;
+use super::lock;
 use crate::channel::ChannelStore;
 use crate::envelope::{DeliveryStore, Envelope, TurnCommit};
 use crate::error::StoreError;

@@ -166,10 +166,7 @@ pub(crate) async fn run_loop(org: Arc<OrgInner>, agent: Arc<AgentRuntime>) {
 async fn hand_over_pending(org: &OrgInner, agent: &AgentRuntime) {
     match org.stores.deliveries.pending(agent.id()).await {
         Ok(pending) => {
-            let fresh: Vec<Envelope> = pending
-                .into_iter()
-                .filter(|e| agent.admit(&e.id))
-                .collect();
+            let fresh: Vec<Envelope> = pending.into_iter().filter(|e| agent.admit(&e.id)).collect();
             for envelope in fresh.into_iter().rev() {
                 let _ = agent.queue.push_front(envelope);
             }
@@ -242,7 +239,9 @@ async fn commit(org: &OrgInner, agent: &AgentRuntime, log: TurnLog) {
     }
     let me = agent.id();
     let result = retry_store(org, agent, "committing a turn", || {
-        org.stores.deliveries.commit(me, &log.commit, org.clock.now())
+        org.stores
+            .deliveries
+            .commit(me, &log.commit, org.clock.now())
     })
     .await;
     match result {
@@ -413,7 +412,10 @@ async fn tell_failure(org: &Organization, agent: &AgentRuntime, failure: &TurnFa
         if !matches!(source, Source::External { .. }) || agent.spec.parent.is_some() {
             continue;
         }
-        match by_source.iter_mut().find(|(s, c, _)| s == &source && c == &envelope.channel) {
+        match by_source
+            .iter_mut()
+            .find(|(s, c, _)| s == &source && c == &envelope.channel)
+        {
             Some((_, _, ids)) => ids.push(envelope.id.clone()),
             None => by_source.push((source, envelope.channel.clone(), vec![envelope.id.clone()])),
         }
@@ -754,8 +756,8 @@ pub(crate) async fn run_turn(
     let tools = &inner.tools;
     let definitions = tool_definitions(org, &me).map_err(|e| failure(e, &frames))?;
     let limit = inner.settings.max_tool_rounds;
-    let call_cap = usize::try_from(inner.settings.max_tool_calls_per_response.max(1))
-        .unwrap_or(usize::MAX);
+    let call_cap =
+        usize::try_from(inner.settings.max_tool_calls_per_response.max(1)).unwrap_or(usize::MAX);
     let mut started = inner.event(&me, EventKind::TurnStarted);
     started.channel = Some(channel.clone());
     started.task = options.task.clone();
