@@ -40,7 +40,7 @@ use crate::task::{
     CompletionNotice, Expect, NewTask, Priority, Task, TaskEvent, TaskFilter, TaskMetadata,
     TaskStatus, Transition, truncate_chars,
 };
-use crate::tools::{Tool, ToolContext, ToolError, ToolOutput, parse_args};
+use crate::tools::{Tool, ToolCapability, ToolContext, ToolError, ToolOutput, parse_args};
 
 /// How long a claim lasts before the task goes back to ready. A task run as a turn of the agent's
 /// tool loop renews its lease at every checkpoint (after each tool round), so only a single model
@@ -1129,6 +1129,30 @@ impl Tool for SendAgentMessage {
         )
     }
 
+    fn definition_for(&self, scope: &ToolCapability) -> ToolDefinition {
+        let mut definition = self.definition();
+        let org = scope.organization();
+        let targets = org
+            .reachable_agents(scope.agent())
+            .into_iter()
+            .map(|(id, name)| crate::prompts::AgentSummary { id, name })
+            .collect();
+        match org
+            .inner
+            .prompts
+            .render_send_agent_message(&crate::prompts::SendAgentMessageContext { targets })
+        {
+            Ok(text) => definition.description = text,
+            Err(e) => crate::runtime::agent::report_error(
+                &org.inner,
+                scope.agent(),
+                None,
+                format!("send_agent_message description not rendered: {e}"),
+            ),
+        }
+        definition
+    }
+
     async fn call(
         &self,
         ctx: &ToolContext,
@@ -1144,6 +1168,7 @@ impl Tool for SendAgentMessage {
         };
         match ctx
             .org
+            .organization()
             .delegate(&ctx.agent, &args.target, &args.message, origin)
             .await
         {
@@ -1227,12 +1252,13 @@ impl Tool for TaskCreate {
         }
         let task = ctx
             .org
+            .organization()
             .stores()
             .tasks
             .create(&ctx.agent, new, ctx.org.clock().now())
             .await
             .map_err(|e| ToolError::failed("task_create", e.to_string()))?;
-        ctx.org.ring(&ctx.agent);
+        ctx.org.organization().ring(&ctx.agent);
         Ok(ToolOutput::text(format!(
             "Created task #{} ({}): {}",
             task.number, task.status, task.title
@@ -1307,6 +1333,7 @@ impl Tool for TaskList {
         }
         let tasks = ctx
             .org
+            .organization()
             .stores()
             .tasks
             .list(&board, &filter)
@@ -1385,10 +1412,11 @@ impl Tool for TaskUpdate {
         };
         let t = ctx
             .org
+            .organization()
             .task_transition(&ctx.agent, args.number, event)
             .await
             .map_err(|e| ToolError::failed("task_update", e.to_string()))?;
-        ctx.org.ring(&ctx.agent);
+        ctx.org.organization().ring(&ctx.agent);
         Ok(ToolOutput::text(format!(
             "Task #{} is now {}.",
             t.task.number, t.task.status

@@ -10,6 +10,7 @@ use crate::org::{OrgError, Organization};
 use crate::policy::LinkGraph;
 use crate::runtime::queue::AgentQueue;
 use crate::task::{Task, TaskEvent, TaskStatus};
+use crate::tools::{ToolCapability, ToolContext};
 
 /// A change to an existing link. Fields left `None` keep their value.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -155,6 +156,21 @@ impl Organization {
         })?;
         self.inner.stores.links.delete(&link.id).await?;
         self.refresh_links().await
+    }
+
+    /// The context a tool of `agent` runs in when called in `channel` outside any turn (to call a
+    /// tool directly, in a test or from the application): a fresh cause and idempotency key, no
+    /// task, round 0. The tool gets `agent`'s narrow capability, never the whole organization.
+    pub fn tool_context(&self, agent: &AgentId, channel: crate::ids::ChannelId) -> ToolContext {
+        ToolContext {
+            agent: agent.clone(),
+            channel,
+            task: None,
+            round: 0,
+            cause: crate::ids::EnvelopeId::new_random(),
+            key: crate::ids::EnvelopeId::new_random().to_string(),
+            org: ToolCapability::new(self.clone(), agent.clone()),
+        }
     }
 
     /// A task, by reference.

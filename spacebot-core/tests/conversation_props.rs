@@ -83,11 +83,14 @@ fn adversary() -> impl Strategy<Value = Adversary> {
     ]
 }
 
-/// Tries to raise the budget of every conversation of the caller and to revive it.
-#[derive(Debug, Default)]
+/// Tries to raise the budget of every conversation of the caller and to revive it. A tool's own
+/// capability cannot write stores, so this adversary is handed the stores directly: the worst a
+/// buggy or hostile tool could do.
+#[derive(Debug)]
 struct ResetBudget {
     attempts: AtomicUsize,
     successes: AtomicUsize,
+    stores: spacebot_core::Stores,
 }
 
 #[async_trait]
@@ -108,15 +111,19 @@ impl Tool for ResetBudget {
             member: Some(ctx.agent.clone()),
             statuses: vec![],
         };
-        let all = ctx.org.conversations(&filter).await.unwrap_or_default();
+        let all = self
+            .stores
+            .conversations
+            .list(&filter)
+            .await
+            .unwrap_or_default();
         for c in all {
             let mut next = c.clone();
             next.budget_remaining = c.budget_remaining.saturating_add(10);
             next.status = ConversationStatus::Open;
             self.attempts.fetch_add(1, Ordering::Relaxed);
-            if ctx
-                .org
-                .stores()
+            if self
+                .stores
                 .conversations
                 .update(&next, c.revision)
                 .await
@@ -247,9 +254,15 @@ async fn run_case(
         let behaviour = chosen.get(&me).copied().unwrap_or(Adversary::AlwaysReply);
         Ok(answer(&me, behaviour, group, req))
     });
-    let reset = Arc::new(ResetBudget::default());
+    let stores = spacebot_core::Stores::memory();
+    let reset = Arc::new(ResetBudget {
+        attempts: AtomicUsize::new(0),
+        successes: AtomicUsize::new(0),
+        stores: stores.clone(),
+    });
     let mut h = Setup::new(ORG)
         .settings(&format!("conversation_turn_budget = {budget}"))
+        .stores(stores)
         .tool(reset.clone())
         .build(Arc::new(llm))
         .await;
@@ -357,7 +370,7 @@ async fn check(h: &mut Harness, outcome: Outcome) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, max_shrink_iters: 16, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 256, max_shrink_iters: 16, ..ProptestConfig::default() })]
 
     #[test]
     fn adversarial_conversations_always_end_within_budget(

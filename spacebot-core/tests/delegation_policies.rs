@@ -351,15 +351,7 @@ async fn a_delegation_from_a_task_that_does_not_exist_is_an_error() {
 #[tokio::test]
 async fn the_send_tool_reports_denials_as_tool_errors() {
     let h = idle("").await;
-    let ctx = ToolContext {
-        cause: spacebot_core::EnvelopeId::new("test-cause"),
-        key: spacebot_core::EnvelopeId::new_random().to_string(),
-        agent: id("d"),
-        channel: portal(),
-        task: None,
-        round: 0,
-        org: h.org.clone(),
-    };
+    let ctx = h.org.tool_context(&id("d"), portal());
     let err = SendAgentMessage
         .call(&ctx, json!({"target": "a", "message": "Do it."}))
         .await
@@ -444,15 +436,7 @@ async fn approval_always_holds_the_task_until_the_target_approves_it() {
 #[tokio::test]
 async fn the_send_tool_says_when_a_task_waits_for_approval() {
     let h = idle("approval = \"always\"").await;
-    let ctx = ToolContext {
-        cause: spacebot_core::EnvelopeId::new("test-cause"),
-        key: spacebot_core::EnvelopeId::new_random().to_string(),
-        agent: id("a"),
-        channel: portal(),
-        task: None,
-        round: 0,
-        org: h.org.clone(),
-    };
+    let ctx = h.org.tool_context(&id("a"), portal());
     let out = SendAgentMessage
         .call(&ctx, json!({"target": "b", "message": "Deploy it."}))
         .await
@@ -501,15 +485,7 @@ async fn approval_unless_superior_lets_superiors_through_and_holds_peers() {
 }
 
 fn ctx(org: &Organization, agent: &AgentId) -> ToolContext {
-    ToolContext {
-        cause: spacebot_core::EnvelopeId::new("test-cause"),
-        key: spacebot_core::EnvelopeId::new_random().to_string(),
-        agent: agent.clone(),
-        channel: portal(),
-        task: None,
-        round: 0,
-        org: org.clone(),
-    }
+    org.tool_context(agent, portal())
 }
 
 #[tokio::test]

@@ -90,7 +90,7 @@ impl Tool for SendLinkMessage {
         let args: SendArgs = parse_args(SEND_LINK_MESSAGE, args)?;
         non_empty(SEND_LINK_MESSAGE, "message", &args.message)?;
         let (conversation, opening) = super::send_mirrored(
-            &ctx.org,
+            ctx.org.organization(),
             &ctx.agent,
             &args.target,
             &ctx.channel,
@@ -162,7 +162,7 @@ impl Tool for ConcludeLink {
         let args: ConcludeArgs = parse_args(CONCLUDE_LINK, args)?;
         non_empty(CONCLUDE_LINK, "summary", &args.summary)?;
         let conversation =
-            super::find_for(&ctx.org, &ctx.agent, &ctx.channel, args.target.as_deref())
+            super::find_for(ctx.org.organization(), &ctx.agent, &ctx.channel, args.target.as_deref())
                 .await
                 .map_err(|e| tool_error(CONCLUDE_LINK, e))?;
         if conversation.mode == ConversationMode::Group {
@@ -176,7 +176,7 @@ impl Tool for ConcludeLink {
             ));
         }
         let concluded = super::conclude(
-            &ctx.org,
+            ctx.org.organization(),
             &conversation.id,
             &ctx.agent,
             &args.summary,
@@ -234,7 +234,7 @@ impl Tool for OpenGroup {
         let args: OpenGroupArgs = parse_args(OPEN_GROUP, args)?;
         non_empty(OPEN_GROUP, "message", &args.message)?;
         let (conversation, opening) = super::open_group(
-            &ctx.org,
+            ctx.org.organization(),
             &ctx.agent,
             &args.members,
             &ctx.channel,
@@ -302,7 +302,7 @@ impl Tool for CloseLink {
         let args: CloseArgs = parse_args(CLOSE_LINK, args)?;
         non_empty(CLOSE_LINK, "message", &args.message)?;
         let conversation =
-            super::find_for(&ctx.org, &ctx.agent, &ctx.channel, args.target.as_deref())
+            super::find_for(ctx.org.organization(), &ctx.agent, &ctx.channel, args.target.as_deref())
                 .await
                 .map_err(|e| tool_error(CLOSE_LINK, e))?;
         if conversation.initiator != ctx.agent
@@ -321,7 +321,7 @@ impl Tool for CloseLink {
             ));
         }
         let closed = super::conclude(
-            &ctx.org,
+            ctx.org.organization(),
             &conversation.id,
             &ctx.agent,
             &args.message,
@@ -374,11 +374,11 @@ impl Tool for SeverLink {
     ) -> Result<ToolOutput, ToolError> {
         let args: SeverArgs = parse_args(SEVER_LINK, args)?;
         let conversation =
-            super::find_for(&ctx.org, &ctx.agent, &ctx.channel, args.target.as_deref())
+            super::find_for(ctx.org.organization(), &ctx.agent, &ctx.channel, args.target.as_deref())
                 .await
                 .map_err(|e| tool_error(SEVER_LINK, e))?;
         let reason = format!("{} severed it", ctx.org.display_name(&ctx.agent));
-        let severed = super::sever(&ctx.org, &conversation.id, Some(&ctx.agent), &reason)
+        let severed = super::sever(ctx.org.organization(), &conversation.id, Some(&ctx.agent), &reason)
             .await
             .map_err(|e| tool_error(SEVER_LINK, e))?;
         debug_assert_eq!(severed.status, ConversationStatus::Severed);

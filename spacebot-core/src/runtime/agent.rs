@@ -28,7 +28,7 @@ use crate::runtime::history;
 use crate::runtime::outbound::{Outbound, OutboundError, Reply, ReplyKind};
 use crate::runtime::queue::AgentQueue;
 use crate::runtime::steer::{merge_backlog, source_label};
-use crate::tools::ToolContext;
+use crate::tools::{ToolCapability, ToolContext};
 
 /// How many history records of a channel a turn sends to the model.
 const HISTORY_LIMIT: usize = 50;
@@ -637,29 +637,6 @@ async fn put_back(org: &OrgInner, agent: &AgentRuntime, envelopes: Vec<Envelope>
     }
 }
 
-/// The tool definitions `me` is offered: the registry's, with the `send_agent_message` description
-/// rendered from its template and listing the agents `me` may delegate to.
-fn tool_definitions(
-    org: &Organization,
-    me: &AgentId,
-) -> Result<Vec<crate::llm::ToolDefinition>, PromptError> {
-    let mut definitions = org.inner.tools.definitions();
-    for definition in &mut definitions {
-        if definition.name == "send_agent_message" {
-            let targets = org
-                .reachable_agents(me)
-                .into_iter()
-                .map(|(id, name)| crate::prompts::AgentSummary { id, name })
-                .collect();
-            definition.description = org
-                .inner
-                .prompts
-                .render_send_agent_message(&crate::prompts::SendAgentMessageContext { targets })?;
-        }
-    }
-    Ok(definitions)
-}
-
 /// Options of one turn.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct TurnOptions {
@@ -754,7 +731,8 @@ pub(crate) async fn run_turn(
     messages.push(ChatMessage::user(merge_backlog(&frames[0].envelopes)));
 
     let tools = &inner.tools;
-    let definitions = tool_definitions(org, &me).map_err(|e| failure(e, &frames))?;
+    let scope = ToolCapability::new(org.clone(), me.clone());
+    let definitions = tools.definitions_for(&scope);
     let limit = inner.settings.max_tool_rounds;
     let call_cap =
         usize::try_from(inner.settings.max_tool_calls_per_response.max(1)).unwrap_or(usize::MAX);
@@ -843,7 +821,7 @@ pub(crate) async fn run_turn(
                 round: base_round,
                 cause: cause.clone(),
                 key: format!("{me}:{key_base}:{round_index}:{index}"),
-                org: org.clone(),
+                org: scope.clone(),
             };
             let (text, ok) = if index >= call_cap {
                 (

@@ -11,10 +11,14 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::error::{InvalidInput, PolicyDenied};
+use crate::conversation::{Conversation, ConversationFilter};
+use crate::error::{InvalidInput, PolicyDenied, StoreError};
 use crate::ids::{AgentId, ChannelId, EnvelopeId, TaskRef};
 use crate::llm::{ToolCall, ToolDefinition};
-use crate::org::Organization;
+use crate::org::{DeliveryError, InternalMessage, Organization};
+use crate::policy::LinkGraph;
+use crate::task::{Task, TaskFilter};
+use crate::time::Clock;
 
 /// What a tool call produced.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -121,8 +125,88 @@ pub struct ToolContext {
     /// and the call's position, so a turn run again after a crash asks for the same effects under
     /// the same keys and the stores apply them once.
     pub key: String,
-    /// The organization (for tools that message, delegate or read boards).
-    pub org: Organization,
+    /// What the tool may do in the organization: act as its own agent, and read.
+    pub org: ToolCapability,
+}
+
+/// The narrow view of the organization a tool gets: it acts as its own agent only (it cannot send
+/// as another agent, stop agents or write stores behind the runtime's back) and reads what its
+/// agent may see.
+#[derive(Debug, Clone)]
+pub struct ToolCapability {
+    pub(crate) org: Organization,
+    agent: AgentId,
+}
+
+impl ToolCapability {
+    /// The capability of `agent`'s tools.
+    pub(crate) fn new(org: Organization, agent: AgentId) -> Self {
+        Self { org, agent }
+    }
+
+    /// The organization, for the built-in behaviours' tools.
+    pub(crate) fn organization(&self) -> &Organization {
+        &self.org
+    }
+
+    /// The agent the tool runs for.
+    pub fn agent(&self) -> &AgentId {
+        &self.agent
+    }
+
+    /// Resolves an agent by id or display name (case-insensitive).
+    pub fn resolve(&self, agent: &str) -> Result<AgentId, DeliveryError> {
+        self.org.resolve(agent)
+    }
+
+    /// An agent's display name.
+    pub fn display_name(&self, agent: &AgentId) -> String {
+        self.org.display_name(agent)
+    }
+
+    /// The link graph, as the policy sees it now.
+    pub fn graph(&self) -> Arc<LinkGraph> {
+        self.org.graph()
+    }
+
+    /// The organization's clock.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        self.org.clock()
+    }
+
+    /// Sends a typed envelope to `to`, from this tool's agent (`from` must be that agent: a tool
+    /// cannot send as another one). Policy-checked like [`Organization::send_internal`].
+    pub async fn send_internal(
+        &self,
+        from: &AgentId,
+        to: &AgentId,
+        message: InternalMessage,
+    ) -> Result<EnvelopeId, DeliveryError> {
+        if from != &self.agent {
+            return Err(DeliveryError::Invalid(InvalidInput::new(
+                "from",
+                format!(
+                    "a tool of {} cannot send as {from}; the sender is always the calling agent",
+                    self.agent
+                ),
+            )));
+        }
+        self.org.send_internal(from, to, message).await
+    }
+
+    /// The conversations this tool's agent is a member of (read-only).
+    pub async fn conversations(&self) -> Result<Vec<Conversation>, StoreError> {
+        let filter = ConversationFilter {
+            member: Some(self.agent.clone()),
+            statuses: Vec::new(),
+        };
+        self.org.conversations(&filter).await
+    }
+
+    /// Tasks on this tool's agent's own board (read-only).
+    pub async fn own_tasks(&self, filter: &TaskFilter) -> Result<Vec<Task>, StoreError> {
+        self.org.stores().tasks.list(&self.agent, filter).await
+    }
 }
 
 /// A tool the model can call.
@@ -137,12 +221,82 @@ pub struct ToolContext {
 pub trait Tool: Send + Sync + fmt::Debug {
     /// Name, description and JSON Schema of the arguments.
     fn definition(&self) -> ToolDefinition;
+    /// The definition offered to the agent `scope` runs for (default: [`definition`](Self::definition)).
+    /// A tool whose description depends on the agent (the agents it may reach, say) renders it here;
+    /// the name and the parameters stay those of `definition`.
+    fn definition_for(&self, scope: &ToolCapability) -> ToolDefinition {
+        let _ = scope;
+        self.definition()
+    }
     /// Runs the tool.
     async fn call(
         &self,
         ctx: &ToolContext,
         args: serde_json::Value,
     ) -> Result<ToolOutput, ToolError>;
+}
+
+/// A tool with typed arguments: a name, an argument type with its JSON Schema, and a run function
+/// that gets the arguments already parsed. Every `TypedTool` is a [`Tool`]; arguments that do not
+/// fit `Args` go back to the model as [`ToolError::InvalidArguments`] without calling `run`.
+///
+/// ```
+/// use spacebot_core::tools::{ToolContext, ToolError, ToolOutput, TypedTool};
+/// #[derive(Debug)]
+/// struct Add;
+/// #[derive(serde::Deserialize)]
+/// struct AddArgs { a: i64, b: i64 }
+/// #[async_trait::async_trait]
+/// impl TypedTool for Add {
+///     const NAME: &'static str = "add";
+///     type Args = AddArgs;
+///     fn description(&self) -> String { "Adds two integers.".into() }
+///     fn parameters(&self) -> serde_json::Value {
+///         serde_json::json!({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+///                            "required": ["a", "b"], "additionalProperties": false})
+///     }
+///     async fn run(&self, _ctx: &ToolContext, args: AddArgs) -> Result<ToolOutput, ToolError> {
+///         Ok(ToolOutput::text((args.a + args.b).to_string()))
+///     }
+/// }
+/// use spacebot_core::tools::Tool;
+/// assert_eq!(Add.definition().name, "add");
+/// ```
+#[async_trait]
+pub trait TypedTool: Send + Sync + fmt::Debug {
+    /// The tool's name (1 to 64 ASCII letters, digits, `_`, `-`).
+    const NAME: &'static str;
+    /// The arguments, parsed from the model's JSON.
+    type Args: serde::de::DeserializeOwned + Send;
+    /// The description the model reads.
+    fn description(&self) -> String;
+    /// The description offered to the agent `scope` runs for (default: [`description`](Self::description)).
+    fn description_for(&self, scope: &ToolCapability) -> String {
+        let _ = scope;
+        self.description()
+    }
+    /// The JSON Schema of `Args`.
+    fn parameters(&self) -> serde_json::Value;
+    /// Runs the tool.
+    async fn run(&self, ctx: &ToolContext, args: Self::Args) -> Result<ToolOutput, ToolError>;
+}
+
+#[async_trait]
+impl<T: TypedTool> Tool for T {
+    fn definition(&self) -> ToolDefinition {
+        ToolDefinition::new(T::NAME, self.description(), self.parameters())
+    }
+    fn definition_for(&self, scope: &ToolCapability) -> ToolDefinition {
+        ToolDefinition::new(T::NAME, self.description_for(scope), self.parameters())
+    }
+    async fn call(
+        &self,
+        ctx: &ToolContext,
+        args: serde_json::Value,
+    ) -> Result<ToolOutput, ToolError> {
+        let args: T::Args = parse_args(T::NAME, args)?;
+        self.run(ctx, args).await
+    }
 }
 
 /// Parses typed arguments, turning a mismatch into [`ToolError::InvalidArguments`].
@@ -205,6 +359,11 @@ impl ToolRegistry {
     /// Every tool's definition, sorted by name.
     pub fn definitions(&self) -> Vec<ToolDefinition> {
         self.tools.values().map(|t| t.definition()).collect()
+    }
+
+    /// Every tool's definition as offered to the agent `scope` runs for, sorted by name.
+    pub fn definitions_for(&self, scope: &ToolCapability) -> Vec<ToolDefinition> {
+        self.tools.values().map(|t| t.definition_for(scope)).collect()
     }
 
     /// Tool names, sorted.
