@@ -219,9 +219,13 @@ pub struct Dialect {
     pub null_content_with_tool_calls: bool,
     /// Which field carries [`ChatRequest::max_tokens`](spacebot_core::ChatRequest::max_tokens).
     pub max_tokens_field: MaxTokensField,
-    /// The server answers some invalid requests with HTTP 500 and a JSON error body (llama.cpp's
-    /// server does). When true, such a 500 is an [`LlmError::InvalidRequest`] and is not retried;
-    /// a 500 without a JSON error body is still a retried server error.
+    /// The server answers some invalid requests with HTTP 500 (llama.cpp's server and
+    /// llama-cpp-python do, for example when the chat template refuses the messages). When true, a
+    /// 500 whose JSON error body reads as a validation error (type `invalid_request_error`, a
+    /// numeric 4xx `code`, or a message such as "must contain", "invalid", "expected", "missing",
+    /// "not supported") is an [`LlmError::InvalidRequest`] and is not retried. Any other 500 (no
+    /// JSON body, `Internal Server Error`, a crash) stays a retried server error, like 502 and
+    /// 503.
     ///
     /// [`LlmError::InvalidRequest`]: spacebot_core::LlmError::InvalidRequest
     pub invalid_request_as_500: bool,

@@ -286,6 +286,11 @@ impl From<WireUsage> for Usage {
 
 /// Parses a non-streamed response body.
 pub(crate) fn parse_response(body: &[u8], check_arguments: bool) -> Result<ChatResponse, LlmError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Err(LlmError::MalformedResponse(
+            "the server sent an empty body with HTTP 200 instead of a chat completion".to_owned(),
+        ));
+    }
     let wire: WireResponse = serde_json::from_slice(body).map_err(|e| {
         LlmError::MalformedResponse(format!(
             "the response body is not a chat completion: {e} (body starts with {:?})",

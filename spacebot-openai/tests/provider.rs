@@ -440,7 +440,17 @@ async fn a_stream_whose_connection_breaks_is_an_error() {
     let events: Vec<_> = stream.collect().await;
     let error = last_error(&events);
     assert!(matches!(error, LlmError::Transport { .. }), "{error}");
-    assert!(error.to_string().contains("cut"), "{error}");
+    let text = error.to_string();
+    assert!(
+        text.starts_with("transport error: the connection broke after 3 chunk(s) of the stream: "),
+        "{text}"
+    );
+    assert_eq!(text.matches("transport error").count(), 1, "{text}");
+    assert_eq!(
+        text.matches("error decoding response body").count(),
+        1,
+        "{text}"
+    );
 }
 
 #[tokio::test]
@@ -590,6 +600,28 @@ async fn llama_cpp_validation_errors_arrive_as_500_and_are_not_retried() {
 }
 
 #[tokio::test]
+async fn llama_cpp_plain_server_errors_are_retried() {
+    let server = FixtureServer::start(vec![
+        Reply::status_json(500, "compat/llamacpp_error_500_plain.json"),
+        Reply::raw(500, "Internal Server Error"),
+        Reply::raw(502, "<html>Bad gateway</html>"),
+        Reply::raw(
+            503,
+            r#"{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}"#,
+        ),
+        Reply::json("openai/plain.json"),
+    ])
+    .await;
+    let mut cfg = config(&server).with_dialect(Dialect::llama_cpp());
+    cfg.retry.max_retries = 4;
+    let (provider, clock) = make(cfg);
+    let response = provider.complete(ask("hi")).await.unwrap();
+    assert_eq!(response.finish_reason, Some(FinishReason::Stop));
+    assert_eq!(server.count(), 5);
+    assert_eq!(clock.waits().len(), 4);
+}
+
+#[tokio::test]
 async fn server_errors_are_retried_with_exponential_backoff() {
     let server = FixtureServer::start(vec![
         Reply::status_json(500, "openai/error_500.json"),
@@ -628,8 +660,12 @@ async fn retries_stop_after_the_limit_with_the_last_error() {
     );
     let error = provider.complete(ask("hi")).await.unwrap_err();
     assert!(
-        matches!(&error, LlmError::Server { status: 503, message } if message == "still busy"),
+        matches!(&error, LlmError::Server { status: 503, message } if message == "gave up after 3 attempts; last: still busy"),
         "{error:?}"
+    );
+    assert_eq!(
+        error.to_string(),
+        "server error (HTTP 503): gave up after 3 attempts; last: still busy"
     );
     assert_eq!(server.count(), 3);
     assert_eq!(clock.waits(), [100, 150].map(Duration::from_millis));
@@ -882,4 +918,131 @@ async fn bad_configuration_is_refused_with_the_setting_named() {
     assert!(err.to_string().contains("extra_headers[0]"), "{err}");
     let ok = OpenAiProvider::new(OpenAiConfig::new("m").with_api_key("sk-secret"), clock).unwrap();
     assert!(!format!("{ok:?}").contains("sk-secret"));
+}
+
+// --- Error classes ---
+
+#[tokio::test]
+async fn a_context_error_inside_a_stream_is_context_too_long() {
+    for (name, dialect, needle) in [
+        (
+            "broken/llamacpp_stream_context_error.sse",
+            Dialect::llama_cpp(),
+            "available context size",
+        ),
+        (
+            "broken/stream_error_event_context.sse",
+            Dialect::vllm(),
+            "maximum context length",
+        ),
+    ] {
+        let server = FixtureServer::start(vec![Reply::sse(name)]).await;
+        let (provider, _) = make(config(&server).with_dialect(dialect));
+        let events = collect(&provider, ask("a very long prompt")).await;
+        let error = last_error(&events);
+        assert!(
+            matches!(error, LlmError::ContextTooLong { message } if message.contains(needle)),
+            "{name}: {error:?}"
+        );
+        assert_eq!(events.len(), 1, "{name}");
+    }
+}
+
+#[tokio::test]
+async fn an_empty_stream_is_its_own_error() {
+    for name in ["broken/stream_empty.sse", "broken/stream_done_only.sse"] {
+        let server = FixtureServer::start(vec![Reply::sse(name)]).await;
+        let (provider, _) = make(config(&server).with_dialect(Dialect::llama_cpp()));
+        let events = collect(&provider, ask("hi")).await;
+        assert_eq!(events.len(), 1, "{name}: {events:?}");
+        let error = last_error(&events);
+        let text = error.to_string();
+        assert!(
+            matches!(error, LlmError::MalformedResponse(_)),
+            "{name}: {text}"
+        );
+        assert!(
+            text.contains("the server sent an empty stream"),
+            "{name}: {text}"
+        );
+        assert!(!text.contains("cut mid-way"), "{name}: {text}");
+    }
+}
+
+#[tokio::test]
+async fn an_empty_body_with_status_200_says_so() {
+    let server = FixtureServer::start(vec![Reply::raw(200, "")]).await;
+    let (provider, _) = make(config(&server));
+    let error = provider.complete(ask("hi")).await.unwrap_err();
+    assert!(
+        matches!(&error, LlmError::MalformedResponse(m) if m.contains("empty body")),
+        "{error:?}"
+    );
+}
+
+#[tokio::test]
+async fn exhausted_retries_say_how_many_attempts_for_each_retried_kind() {
+    // Rate limits.
+    let server = FixtureServer::start(vec![
+        Reply::status_json(429, "openai/error_429.json"),
+        Reply::status_json(429, "openai/error_429.json"),
+    ])
+    .await;
+    let (provider, _) = make(
+        config(&server).with_retry(
+            RetryPolicy::default()
+                .with_max_retries(1)
+                .with_backoff(Duration::from_millis(10), Duration::from_millis(10))
+                .with_jitter(0.0),
+        ),
+    );
+    let error = provider.complete(ask("hi")).await.unwrap_err();
+    assert!(
+        matches!(&error, LlmError::RateLimited { message, .. } if message.starts_with("gave up after 2 attempts; last: ")),
+        "{error:?}"
+    );
+    // Refused connections.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    let (provider, _) = make(
+        OpenAiConfig::new("m")
+            .with_base_url(format!("http://{addr}/v1"))
+            .with_retry(
+                RetryPolicy::default()
+                    .with_max_retries(2)
+                    .with_backoff(Duration::from_millis(10), Duration::from_millis(10))
+                    .with_jitter(0.0),
+            ),
+    );
+    let error = provider.complete(ask("hi")).await.unwrap_err();
+    let text = error.to_string();
+    assert!(
+        text.starts_with("transport error: gave up after 3 attempts; last: "),
+        "{text}"
+    );
+    // A single attempt (no retries configured) is not dressed up.
+    let server = FixtureServer::start(vec![Reply::raw(503, "busy")]).await;
+    let (provider, _) = make(config(&server).with_retry(RetryPolicy::none()));
+    let error = provider.complete(ask("hi")).await.unwrap_err();
+    assert!(
+        matches!(&error, LlmError::Server { status: 503, message } if message == "busy"),
+        "{error:?}"
+    );
+}
+
+#[tokio::test]
+async fn not_implemented_is_not_retried() {
+    let server = FixtureServer::start(vec![
+        Reply::raw(501, "tools are not supported"),
+        Reply::json("openai/plain.json"),
+    ])
+    .await;
+    let (provider, _) = make(config(&server));
+    let error = provider.complete(ask("hi")).await.unwrap_err();
+    assert!(
+        matches!(error, LlmError::InvalidRequest { status: 501, .. }),
+        "{error:?}"
+    );
+    assert_eq!(server.count(), 1);
 }
