@@ -359,9 +359,13 @@ pub struct OpenAiConfig {
     /// How the server differs from OpenAI.
     pub dialect: Dialect,
     /// Refuse an answer whose tool-call arguments are not a JSON object, with
-    /// [`LlmError::MalformedResponse`](spacebot_core::LlmError::MalformedResponse) naming the tool
-    /// (default). When false, such arguments are passed on as written, for a runtime that answers
-    /// the model with a tool error instead.
+    /// [`LlmError::MalformedResponse`](spacebot_core::LlmError::MalformedResponse) naming the tool.
+    ///
+    /// Off by default: a model that writes broken arguments for one call has not failed the turn.
+    /// The [`ToolCall`](spacebot_core::ToolCall) then keeps the argument text exactly as the model
+    /// sent it, the provider reports it (a `tracing` warning naming the tool and the call), and the
+    /// runtime's tool registry answers the model with the parse error as the tool result, so the
+    /// model can correct itself. Empty arguments are always passed on as `{}`.
     pub check_tool_arguments: bool,
 }
 
@@ -380,7 +384,7 @@ impl OpenAiConfig {
             stream_idle_timeout: Duration::from_secs(120),
             retry: RetryPolicy::default(),
             dialect: Dialect::openai(),
-            check_tool_arguments: true,
+            check_tool_arguments: false,
         }
     }
 
@@ -474,7 +478,7 @@ impl OpenAiConfig {
         self
     }
 
-    /// This configuration passing tool-call arguments on unchecked (see
+    /// This configuration with tool-call arguments checked or not (see
     /// [`check_tool_arguments`](Self::check_tool_arguments)).
     pub fn with_check_tool_arguments(mut self, check: bool) -> Self {
         self.check_tool_arguments = check;

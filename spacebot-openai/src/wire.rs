@@ -329,8 +329,11 @@ pub(crate) fn parse_response(body: &[u8], check_arguments: bool) -> Result<ChatR
     })
 }
 
-/// Checks one finished tool call: a name, and (when `check_arguments`) arguments that are a JSON
-/// object. Empty arguments become `{}`.
+/// Checks one finished tool call: it must have a name. Empty arguments become `{}`.
+///
+/// Arguments that are not a JSON object are an error naming the tool when `check_arguments`;
+/// otherwise they are reported (a `tracing` warning) and passed on exactly as the model wrote them,
+/// for the runtime to answer the model with the parse error as the tool result.
 pub(crate) fn check_tool_call(
     mut call: ToolCall,
     index: usize,
@@ -346,24 +349,27 @@ pub(crate) fn check_tool_call(
         call.arguments = "{}".to_owned();
         return Ok(call);
     }
-    if !check_arguments {
-        return Ok(call);
-    }
-    match serde_json::from_str::<Value>(&call.arguments) {
-        Ok(Value::Object(_)) => Ok(call),
-        Ok(other) => Err(LlmError::MalformedResponse(format!(
-            "the arguments of tool call {index} to `{}` (id {:?}) are JSON but not an object: {}",
-            call.name,
-            call.id,
-            kind_of(&other)
-        ))),
-        Err(e) => Err(LlmError::MalformedResponse(format!(
-            "the arguments of tool call {index} to `{}` (id {:?}) are not valid JSON: {e}: {:?}",
-            call.name,
-            call.id,
+    let problem = match serde_json::from_str::<Value>(&call.arguments) {
+        Ok(Value::Object(_)) => return Ok(call),
+        Ok(other) => format!("are JSON but not an object: {}", kind_of(&other)),
+        Err(e) => format!(
+            "are not valid JSON: {e}: {:?}",
             preview(call.arguments.as_bytes())
-        ))),
+        ),
+    };
+    if check_arguments {
+        return Err(LlmError::MalformedResponse(format!(
+            "the arguments of tool call {index} to `{}` (id {:?}) {problem}",
+            call.name, call.id
+        )));
     }
+    tracing::warn!(
+        tool = %call.name,
+        call_id = %call.id,
+        index,
+        "the model sent tool-call arguments that {problem}; passing them on as written"
+    );
+    Ok(call)
 }
 
 fn kind_of(v: &Value) -> &'static str {

@@ -474,12 +474,12 @@ async fn an_error_inside_the_stream_is_an_error() {
 }
 
 #[tokio::test]
-async fn streamed_tool_arguments_that_are_not_json_name_the_tool() {
+async fn streamed_tool_arguments_that_are_not_json_name_the_tool_when_checked() {
     let server = FixtureServer::start(vec![Reply::sse(
         "openai/stream_tool_calls_bad_arguments.sse",
     )])
     .await;
-    let (provider, _) = make(config(&server));
+    let (provider, _) = make(config(&server).with_check_tool_arguments(true));
     let mut request = ask("Weather?");
     request.tools = vec![weather_tool()];
     let events = collect(&provider, request).await;
@@ -489,23 +489,24 @@ async fn streamed_tool_arguments_that_are_not_json_name_the_tool() {
 }
 
 #[tokio::test]
-async fn tool_arguments_that_are_not_json_name_the_tool() {
+async fn tool_arguments_that_are_not_json_name_the_tool_when_checked() {
     let server =
         FixtureServer::start(vec![Reply::json("openai/tool_calls_bad_arguments.json")]).await;
-    let (provider, _) = make(config(&server));
+    let (provider, _) = make(config(&server).with_check_tool_arguments(true));
     let error = provider.complete(after_tool_round()).await.unwrap_err();
     assert!(matches!(error, LlmError::MalformedResponse(_)), "{error}");
     assert!(error.to_string().contains("`get_weather`"), "{error}");
     assert!(error.to_string().contains("not valid JSON"), "{error}");
     assert_eq!(server.count(), 1, "not retried");
 
-    // Passed on as written when the runtime wants to answer the model itself.
+    // Passed on as written by default: the runtime answers the model with the parse error.
     let server = FixtureServer::start(vec![
         Reply::json("openai/tool_calls_bad_arguments.json"),
         Reply::sse("openai/stream_tool_calls_bad_arguments.sse"),
     ])
     .await;
-    let (provider, _) = make(config(&server).with_check_tool_arguments(false));
+    let (provider, _) = make(config(&server));
+    assert!(!provider.config().check_tool_arguments, "off by default");
     let response = provider.complete(after_tool_round()).await.unwrap();
     assert_eq!(
         response.tool_calls[0].arguments,
@@ -918,6 +919,29 @@ async fn bad_configuration_is_refused_with_the_setting_named() {
     assert!(err.to_string().contains("extra_headers[0]"), "{err}");
     let ok = OpenAiProvider::new(OpenAiConfig::new("m").with_api_key("sk-secret"), clock).unwrap();
     assert!(!format!("{ok:?}").contains("sk-secret"));
+}
+
+#[tokio::test]
+async fn malformed_tool_arguments_are_passed_through_not_errors() {
+    let server = FixtureServer::start(vec![
+        Reply::json("openai/tool_calls_bad_arguments.json"),
+        Reply::sse("openai/stream_tool_calls_bad_arguments.sse"),
+    ])
+    .await;
+    let (provider, _) = make(config(&server).with_dialect(Dialect::llama_cpp()));
+    let mut request = ask("Weather?");
+    request.tools = vec![weather_tool()];
+    let response = provider.complete(request.clone()).await.unwrap();
+    assert_eq!(response.finish_reason, Some(FinishReason::ToolCalls));
+    assert_eq!(response.tool_calls[0].name, "get_weather");
+    assert_eq!(
+        response.tool_calls[0].arguments,
+        r#"{"city": "Paris", "unit": "#
+    );
+    assert!(serde_json::from_str::<Value>(&response.tool_calls[0].arguments).is_err());
+    let streamed = done(&collect(&provider, request).await);
+    assert_eq!(streamed.tool_calls[0].arguments, r#"{"city": Paris}"#);
+    assert_eq!(server.count(), 2, "nothing retried");
 }
 
 // --- Error classes ---
