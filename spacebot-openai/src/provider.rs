@@ -16,7 +16,7 @@ use spacebot_core::{Clock, LlmError};
 use crate::config::{ConfigError, OpenAiConfig};
 use crate::error::{error_event, from_status, is_quota_exhausted, retry_after};
 use crate::stream::StreamAssembler;
-use crate::wire::{build_request, parse_response};
+use crate::wire::{Defaults, build_request, parse_response};
 
 /// An [`LlmProvider`] for OpenAI's Chat Completions API and the servers that speak it.
 ///
@@ -115,17 +115,37 @@ impl OpenAiProvider {
         request: &ChatRequest,
         stream: bool,
     ) -> Result<serde_json::Value, LlmError> {
-        let config = &self.inner.config;
-        let wire = build_request(request, &config.model, &config.dialect, stream)?;
+        let wire = build_request(request, self.defaults(), stream)?;
         serde_json::to_value(&wire)
             .map_err(|e| LlmError::Other(format!("cannot encode the request: {e}")))
     }
 
-    fn encode(&self, request: &ChatRequest, stream: bool) -> Result<Vec<u8>, LlmError> {
+    fn defaults(&self) -> Defaults<'_> {
         let config = &self.inner.config;
-        let wire = build_request(request, &config.model, &config.dialect, stream)?;
+        Defaults {
+            model: &config.model,
+            max_tokens: config.max_tokens,
+            dialect: &config.dialect,
+        }
+    }
+
+    fn encode(&self, request: &ChatRequest, stream: bool) -> Result<Vec<u8>, LlmError> {
+        let wire = build_request(request, self.defaults(), stream)?;
         serde_json::to_vec(&wire)
             .map_err(|e| LlmError::Other(format!("cannot encode the request: {e}")))
+    }
+
+    /// `complete` through a stream (see [`OpenAiConfig::stream_completions`]).
+    async fn complete_streamed(&self, request: ChatRequest) -> Result<ChatResponse, LlmError> {
+        let mut events = self.stream(request).await?;
+        while let Some(event) = events.next().await {
+            if let StreamEvent::Done(response) = event? {
+                return Ok(response);
+            }
+        }
+        Err(LlmError::MalformedResponse(
+            "the stream ended without a response".to_owned(),
+        ))
     }
 }
 
@@ -332,6 +352,9 @@ fn transport_error(error: reqwest::Error, limit: Duration) -> LlmError {
 #[async_trait]
 impl LlmProvider for OpenAiProvider {
     async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, LlmError> {
+        if self.inner.config.stream_completions {
+            return self.complete_streamed(request).await;
+        }
         let body = self.encode(&request, false)?;
         let inner = &self.inner;
         inner

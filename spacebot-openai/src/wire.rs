@@ -7,7 +7,7 @@ use spacebot_core::llm::{
     ChatMessage, ChatRequest, ChatResponse, FinishReason, ToolCall, ToolChoice, Usage,
 };
 
-use crate::config::{Dialect, MaxTokensField};
+use crate::config::{Dialect, MaxTokensField, ToolChoicePolicy};
 use crate::error::{ErrorDetail, stream_error};
 
 /// A request body.
@@ -48,7 +48,8 @@ pub(crate) enum WireMessage<'a> {
         content: &'a str,
     },
     Assistant {
-        // `None` is written as `null`: OpenAI accepts it next to tool calls.
+        // `None` is written as `null`: OpenAI accepts it next to tool calls; dialects without
+        // `null_content_with_tool_calls` get `""` instead.
         content: Option<&'a str>,
         #[serde(skip_serializing_if = "Vec::is_empty")]
         tool_calls: Vec<WireToolCallOut<'a>>,
@@ -88,13 +89,22 @@ pub(crate) struct WireFunctionDef<'a> {
     parameters: &'a Value,
 }
 
+/// What the request body takes from the configuration.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Defaults<'a> {
+    pub(crate) model: &'a str,
+    pub(crate) max_tokens: Option<u32>,
+    pub(crate) dialect: &'a Dialect,
+}
+
 /// Builds the request body for `request`, refusing what cannot be sent.
 pub(crate) fn build_request<'a>(
     request: &'a ChatRequest,
-    default_model: &'a str,
-    dialect: &Dialect,
+    defaults: Defaults<'a>,
     stream: bool,
 ) -> Result<WireRequest<'a>, LlmError> {
+    let dialect = defaults.dialect;
+    let default_model = defaults.model;
     if request.messages.is_empty() {
         return Err(refused("messages", "at least one message is required"));
     }
@@ -177,23 +187,30 @@ pub(crate) fn build_request<'a>(
         })
         .collect();
 
-    let tool_choice = request.tool_choice.as_ref().map(|c| match c {
-        ToolChoice::Auto => Value::from("auto"),
-        ToolChoice::None => Value::from("none"),
-        ToolChoice::Required => Value::from("required"),
-        ToolChoice::Function(name) => serde_json::json!({
-            "type": "function",
-            "function": { "name": name },
+    // A choice without tools is not sent: OpenAI refuses `tool_choice` when no tools are given.
+    let tool_choice = match (&request.tool_choice, dialect.tool_choice) {
+        _ if tools.is_empty() => None,
+        (Some(choice), _) => Some(match choice {
+            ToolChoice::Auto => Value::from("auto"),
+            ToolChoice::None => Value::from("none"),
+            ToolChoice::Required => Value::from("required"),
+            ToolChoice::Function(name) => serde_json::json!({
+                "type": "function",
+                "function": { "name": name },
+            }),
         }),
-    });
+        (None, ToolChoicePolicy::Auto) => Some(Value::from("auto")),
+        (None, ToolChoicePolicy::Omit) => None,
+    };
     let parallel_tool_calls = if tools.is_empty() {
         None
     } else {
         dialect.parallel_tool_calls
     };
+    let limit = request.max_tokens.or(defaults.max_tokens);
     let (max_completion_tokens, max_tokens) = match dialect.max_tokens_field {
-        MaxTokensField::MaxCompletionTokens => (request.max_tokens, None),
-        MaxTokensField::MaxTokens => (None, request.max_tokens),
+        MaxTokensField::MaxCompletionTokens => (limit, None),
+        MaxTokensField::MaxTokens => (None, limit),
     };
 
     Ok(WireRequest {
@@ -410,8 +427,18 @@ mod tests {
     use spacebot_core::ToolDefinition;
 
     fn body(request: &ChatRequest, dialect: &Dialect, stream: bool) -> Value {
-        serde_json::to_value(build_request(request, "default-model", dialect, stream).unwrap())
-            .unwrap()
+        serde_json::to_value(
+            build_request(request, defaults("default-model", dialect), stream).unwrap(),
+        )
+        .unwrap()
+    }
+
+    fn defaults<'a>(model: &'a str, dialect: &'a Dialect) -> Defaults<'a> {
+        Defaults {
+            model,
+            max_tokens: None,
+            dialect,
+        }
     }
 
     fn history() -> ChatRequest {
@@ -476,17 +503,63 @@ mod tests {
     }
 
     #[test]
+    fn tool_choice_policy_applies_only_when_tools_are_offered_and_no_choice_is_named() {
+        let mut r = history();
+        r.tool_choice = None;
+        assert_eq!(
+            body(&r, &Dialect::llama_cpp(), false)["tool_choice"],
+            "auto"
+        );
+        assert!(
+            body(&r, &Dialect::openai(), false)
+                .get("tool_choice")
+                .is_none()
+        );
+        r.tool_choice = Some(ToolChoice::None);
+        assert_eq!(
+            body(&r, &Dialect::llama_cpp(), false)["tool_choice"],
+            "none"
+        );
+        r.tools.clear();
+        assert!(
+            body(&r, &Dialect::llama_cpp(), false)
+                .get("tool_choice")
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn the_configured_token_limit_applies_when_the_request_sets_none() {
+        let mut r = history();
+        r.max_tokens = None;
+        let dialect = Dialect::vllm();
+        let with_default = Defaults {
+            max_tokens: Some(512),
+            ..defaults("m", &dialect)
+        };
+        let b = serde_json::to_value(build_request(&r, with_default, false).unwrap()).unwrap();
+        assert_eq!(b["max_tokens"], 512);
+        r.max_tokens = Some(8);
+        let b = serde_json::to_value(build_request(&r, with_default, false).unwrap()).unwrap();
+        assert_eq!(b["max_tokens"], 8);
+    }
+
+    #[test]
     fn refuses_what_cannot_be_sent() {
         let mut dialect = Dialect::openai();
         dialect.supports_tools = false;
-        let err = build_request(&history(), "m", &dialect, false).unwrap_err();
+        let err = build_request(&history(), defaults("m", &dialect), false).unwrap_err();
         assert!(err.to_string().contains("tools"), "{err}");
         let mut r = history();
         r.temperature = Some(f32::NAN);
-        let err = build_request(&r, "m", &Dialect::openai(), false).unwrap_err();
+        let err = build_request(&r, defaults("m", &Dialect::openai()), false).unwrap_err();
         assert!(err.to_string().contains("temperature"), "{err}");
-        let err =
-            build_request(&ChatRequest::default(), "m", &Dialect::openai(), false).unwrap_err();
+        let err = build_request(
+            &ChatRequest::default(),
+            defaults("m", &Dialect::openai()),
+            false,
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("messages"), "{err}");
     }
 

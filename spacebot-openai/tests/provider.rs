@@ -921,6 +921,248 @@ async fn bad_configuration_is_refused_with_the_setting_named() {
     assert!(!format!("{ok:?}").contains("sk-secret"));
 }
 
+// --- Configuration from the environment, and what each dialect sends ---
+
+fn env_config(
+    server: &FixtureServer,
+    vars: &[(&str, &str)],
+) -> Result<OpenAiConfig, spacebot_openai::ConfigError> {
+    let base_url = server.base_url.clone();
+    let vars: Vec<(String, String)> = vars
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    OpenAiConfig::from_lookup(move |name| {
+        if name == "OPENAI_BASE_URL" {
+            return Some(base_url.clone());
+        }
+        vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+    })
+}
+
+fn with_test_clock(mut cfg: OpenAiConfig) -> OpenAiConfig {
+    cfg.retry = cfg.retry.with_jitter(0.0);
+    cfg
+}
+
+#[tokio::test]
+async fn the_dialect_and_its_switches_come_from_the_environment() {
+    let server =
+        FixtureServer::start(vec![Reply::sse("compat/llamacpp_stream_tool_calls.sse")]).await;
+    let cfg = env_config(
+        &server,
+        &[
+            ("SPACEBOT_DIALECT", "llama_cpp"),
+            ("SPACEBOT_MODEL", "qwen2.5-7b-instruct"),
+            ("SPACEBOT_MAX_TOKENS", "300"),
+            ("SPACEBOT_STREAM", "true"),
+            ("SPACEBOT_REQUEST_TIMEOUT_SECS", "45"),
+            ("SPACEBOT_MAX_RETRIES", "0"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(cfg.dialect, Dialect::llama_cpp());
+    assert_eq!(cfg.request_timeout, Duration::from_secs(45));
+    assert_eq!(cfg.retry.max_retries, 0);
+    assert!(cfg.api_key.is_none());
+    let (provider, _) = make(with_test_clock(cfg));
+    // The runtime names no tool choice and no token limit; `complete` streams underneath.
+    let mut request = after_tool_round();
+    request.tool_choice = None;
+    let response = provider.complete(request).await.unwrap();
+    assert_eq!(response.tool_calls[0].name, "send_agent_message");
+
+    let body = server.only_body();
+    assert_eq!(body["model"], "qwen2.5-7b-instruct");
+    assert_eq!(body["stream"], true);
+    assert_eq!(body["tool_choice"], "auto");
+    assert_eq!(body["max_tokens"], 300);
+    assert!(body.get("max_completion_tokens").is_none());
+    assert_eq!(body["messages"][2]["content"], "");
+}
+
+#[tokio::test]
+async fn environment_switches_override_the_preset() {
+    let server = FixtureServer::start(vec![Reply::json("openai/plain.json")]).await;
+    let cfg = env_config(
+        &server,
+        &[
+            ("SPACEBOT_DIALECT", "vllm"),
+            ("SPACEBOT_TOOL_CHOICE", "omit"),
+            ("SPACEBOT_MAX_TOKENS_FIELD", "max_completion_tokens"),
+            ("SPACEBOT_PARALLEL_TOOL_CALLS", "false"),
+            ("SPACEBOT_MAX_TOKENS", "64"),
+        ],
+    )
+    .unwrap();
+    let (provider, _) = make(with_test_clock(cfg));
+    let mut request = ask("hi");
+    request.tools = vec![weather_tool()];
+    provider.complete(request).await.unwrap();
+    let body = server.only_body();
+    assert!(body.get("tool_choice").is_none(), "{body}");
+    assert_eq!(body["max_completion_tokens"], 64);
+    assert_eq!(body["parallel_tool_calls"], false);
+}
+
+#[test]
+fn bad_environment_values_name_the_variable_and_the_accepted_values() {
+    let cases = [
+        (
+            "SPACEBOT_DIALECT",
+            "llama",
+            "openai, llama_cpp, vllm, ollama, compatible",
+        ),
+        ("SPACEBOT_TOOL_CHOICE", "required", "auto, omit"),
+        (
+            "SPACEBOT_MAX_TOKENS_FIELD",
+            "tokens",
+            "max_tokens, max_completion_tokens",
+        ),
+        ("SPACEBOT_STREAM", "maybe", "true, false"),
+        ("SPACEBOT_SUPPORTS_TOOLS", "2", "true, false"),
+        ("SPACEBOT_MAX_TOKENS", "0", "whole number"),
+        ("SPACEBOT_MAX_TOKENS", "-5", "whole number"),
+        ("SPACEBOT_MAX_RETRIES", "three", "whole number"),
+        ("SPACEBOT_REQUEST_TIMEOUT_SECS", "0", "seconds above 0"),
+        ("SPACEBOT_STREAM_IDLE_TIMEOUT_SECS", "1m", "seconds above 0"),
+        ("SPACEBOT_CONNECT_TIMEOUT_SECS", "NaN", "seconds above 0"),
+        ("OPENAI_BASE_URL", "localhost:8080", "http"),
+    ];
+    for (name, value, accepted) in cases {
+        let err =
+            OpenAiConfig::from_lookup(|k| (k == name).then(|| value.to_owned())).expect_err(name);
+        let text = err.to_string();
+        assert!(text.contains(name), "{name}={value}: {text}");
+        assert!(text.contains(value), "{name}={value}: {text}");
+        assert!(text.contains(accepted), "{name}={value}: {text}");
+    }
+}
+
+#[test]
+fn from_env_reads_the_process_environment_in_a_child_process() {
+    // The child sets nothing itself: the variables are given to it, so no test races on the
+    // process environment.
+    if let Ok(expected) = std::env::var("SPACEBOT_TEST_EXPECT_DIALECT") {
+        let cfg = OpenAiConfig::from_env().unwrap();
+        assert_eq!(cfg.dialect.name, expected);
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let run = |dialect: &str, expect: &str| {
+        std::process::Command::new(&exe)
+            .args([
+                "from_env_reads_the_process_environment_in_a_child_process",
+                "--exact",
+                "--nocapture",
+            ])
+            .env("SPACEBOT_DIALECT", dialect)
+            .env("SPACEBOT_TEST_EXPECT_DIALECT", expect)
+            .output()
+            .unwrap()
+    };
+    let ok = run("ollama", "ollama");
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert!(String::from_utf8_lossy(&ok.stdout).contains("1 passed"));
+    let bad = run("ollama", "vllm");
+    assert!(!bad.status.success(), "the child's check can fail");
+    let unknown = run("gpt", "openai");
+    assert!(!unknown.status.success());
+    assert!(
+        String::from_utf8_lossy(&unknown.stdout).contains("SPACEBOT_DIALECT")
+            || String::from_utf8_lossy(&unknown.stderr).contains("SPACEBOT_DIALECT")
+    );
+}
+
+fn presets() -> [Dialect; 5] {
+    [
+        Dialect::openai(),
+        Dialect::llama_cpp(),
+        Dialect::vllm(),
+        Dialect::ollama(),
+        Dialect::compatible(),
+    ]
+}
+
+#[tokio::test]
+async fn tool_choice_per_dialect() {
+    for dialect in presets() {
+        let expected = match dialect.name {
+            "openai" | "ollama" => None,
+            _ => Some("auto"),
+        };
+        let server = FixtureServer::start(vec![
+            Reply::json("openai/plain.json"),
+            Reply::json("openai/plain.json"),
+            Reply::json("openai/plain.json"),
+        ])
+        .await;
+        let (provider, _) = make(config(&server).with_dialect(dialect.clone()));
+        let mut with_tools = ask("hi");
+        with_tools.tools = vec![weather_tool()];
+        provider.complete(with_tools.clone()).await.unwrap();
+        // A choice the request names is sent as it is, whatever the dialect.
+        with_tools.tool_choice = Some(ToolChoice::Required);
+        provider.complete(with_tools).await.unwrap();
+        // No tools, no tool_choice.
+        provider.complete(ask("hi")).await.unwrap();
+        let bodies: Vec<Value> = server.requests().into_iter().map(|r| r.body).collect();
+        assert_eq!(
+            bodies[0].get("tool_choice").and_then(Value::as_str),
+            expected,
+            "{}",
+            dialect.name
+        );
+        assert_eq!(bodies[1]["tool_choice"], "required", "{}", dialect.name);
+        assert!(bodies[2].get("tool_choice").is_none(), "{}", dialect.name);
+        assert!(bodies[2].get("tools").is_none(), "{}", dialect.name);
+    }
+}
+
+#[tokio::test]
+async fn assistant_tool_calls_are_encoded_per_dialect() {
+    for dialect in presets() {
+        let (content, field) = match dialect.name {
+            "openai" => (Value::Null, "max_completion_tokens"),
+            "vllm" => (Value::Null, "max_tokens"),
+            _ => (json!(""), "max_tokens"),
+        };
+        let server = FixtureServer::start(vec![Reply::json("openai/plain.json")]).await;
+        let (provider, _) = make(
+            config(&server)
+                .with_dialect(dialect.clone())
+                .with_max_tokens(99),
+        );
+        provider.complete(after_tool_round()).await.unwrap();
+        let body = server.only_body();
+        assert_eq!(
+            body["messages"][2],
+            json!({
+                "role": "assistant",
+                "content": content,
+                "tool_calls": [{
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}
+                }]
+            }),
+            "{}",
+            dialect.name
+        );
+        assert_eq!(body[field], 99, "{}", dialect.name);
+        let other = if field == "max_tokens" {
+            "max_completion_tokens"
+        } else {
+            "max_tokens"
+        };
+        assert!(body.get(other).is_none(), "{}", dialect.name);
+    }
+}
+
 #[tokio::test]
 async fn malformed_tool_arguments_are_passed_through_not_errors() {
     let server = FixtureServer::start(vec![
