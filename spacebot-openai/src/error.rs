@@ -71,7 +71,7 @@ impl ErrorDetail {
     /// a failure of the server (llama.cpp and llama-cpp-python answer template and validation
     /// errors so). Words of a passing failure ("loading", "busy", "try again") win.
     fn reads_as_invalid_request(&self) -> bool {
-        const TRANSIENT: [&str; 8] = [
+        const TRANSIENT: [&str; 11] = [
             "loading",
             "busy",
             "overloaded",
@@ -80,16 +80,18 @@ impl ErrorDetail {
             "timeout",
             "timed out",
             "out of memory",
+            "internal server error",
+            "unknown error",
+            "unexpected error",
         ];
-        const INVALID: [&str; 12] = [
-            "must ",
+        const INVALID: [&str; 11] = [
+            "must",
             "invalid",
             "expected",
             "missing",
             "required",
             "not supported",
             "unsupported",
-            "unknown ",
             "cannot be",
             "not allowed",
             "roles must alternate",
@@ -106,8 +108,18 @@ impl ErrorDetail {
         let kind = self.kind.as_deref().unwrap_or_default();
         kind == "invalid_request_error"
             || self.numeric_code().is_some_and(|c| (400..500).contains(&c))
-            || INVALID.iter().any(|p| message.contains(p))
+            || INVALID.iter().any(|p| contains_word(&message, p))
     }
+}
+
+/// Whether `phrase` occurs in `text` as whole words ("expected" in "expected a string", not in
+/// "unexpected").
+fn contains_word(text: &str, phrase: &str) -> bool {
+    let is_letter = |c: Option<char>| c.is_some_and(char::is_alphanumeric);
+    text.match_indices(phrase).any(|(at, _)| {
+        !is_letter(text[..at].chars().next_back())
+            && !is_letter(text[at + phrase.len()..].chars().next())
+    })
 }
 
 /// Whether an error text says the prompt does not fit the context window (OpenAI, vLLM,
@@ -275,6 +287,15 @@ mod tests {
     }
 
     #[test]
+    fn whole_words_only() {
+        assert!(contains_word("value expected here", "expected"));
+        assert!(contains_word("expected", "expected"));
+        assert!(!contains_word("unexpected value", "expected"));
+        assert!(contains_word("roles must alternate", "must"));
+        assert!(!contains_word("mustache", "must"));
+    }
+
+    #[test]
     fn error_events_are_read_whatever_their_shape() {
         assert!(matches!(
             error_event(
@@ -342,6 +363,9 @@ mod tests {
             &br#"{"error":{"code":500,"message":"Internal Server Error","type":"server_error"}}"#[..],
             br#"{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}"#,
             br#"{"detail":"oops"}"#,
+            br#"{"error":{"code":500,"message":"Unexpected token at position 3 in the model output","type":"server_error"}}"#,
+            br#"{"error":{"code":500,"message":"mustache renderer crashed","type":"server_error"}}"#,
+            br#"{"error":{"code":500,"message":"An unknown error occurred","type":"server_error"}}"#,
             b"",
         ] {
             assert!(

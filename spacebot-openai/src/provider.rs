@@ -537,3 +537,46 @@ fn empty_stream() -> LlmError {
             .to_owned(),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    async fn rewritten(pieces: &[&str]) -> String {
+        let input = futures::stream::iter(
+            pieces
+                .iter()
+                .map(|p| Ok::<_, reqwest::Error>(p.as_bytes().to_vec()))
+                .collect::<Vec<_>>(),
+        );
+        let out: Vec<Vec<u8>> = error_lines_as_events(input)
+            .map(Result::unwrap)
+            .collect()
+            .await;
+        String::from_utf8(out.concat()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn error_lines_become_error_events_however_the_body_is_split() {
+        let body = "data: {\"a\":1}\n\nerror: {\"message\":\"x\"}\n\ndata: [DONE]\n\n";
+        let expected =
+            "data: {\"a\":1}\n\nevent: error\ndata: {\"message\":\"x\"}\n\ndata: [DONE]\n\n";
+        for cut in 0..=body.len() {
+            for second in cut..=body.len() {
+                let pieces = [&body[..cut], &body[cut..second], &body[second..]];
+                assert_eq!(rewritten(&pieces).await, expected, "cut at {cut}, {second}");
+            }
+        }
+        // A last line without its newline is passed on; other text is untouched.
+        assert_eq!(
+            rewritten(&["data: x\n", "error: y"]).await,
+            "data: x\nevent: error\ndata: y"
+        );
+        assert_eq!(
+            rewritten(&["data: {\"e\":\"error: no\"}\n\n"]).await,
+            "data: {\"e\":\"error: no\"}\n\n"
+        );
+    }
+}
