@@ -2,11 +2,13 @@
 //!
 //! ```text
 //! OPENAI_API_KEY=sk-... cargo run -p spacebot-openai --example chat -- "Why is the sky blue?"
-//! # a local server (llama.cpp, Ollama, vLLM): no key needed
+//! # a local server (llama.cpp, llama-cpp-python, Ollama, vLLM): no key needed
 //! OPENAI_BASE_URL=http://127.0.0.1:8080/v1 SPACEBOT_MODEL=qwen2.5-7b-instruct \
-//!     SPACEBOT_DIALECT=llama.cpp cargo run -p spacebot-openai --example chat
+//!     SPACEBOT_DIALECT=llama_cpp cargo run -p spacebot-openai --example chat
 //! ```
 //!
+//! Every setting comes from the environment through `OpenAiConfig::from_env` (see
+//! `docs/providers.md` for the variables); a bad value stops it with the variable named.
 //! Without `OPENAI_API_KEY` or `OPENAI_BASE_URL` it says so and exits.
 
 use std::io::Write;
@@ -16,7 +18,7 @@ use futures::StreamExt;
 use spacebot_core::llm::StreamEvent;
 use spacebot_core::rt::TokioClock;
 use spacebot_core::{ChatMessage, ChatRequest, LlmProvider};
-use spacebot_openai::{Dialect, OpenAiConfig, OpenAiProvider};
+use spacebot_openai::{OpenAiConfig, OpenAiProvider};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -27,12 +29,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
         return Ok(());
     }
-    let mut config = OpenAiConfig::from_env()?;
-    if let Ok(name) = std::env::var("SPACEBOT_DIALECT") {
-        config.dialect =
-            Dialect::preset(&name).ok_or_else(|| format!("unknown SPACEBOT_DIALECT {name:?}"))?;
-    }
-    let provider = OpenAiProvider::new(config, Arc::new(TokioClock))?;
+    let provider = OpenAiProvider::new(OpenAiConfig::from_env()?, Arc::new(TokioClock))?;
     let question = std::env::args()
         .nth(1)
         .unwrap_or_else(|| "Say hello in five words.".to_owned());

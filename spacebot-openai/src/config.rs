@@ -194,6 +194,22 @@ pub enum MaxTokensField {
     MaxTokens,
 }
 
+/// What to send as `tool_choice` when the request offers tools but names no
+/// [`ToolChoice`](spacebot_core::llm::ToolChoice) (the runtime never names one).
+///
+/// A choice the request names is always sent as it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ToolChoicePolicy {
+    /// Send no `tool_choice` and leave the server's default (OpenAI's default with tools is
+    /// `"auto"`).
+    #[default]
+    Omit,
+    /// Send `"auto"` whenever tools are offered. llama-cpp-python ignores `tools` when
+    /// `tool_choice` is absent, so its model never sees them without this.
+    Auto,
+}
+
 /// The small ways servers that speak the Chat Completions dialect differ from OpenAI, as data.
 ///
 /// One provider serves them all; pick a preset ([`Dialect::openai`], [`Dialect::llama_cpp`],
@@ -219,9 +235,15 @@ pub struct Dialect {
     pub null_content_with_tool_calls: bool,
     /// Which field carries [`ChatRequest::max_tokens`](spacebot_core::ChatRequest::max_tokens).
     pub max_tokens_field: MaxTokensField,
-    /// The server answers some invalid requests with HTTP 500 and a JSON error body (llama.cpp's
-    /// server does). When true, such a 500 is an [`LlmError::InvalidRequest`] and is not retried;
-    /// a 500 without a JSON error body is still a retried server error.
+    /// What to send as `tool_choice` when tools are offered and the request names no choice.
+    pub tool_choice: ToolChoicePolicy,
+    /// The server answers some invalid requests with HTTP 500 (llama.cpp's server and
+    /// llama-cpp-python do, for example when the chat template refuses the messages). When true, a
+    /// 500 whose JSON error body reads as a validation error (type `invalid_request_error`, a
+    /// numeric 4xx `code`, or a message such as "must contain", "invalid", "expected", "missing",
+    /// "not supported") is an [`LlmError::InvalidRequest`] and is not retried. Any other 500 (no
+    /// JSON body, `Internal Server Error`, a crash) stays a retried server error, like 502 and
+    /// 503.
     ///
     /// [`LlmError::InvalidRequest`]: spacebot_core::LlmError::InvalidRequest
     pub invalid_request_as_500: bool,
@@ -243,12 +265,14 @@ impl Dialect {
             parallel_tool_calls: None,
             null_content_with_tool_calls: true,
             max_tokens_field: MaxTokensField::MaxCompletionTokens,
+            tool_choice: ToolChoicePolicy::Omit,
             invalid_request_as_500: false,
         }
     }
 
-    /// llama.cpp's `llama-server` (and servers built on it): no usage chunk, no null content next
-    /// to tool calls, `max_tokens`, validation errors as HTTP 500.
+    /// llama.cpp's `llama-server` and llama-cpp-python's server: no usage chunk, `""` instead of
+    /// null content next to tool calls, `max_tokens`, `tool_choice: "auto"` whenever tools are
+    /// offered (llama-cpp-python drops `tools` without it), validation errors as HTTP 500.
     pub fn llama_cpp() -> Self {
         Self {
             name: "llama.cpp",
@@ -257,11 +281,13 @@ impl Dialect {
             parallel_tool_calls: None,
             null_content_with_tool_calls: false,
             max_tokens_field: MaxTokensField::MaxTokens,
+            tool_choice: ToolChoicePolicy::Auto,
             invalid_request_as_500: true,
         }
     }
 
-    /// vLLM's OpenAI-compatible server.
+    /// vLLM's OpenAI-compatible server: `max_tokens`, `tool_choice: "auto"` whenever tools are
+    /// offered (start it with `--enable-auto-tool-choice` and a `--tool-call-parser`).
     pub fn vllm() -> Self {
         Self {
             name: "vllm",
@@ -270,11 +296,13 @@ impl Dialect {
             parallel_tool_calls: None,
             null_content_with_tool_calls: true,
             max_tokens_field: MaxTokensField::MaxTokens,
+            tool_choice: ToolChoicePolicy::Auto,
             invalid_request_as_500: false,
         }
     }
 
-    /// Ollama's `/v1` endpoint.
+    /// Ollama's `/v1` endpoint: `max_tokens`, `""` instead of null content, no `tool_choice`
+    /// (Ollama ignores it).
     pub fn ollama() -> Self {
         Self {
             name: "ollama",
@@ -283,12 +311,14 @@ impl Dialect {
             parallel_tool_calls: None,
             null_content_with_tool_calls: false,
             max_tokens_field: MaxTokensField::MaxTokens,
+            tool_choice: ToolChoicePolicy::Omit,
             invalid_request_as_500: false,
         }
     }
 
     /// A cautious choice for an unknown compatible server (LM Studio, proxies, ...): `max_tokens`,
-    /// no usage request, `""` instead of null content.
+    /// no usage request, `""` instead of null content, `tool_choice: "auto"` whenever tools are
+    /// offered.
     pub fn compatible() -> Self {
         Self {
             name: "compatible",
@@ -297,14 +327,18 @@ impl Dialect {
             parallel_tool_calls: None,
             null_content_with_tool_calls: false,
             max_tokens_field: MaxTokensField::MaxTokens,
+            tool_choice: ToolChoicePolicy::Auto,
             invalid_request_as_500: false,
         }
     }
 
-    /// The preset called `name` (`openai`, `llama.cpp`/`llama_cpp`, `vllm`, `ollama`,
-    /// `compatible`), ignoring case.
+    /// The names [`preset`](Self::preset) accepts, as `SPACEBOT_DIALECT` takes them.
+    pub const PRESETS: [&'static str; 5] = ["openai", "llama_cpp", "vllm", "ollama", "compatible"];
+
+    /// The preset called `name` (`openai`, `llama_cpp` (also `llama.cpp`, `llama-cpp`,
+    /// `llamacpp`), `vllm`, `ollama`, `compatible`), ignoring case and surrounding spaces.
     pub fn preset(name: &str) -> Option<Self> {
-        match name.to_ascii_lowercase().as_str() {
+        match name.trim().to_ascii_lowercase().as_str() {
             "openai" => Some(Self::openai()),
             "llama.cpp" | "llama_cpp" | "llamacpp" | "llama-cpp" => Some(Self::llama_cpp()),
             "vllm" => Some(Self::vllm()),
@@ -354,10 +388,23 @@ pub struct OpenAiConfig {
     pub retry: RetryPolicy,
     /// How the server differs from OpenAI.
     pub dialect: Dialect,
+    /// The output token limit sent when the request sets none
+    /// ([`ChatRequest::max_tokens`](spacebot_core::ChatRequest::max_tokens) wins); `None` sends no
+    /// limit and leaves the server's default.
+    pub max_tokens: Option<u32>,
+    /// Let [`complete`](spacebot_core::LlmProvider::complete) stream the answer and return the
+    /// assembled response (default false). A long answer from a slow local model is then bounded
+    /// by [`stream_idle_timeout`](Self::stream_idle_timeout) between pieces instead of by
+    /// [`request_timeout`](Self::request_timeout) for the whole answer.
+    pub stream_completions: bool,
     /// Refuse an answer whose tool-call arguments are not a JSON object, with
-    /// [`LlmError::MalformedResponse`](spacebot_core::LlmError::MalformedResponse) naming the tool
-    /// (default). When false, such arguments are passed on as written, for a runtime that answers
-    /// the model with a tool error instead.
+    /// [`LlmError::MalformedResponse`](spacebot_core::LlmError::MalformedResponse) naming the tool.
+    ///
+    /// Off by default: a model that writes broken arguments for one call has not failed the turn.
+    /// The [`ToolCall`](spacebot_core::ToolCall) then keeps the argument text exactly as the model
+    /// sent it, the provider reports it (a `tracing` warning naming the tool and the call), and the
+    /// runtime's tool registry answers the model with the parse error as the tool result, so the
+    /// model can correct itself. Empty arguments are always passed on as `{}`.
     pub check_tool_arguments: bool,
 }
 
@@ -376,18 +423,64 @@ impl OpenAiConfig {
             stream_idle_timeout: Duration::from_secs(120),
             retry: RetryPolicy::default(),
             dialect: Dialect::openai(),
-            check_tool_arguments: true,
+            max_tokens: None,
+            stream_completions: false,
+            check_tool_arguments: false,
         }
     }
 
-    /// A configuration from the environment: `OPENAI_API_KEY` (optional: local servers need none),
-    /// `OPENAI_BASE_URL` (default [`DEFAULT_BASE_URL`]), `SPACEBOT_MODEL` (default
-    /// [`DEFAULT_MODEL`]).
+    /// A configuration from the environment; every setting has a variable, and unset or empty
+    /// variables keep the defaults of [`new`](Self::new):
+    ///
+    /// | Variable | Setting | Value |
+    /// | --- | --- | --- |
+    /// | `OPENAI_BASE_URL` | [`base_url`](Self::base_url) | an `http(s)://` URL (default [`DEFAULT_BASE_URL`]) |
+    /// | `OPENAI_API_KEY` | [`api_key`](Self::api_key) | optional: local servers need none |
+    /// | `SPACEBOT_MODEL` | [`model`](Self::model) | default [`DEFAULT_MODEL`] |
+    /// | `OPENAI_ORG_ID` | [`organization`](Self::organization) | |
+    /// | `OPENAI_PROJECT_ID` | [`project`](Self::project) | |
+    /// | `SPACEBOT_DIALECT` | [`dialect`](Self::dialect) | `openai`, `llama_cpp`, `vllm`, `ollama`, `compatible` |
+    /// | `SPACEBOT_TOOL_CHOICE` | [`Dialect::tool_choice`] | `auto`, or `omit` (also `none`): send nothing |
+    /// | `SPACEBOT_MAX_TOKENS_FIELD` | [`Dialect::max_tokens_field`] | `max_tokens`, `max_completion_tokens` |
+    /// | `SPACEBOT_SUPPORTS_TOOLS` | [`Dialect::supports_tools`] | a boolean |
+    /// | `SPACEBOT_STREAM_USAGE` | [`Dialect::stream_usage`] | a boolean |
+    /// | `SPACEBOT_PARALLEL_TOOL_CALLS` | [`Dialect::parallel_tool_calls`] | a boolean |
+    /// | `SPACEBOT_MAX_TOKENS` | [`max_tokens`](Self::max_tokens) | a whole number above 0 |
+    /// | `SPACEBOT_STREAM` | [`stream_completions`](Self::stream_completions) | a boolean |
+    /// | `SPACEBOT_CHECK_TOOL_ARGUMENTS` | [`check_tool_arguments`](Self::check_tool_arguments) | a boolean |
+    /// | `SPACEBOT_CONNECT_TIMEOUT_SECS` | [`connect_timeout`](Self::connect_timeout) | seconds above 0, such as `10` or `2.5` |
+    /// | `SPACEBOT_REQUEST_TIMEOUT_SECS` | [`request_timeout`](Self::request_timeout) | seconds above 0 |
+    /// | `SPACEBOT_STREAM_IDLE_TIMEOUT_SECS` | [`stream_idle_timeout`](Self::stream_idle_timeout) | seconds above 0 |
+    /// | `SPACEBOT_MAX_RETRIES` | [`RetryPolicy::max_retries`] | a whole number, 0 for none |
+    ///
+    /// Booleans are `true`/`false` (also `1`/`0`, `yes`/`no`, `on`/`off`). The dialect switches
+    /// change the preset `SPACEBOT_DIALECT` picked. A value that cannot be read is an error naming
+    /// the variable and the accepted values; it is never ignored.
     pub fn from_env() -> Result<Self, ConfigError> {
         Self::from_lookup(|name| std::env::var(name).ok())
     }
 
-    /// Like [`from_env`](Self::from_env), reading variables through `lookup`.
+    /// Like [`from_env`](Self::from_env), reading variables through `lookup` (tests pass a map,
+    /// so they need not change the process environment).
+    ///
+    /// ```
+    /// use spacebot_openai::{MaxTokensField, OpenAiConfig, ToolChoicePolicy};
+    ///
+    /// let config = OpenAiConfig::from_lookup(|name| match name {
+    ///     "OPENAI_BASE_URL" => Some("http://127.0.0.1:8000/v1".into()),
+    ///     "SPACEBOT_DIALECT" => Some("llama_cpp".into()),
+    ///     _ => None,
+    /// })?;
+    /// assert_eq!(config.dialect.tool_choice, ToolChoicePolicy::Auto);
+    /// assert_eq!(config.dialect.max_tokens_field, MaxTokensField::MaxTokens);
+    ///
+    /// let err = OpenAiConfig::from_lookup(|name| {
+    ///     (name == "SPACEBOT_DIALECT").then(|| "llama".to_owned())
+    /// })
+    /// .unwrap_err();
+    /// assert!(err.to_string().contains("SPACEBOT_DIALECT"));
+    /// # Ok::<(), spacebot_openai::ConfigError>(())
+    /// ```
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let get = |name: &str| {
             lookup(name)
@@ -400,6 +493,90 @@ impl OpenAiConfig {
         if let Some(url) = get("OPENAI_BASE_URL") {
             check_base_url("OPENAI_BASE_URL", &url)?;
             config.base_url = url;
+        }
+        config.organization = get("OPENAI_ORG_ID");
+        config.project = get("OPENAI_PROJECT_ID");
+
+        if let Some(name) = get("SPACEBOT_DIALECT") {
+            config.dialect = Dialect::preset(&name).ok_or_else(|| {
+                not_one_of("SPACEBOT_DIALECT", &name, &Dialect::PRESETS.join(", "))
+            })?;
+        }
+        const TOOL_CHOICE: &str = "SPACEBOT_TOOL_CHOICE";
+        if let Some(value) = get(TOOL_CHOICE) {
+            config.dialect.tool_choice = match value.to_ascii_lowercase().as_str() {
+                "auto" => ToolChoicePolicy::Auto,
+                "omit" | "none" => ToolChoicePolicy::Omit,
+                _ => return Err(not_one_of(TOOL_CHOICE, &value, "auto, omit (or none)")),
+            };
+        }
+        const FIELD: &str = "SPACEBOT_MAX_TOKENS_FIELD";
+        if let Some(value) = get(FIELD) {
+            config.dialect.max_tokens_field = match value.to_ascii_lowercase().as_str() {
+                "max_tokens" => MaxTokensField::MaxTokens,
+                "max_completion_tokens" => MaxTokensField::MaxCompletionTokens,
+                _ => {
+                    return Err(not_one_of(
+                        FIELD,
+                        &value,
+                        "max_tokens, max_completion_tokens",
+                    ));
+                }
+            };
+        }
+        let flag = |name: &str| get(name).map(|v| parse_bool(name, &v)).transpose();
+        if let Some(on) = flag("SPACEBOT_SUPPORTS_TOOLS")? {
+            config.dialect.supports_tools = on;
+        }
+        if let Some(on) = flag("SPACEBOT_STREAM_USAGE")? {
+            config.dialect.stream_usage = on;
+        }
+        if let Some(on) = flag("SPACEBOT_PARALLEL_TOOL_CALLS")? {
+            config.dialect.parallel_tool_calls = Some(on);
+        }
+        if let Some(on) = flag("SPACEBOT_STREAM")? {
+            config.stream_completions = on;
+        }
+        if let Some(on) = flag("SPACEBOT_CHECK_TOOL_ARGUMENTS")? {
+            config.check_tool_arguments = on;
+        }
+
+        const MAX_TOKENS: &str = "SPACEBOT_MAX_TOKENS";
+        if let Some(value) = get(MAX_TOKENS) {
+            match value.parse::<u32>() {
+                Ok(n) if n > 0 => config.max_tokens = Some(n),
+                _ => {
+                    return Err(ConfigError::invalid(
+                        MAX_TOKENS,
+                        format!("{value:?} is not a whole number from 1 to {}", u32::MAX),
+                    ));
+                }
+            }
+        }
+        const RETRIES: &str = "SPACEBOT_MAX_RETRIES";
+        if let Some(value) = get(RETRIES) {
+            let retries = value.parse::<u32>().map_err(|_| {
+                ConfigError::invalid(
+                    RETRIES,
+                    format!(
+                        "{value:?} is not a whole number from 0 (no retry) to {}",
+                        u32::MAX
+                    ),
+                )
+            })?;
+            config.retry.max_retries = retries;
+        }
+        for (name, slot) in [
+            ("SPACEBOT_CONNECT_TIMEOUT_SECS", &mut config.connect_timeout),
+            ("SPACEBOT_REQUEST_TIMEOUT_SECS", &mut config.request_timeout),
+            (
+                "SPACEBOT_STREAM_IDLE_TIMEOUT_SECS",
+                &mut config.stream_idle_timeout,
+            ),
+        ] {
+            if let Some(value) = get(name) {
+                *slot = parse_seconds(name, &value)?;
+            }
         }
         Ok(config)
     }
@@ -470,10 +647,23 @@ impl OpenAiConfig {
         self
     }
 
-    /// This configuration passing tool-call arguments on unchecked (see
+    /// This configuration with tool-call arguments checked or not (see
     /// [`check_tool_arguments`](Self::check_tool_arguments)).
     pub fn with_check_tool_arguments(mut self, check: bool) -> Self {
         self.check_tool_arguments = check;
+        self
+    }
+
+    /// This configuration with an output token limit for requests that set none.
+    pub fn with_max_tokens(mut self, max_tokens: u32) -> Self {
+        self.max_tokens = Some(max_tokens);
+        self
+    }
+
+    /// This configuration with [`complete`](spacebot_core::LlmProvider::complete) streaming or not
+    /// (see [`stream_completions`](Self::stream_completions)).
+    pub fn with_stream_completions(mut self, stream: bool) -> Self {
+        self.stream_completions = stream;
         self
     }
 
@@ -487,6 +677,9 @@ impl OpenAiConfig {
         if self.model.trim().is_empty() {
             return Err(ConfigError::invalid("model", "must not be empty"));
         }
+        if self.max_tokens == Some(0) {
+            return Err(ConfigError::invalid("max_tokens", "must be above 0"));
+        }
         for (what, timeout) in [
             ("request_timeout", self.request_timeout),
             ("stream_idle_timeout", self.stream_idle_timeout),
@@ -498,6 +691,40 @@ impl OpenAiConfig {
         }
         self.retry.validate()
     }
+}
+
+fn not_one_of(variable: &str, value: &str, accepted: &str) -> ConfigError {
+    ConfigError::invalid(
+        variable,
+        format!("{value:?} is not accepted; use one of: {accepted}"),
+    )
+}
+
+fn parse_bool(variable: &str, value: &str) -> Result<bool, ConfigError> {
+    match value.to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" | "on" => Ok(true),
+        "false" | "0" | "no" | "off" => Ok(false),
+        _ => Err(not_one_of(
+            variable,
+            value,
+            "true, false (also 1/0, yes/no, on/off)",
+        )),
+    }
+}
+
+/// A number of seconds above zero, whole or not (`30`, `2.5`).
+fn parse_seconds(variable: &str, value: &str) -> Result<Duration, ConfigError> {
+    value
+        .parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .and_then(|s| Duration::try_from_secs_f64(s).ok())
+        .ok_or_else(|| {
+            ConfigError::invalid(
+                variable,
+                format!("{value:?} is not a number of seconds above 0 (such as 30 or 2.5)"),
+            )
+        })
 }
 
 fn check_base_url(setting: &str, url: &str) -> Result<(), ConfigError> {
@@ -544,6 +771,68 @@ mod tests {
         assert_eq!(empty.base_url, DEFAULT_BASE_URL);
         assert_eq!(empty.model, DEFAULT_MODEL);
         assert!(empty.api_key.is_none());
+    }
+
+    #[test]
+    fn from_lookup_reads_every_variable() {
+        let vars = [
+            ("OPENAI_API_KEY", "sk-x"),
+            ("OPENAI_BASE_URL", "http://127.0.0.1:11434/v1"),
+            ("SPACEBOT_MODEL", "llama3.1:8b"),
+            ("OPENAI_ORG_ID", "org-1"),
+            ("OPENAI_PROJECT_ID", "proj_1"),
+            ("SPACEBOT_DIALECT", " Ollama "),
+            ("SPACEBOT_TOOL_CHOICE", "AUTO"),
+            ("SPACEBOT_MAX_TOKENS_FIELD", "max_completion_tokens"),
+            ("SPACEBOT_SUPPORTS_TOOLS", "no"),
+            ("SPACEBOT_STREAM_USAGE", "off"),
+            ("SPACEBOT_PARALLEL_TOOL_CALLS", "1"),
+            ("SPACEBOT_MAX_TOKENS", "2048"),
+            ("SPACEBOT_STREAM", "yes"),
+            ("SPACEBOT_CHECK_TOOL_ARGUMENTS", "true"),
+            ("SPACEBOT_CONNECT_TIMEOUT_SECS", "2.5"),
+            ("SPACEBOT_REQUEST_TIMEOUT_SECS", "300"),
+            ("SPACEBOT_STREAM_IDLE_TIMEOUT_SECS", "90"),
+            ("SPACEBOT_MAX_RETRIES", "7"),
+        ];
+        let c = OpenAiConfig::from_lookup(|name| {
+            vars.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| (*v).to_owned())
+        })
+        .unwrap();
+        assert_eq!(c.api_key.as_ref().map(ApiKey::expose), Some("sk-x"));
+        assert_eq!(c.base_url, "http://127.0.0.1:11434/v1");
+        assert_eq!(c.model, "llama3.1:8b");
+        assert_eq!(c.organization.as_deref(), Some("org-1"));
+        assert_eq!(c.project.as_deref(), Some("proj_1"));
+        assert_eq!(c.dialect.name, "ollama");
+        assert_eq!(c.dialect.tool_choice, ToolChoicePolicy::Auto);
+        assert_eq!(
+            c.dialect.max_tokens_field,
+            MaxTokensField::MaxCompletionTokens
+        );
+        assert!(!c.dialect.supports_tools);
+        assert!(!c.dialect.stream_usage);
+        assert_eq!(c.dialect.parallel_tool_calls, Some(true));
+        assert_eq!(c.max_tokens, Some(2048));
+        assert!(c.stream_completions);
+        assert!(c.check_tool_arguments);
+        assert_eq!(c.connect_timeout, Duration::from_millis(2_500));
+        assert_eq!(c.request_timeout, Duration::from_secs(300));
+        assert_eq!(c.stream_idle_timeout, Duration::from_secs(90));
+        assert_eq!(c.retry.max_retries, 7);
+        c.validate().unwrap();
+
+        // Every preset name, and unset/empty variables keep the defaults.
+        for name in Dialect::PRESETS {
+            let c = OpenAiConfig::from_lookup(|k| (k == "SPACEBOT_DIALECT").then(|| name.into()))
+                .unwrap();
+            assert_eq!(Some(c.dialect), Dialect::preset(name), "{name}");
+        }
+        let c = OpenAiConfig::from_lookup(|_| Some("  ".into())).unwrap();
+        assert_eq!(c.dialect, Dialect::openai());
+        assert!(!c.check_tool_arguments && !c.stream_completions && c.max_tokens.is_none());
     }
 
     #[test]
@@ -597,6 +886,7 @@ mod tests {
     #[test]
     fn presets_by_name() {
         assert_eq!(Dialect::preset("LLAMA.CPP"), Some(Dialect::llama_cpp()));
+        assert_eq!(Dialect::preset("llama_cpp"), Some(Dialect::llama_cpp()));
         assert_eq!(Dialect::preset("vllm"), Some(Dialect::vllm()));
         assert_eq!(Dialect::preset("nope"), None);
     }

@@ -45,15 +45,17 @@ impl ErrorDetail {
         text
     }
 
+    fn numeric_code(&self) -> Option<u64> {
+        match &self.code {
+            Some(serde_json::Value::Number(n)) => n.as_u64(),
+            Some(serde_json::Value::String(s)) => s.parse().ok(),
+            _ => None,
+        }
+    }
+
     /// Whether this error says the prompt does not fit the context window.
     fn is_context_too_long(&self) -> bool {
         const CODES: [&str; 2] = ["context_length_exceeded", "exceed_context_size_error"];
-        const PHRASES: [&str; 4] = [
-            "maximum context length",
-            "context length exceeded",
-            "exceeds the available context size",
-            "context window",
-        ];
         if self
             .code()
             .iter()
@@ -62,13 +64,79 @@ impl ErrorDetail {
         {
             return true;
         }
+        says_context_too_long(self.message.as_deref().unwrap_or_default())
+    }
+
+    /// Whether this error, sent with HTTP 500, describes a request the server refuses rather than
+    /// a failure of the server (llama.cpp and llama-cpp-python answer template and validation
+    /// errors so). Words of a passing failure ("loading", "busy", "try again") win.
+    fn reads_as_invalid_request(&self) -> bool {
+        const TRANSIENT: [&str; 11] = [
+            "loading",
+            "busy",
+            "overloaded",
+            "unavailable",
+            "try again",
+            "timeout",
+            "timed out",
+            "out of memory",
+            "internal server error",
+            "unknown error",
+            "unexpected error",
+        ];
+        const INVALID: [&str; 11] = [
+            "must",
+            "invalid",
+            "expected",
+            "missing",
+            "required",
+            "not supported",
+            "unsupported",
+            "cannot be",
+            "not allowed",
+            "roles must alternate",
+            "failed to parse",
+        ];
         let message = self
             .message
             .as_deref()
             .unwrap_or_default()
             .to_ascii_lowercase();
-        PHRASES.iter().any(|p| message.contains(p))
+        if TRANSIENT.iter().any(|p| message.contains(p)) {
+            return false;
+        }
+        let kind = self.kind.as_deref().unwrap_or_default();
+        kind == "invalid_request_error"
+            || self.numeric_code().is_some_and(|c| (400..500).contains(&c))
+            || INVALID.iter().any(|p| contains_word(&message, p))
     }
+}
+
+/// Whether `phrase` occurs in `text` as whole words ("expected" in "expected a string", not in
+/// "unexpected").
+fn contains_word(text: &str, phrase: &str) -> bool {
+    let is_letter = |c: Option<char>| c.is_some_and(char::is_alphanumeric);
+    text.match_indices(phrase).any(|(at, _)| {
+        !is_letter(text[..at].chars().next_back())
+            && !is_letter(text[at + phrase.len()..].chars().next())
+    })
+}
+
+/// Whether an error text says the prompt does not fit the context window (OpenAI, vLLM,
+/// llama.cpp, llama-cpp-python and Ollama phrasings).
+pub(crate) fn says_context_too_long(text: &str) -> bool {
+    const PHRASES: [&str; 8] = [
+        "maximum context length",
+        "context length exceeded",
+        "exceeds the available context size",
+        "exceed context window",
+        "context window",
+        "context size",
+        "prompt is too long",
+        "too many tokens",
+    ];
+    let text = text.to_ascii_lowercase();
+    PHRASES.iter().any(|p| text.contains(p))
 }
 
 /// An error object sent with HTTP 200: inside a stream (`data: {"error": {...}}`), or as the
@@ -85,6 +153,26 @@ pub(crate) fn stream_error(detail: ErrorDetail) -> LlmError {
             "the server sent an error with HTTP 200: {}",
             detail.describe()
         ),
+    }
+}
+
+/// The data of an `event: error` in a stream: an error body, a bare error object, or text.
+pub(crate) fn error_event(data: &str) -> LlmError {
+    if let Ok(body) = serde_json::from_str::<ErrorBody>(data) {
+        return stream_error(body.error);
+    }
+    if let Ok(detail) = serde_json::from_str::<ErrorDetail>(data)
+        && detail.message.is_some()
+    {
+        return stream_error(detail);
+    }
+    let text = preview(data.as_bytes());
+    if says_context_too_long(data) {
+        return LlmError::ContextTooLong { message: text };
+    }
+    LlmError::Server {
+        status: 200,
+        message: format!("the server sent an error event with HTTP 200: {text}"),
     }
 }
 
@@ -115,12 +203,16 @@ pub(crate) fn from_status(
         },
         400..=499 if context_too_long => LlmError::ContextTooLong { message },
         400..=499 => LlmError::InvalidRequest { status, message },
-        500 if context_too_long && dialect.invalid_request_as_500 => {
-            LlmError::ContextTooLong { message }
-        }
-        500 if detail.is_some() && dialect.invalid_request_as_500 => {
+        500 if context_too_long => LlmError::ContextTooLong { message },
+        500 if dialect.invalid_request_as_500
+            && detail
+                .as_ref()
+                .is_some_and(ErrorDetail::reads_as_invalid_request) =>
+        {
             LlmError::InvalidRequest { status, message }
         }
+        // Not implemented: the server does not offer this, however often it is asked.
+        501 => LlmError::InvalidRequest { status, message },
         _ => LlmError::Server { status, message },
     }
 }
@@ -195,6 +287,38 @@ mod tests {
     }
 
     #[test]
+    fn whole_words_only() {
+        assert!(contains_word("value expected here", "expected"));
+        assert!(contains_word("expected", "expected"));
+        assert!(!contains_word("unexpected value", "expected"));
+        assert!(contains_word("roles must alternate", "must"));
+        assert!(!contains_word("mustache", "must"));
+    }
+
+    #[test]
+    fn error_events_are_read_whatever_their_shape() {
+        assert!(matches!(
+            error_event(
+                r#"{"error":{"message":"the request exceeds the available context size, try increasing it","type":"exceed_context_size_error","code":400}}"#
+            ),
+            LlmError::ContextTooLong { .. }
+        ));
+        assert!(matches!(
+            error_event(r#"{"message":"Requested tokens (9000) exceed context window of 4096"}"#),
+            LlmError::ContextTooLong { .. }
+        ));
+        assert!(matches!(
+            error_event("prompt is too long"),
+            LlmError::ContextTooLong { .. }
+        ));
+        let other = error_event("boom");
+        assert!(
+            matches!(&other, LlmError::Server { status: 200, message } if message.contains("boom")),
+            "{other:?}"
+        );
+    }
+
+    #[test]
     fn statuses_map_to_kinds() {
         let d = Dialect::openai();
         let now = SystemTime::UNIX_EPOCH;
@@ -233,6 +357,44 @@ mod tests {
                 now
             ),
             LlmError::Server { status: 500, .. }
+        ));
+        let llama = Dialect::llama_cpp();
+        for plain in [
+            &br#"{"error":{"code":500,"message":"Internal Server Error","type":"server_error"}}"#[..],
+            br#"{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}"#,
+            br#"{"detail":"oops"}"#,
+            br#"{"error":{"code":500,"message":"Unexpected token at position 3 in the model output","type":"server_error"}}"#,
+            br#"{"error":{"code":500,"message":"mustache renderer crashed","type":"server_error"}}"#,
+            br#"{"error":{"code":500,"message":"An unknown error occurred","type":"server_error"}}"#,
+            b"",
+        ] {
+            assert!(
+                matches!(
+                    from_status(500, &h, plain, &llama, now),
+                    LlmError::Server { status: 500, .. }
+                ),
+                "{}",
+                String::from_utf8_lossy(plain)
+            );
+        }
+        let template = br#"{"error":{"code":500,"message":"Assistant message must contain either 'content' or 'tool_calls'!","type":"server_error"}}"#;
+        assert!(matches!(
+            from_status(500, &h, template, &llama, now),
+            LlmError::InvalidRequest { status: 500, .. }
+        ));
+        let python = br#"{"error":{"message":"Conversation roles must alternate user/assistant/user/assistant/...","type":"internal_server_error","param":null,"code":null}}"#;
+        assert!(matches!(
+            from_status(500, &h, python, &llama, now),
+            LlmError::InvalidRequest { status: 500, .. }
+        ));
+        assert!(matches!(
+            from_status(500, &h, template, &d, now),
+            LlmError::Server { status: 500, .. }
+        ));
+        let ctx_python = br#"{"error":{"message":"Requested tokens (9120) exceed context window of 8192","type":"internal_server_error","param":null,"code":null}}"#;
+        assert!(matches!(
+            from_status(500, &h, ctx_python, &llama, now),
+            LlmError::ContextTooLong { .. }
         ));
         let ctx = br#"{"error":{"message":"This model's maximum context length is 8192 tokens.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}"#;
         assert!(matches!(

@@ -10,7 +10,7 @@ mod wire;
 
 pub use config::{
     ApiKey, ConfigError, DEFAULT_BASE_URL, DEFAULT_MODEL, Dialect, MaxTokensField, OpenAiConfig,
-    RetryPolicy,
+    RetryPolicy, ToolChoicePolicy,
 };
 pub use provider::OpenAiProvider;
 pub use stream::StreamAssembler;

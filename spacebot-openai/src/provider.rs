@@ -14,9 +14,9 @@ use spacebot_core::llm::{ChatRequest, ChatResponse, LlmProvider, StreamEvent};
 use spacebot_core::{Clock, LlmError};
 
 use crate::config::{ConfigError, OpenAiConfig};
-use crate::error::{from_status, is_quota_exhausted, retry_after};
+use crate::error::{error_event, from_status, is_quota_exhausted, retry_after};
 use crate::stream::StreamAssembler;
-use crate::wire::{build_request, parse_response, preview};
+use crate::wire::{Defaults, build_request, parse_response};
 
 /// An [`LlmProvider`] for OpenAI's Chat Completions API and the servers that speak it.
 ///
@@ -115,17 +115,37 @@ impl OpenAiProvider {
         request: &ChatRequest,
         stream: bool,
     ) -> Result<serde_json::Value, LlmError> {
-        let config = &self.inner.config;
-        let wire = build_request(request, &config.model, &config.dialect, stream)?;
+        let wire = build_request(request, self.defaults(), stream)?;
         serde_json::to_value(&wire)
             .map_err(|e| LlmError::Other(format!("cannot encode the request: {e}")))
     }
 
-    fn encode(&self, request: &ChatRequest, stream: bool) -> Result<Vec<u8>, LlmError> {
+    fn defaults(&self) -> Defaults<'_> {
         let config = &self.inner.config;
-        let wire = build_request(request, &config.model, &config.dialect, stream)?;
+        Defaults {
+            model: &config.model,
+            max_tokens: config.max_tokens,
+            dialect: &config.dialect,
+        }
+    }
+
+    fn encode(&self, request: &ChatRequest, stream: bool) -> Result<Vec<u8>, LlmError> {
+        let wire = build_request(request, self.defaults(), stream)?;
         serde_json::to_vec(&wire)
             .map_err(|e| LlmError::Other(format!("cannot encode the request: {e}")))
+    }
+
+    /// `complete` through a stream (see [`OpenAiConfig::stream_completions`]).
+    async fn complete_streamed(&self, request: ChatRequest) -> Result<ChatResponse, LlmError> {
+        let mut events = self.stream(request).await?;
+        while let Some(event) = events.next().await {
+            if let StreamEvent::Done(response) = event? {
+                return Ok(response);
+            }
+        }
+        Err(LlmError::MalformedResponse(
+            "the stream ended without a response".to_owned(),
+        ))
     }
 }
 
@@ -194,8 +214,11 @@ impl Inner {
             let error = failure.error;
             let retryable = error.is_retryable()
                 && !matches!(&error, LlmError::RateLimited { message, .. } if is_quota_exhausted(message));
-            if !retryable || retry >= policy.max_retries {
+            if !retryable {
                 return Err(error);
+            }
+            if retry >= policy.max_retries {
+                return Err(gave_up(error, retry + 1));
             }
             let wait = match failure.retry_after {
                 Some(asked) if asked > policy.max_retry_after => return Err(error),
@@ -272,18 +295,56 @@ impl Inner {
     }
 }
 
+/// The last error of `attempts` failed attempts, its message saying so. Core's [`LlmError`] has no
+/// variant for spent retries, so the last error keeps its kind (and what `is_retryable` says of
+/// it) and its message gains `gave up after N attempts; last: ...`. A [`LlmError::Timeout`] carries
+/// no message and is returned as it is.
+fn gave_up(error: LlmError, attempts: u32) -> LlmError {
+    if attempts < 2 {
+        return error;
+    }
+    let note = |message: String| format!("gave up after {attempts} attempts; last: {message}");
+    match error {
+        LlmError::RateLimited {
+            retry_after,
+            message,
+        } => LlmError::RateLimited {
+            retry_after,
+            message: note(message),
+        },
+        LlmError::Server { status, message } => LlmError::Server {
+            status,
+            message: note(message),
+        },
+        LlmError::Transport { message, source } => LlmError::Transport {
+            message: note(message),
+            source,
+        },
+        other => other,
+    }
+}
+
+/// The text of `error` and its causes, each said once (hyper and reqwest often repeat a cause in
+/// the text of the error that wraps it).
+fn describe_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut message = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !message.contains(&text) {
+            message = format!("{message}: {text}");
+        }
+        source = cause.source();
+    }
+    message
+}
+
 fn transport_error(error: reqwest::Error, limit: Duration) -> LlmError {
     if error.is_timeout() {
         return LlmError::Timeout(limit);
     }
-    let mut message = error.to_string();
-    let mut source = std::error::Error::source(&error);
-    while let Some(cause) = source {
-        message = format!("{message}: {cause}");
-        source = cause.source();
-    }
     LlmError::Transport {
-        message,
+        message: describe_chain(&error),
         source: Some(Box::new(error)),
     }
 }
@@ -291,6 +352,9 @@ fn transport_error(error: reqwest::Error, limit: Duration) -> LlmError {
 #[async_trait]
 impl LlmProvider for OpenAiProvider {
     async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, LlmError> {
+        if self.inner.config.stream_completions {
+            return self.complete_streamed(request).await;
+        }
         let body = self.encode(&request, false)?;
         let inner = &self.inner;
         inner
@@ -308,7 +372,7 @@ impl LlmProvider for OpenAiProvider {
             .with_retries(|| inner.timed(inner.config.request_timeout, inner.send(body.clone())))
             .await?;
         let state = StreamState {
-            events: Box::pin(response.bytes_stream().eventsource()),
+            events: Box::pin(error_lines_as_events(response.bytes_stream()).eventsource()),
             assembler: Some(
                 StreamAssembler::new().check_arguments(self.inner.config.check_tool_arguments),
             ),
@@ -317,6 +381,57 @@ impl LlmProvider for OpenAiProvider {
         };
         Ok(Box::pin(futures::stream::unfold(state, next_event)))
     }
+}
+
+/// Rewrites `error: {...}` lines into `event: error` / `data: {...}`. llama.cpp's server has sent
+/// errors that arise once a stream has started (a prompt too long for the context, for one) as a
+/// line with the field name `error`, which event-stream readers ignore: the stream would look
+/// empty. Nothing else changes, and no valid event-stream line starts with `error:`.
+fn error_lines_as_events<S, B>(
+    bytes: S,
+) -> impl Stream<Item = Result<Vec<u8>, reqwest::Error>> + Send + 'static
+where
+    S: Stream<Item = Result<B, reqwest::Error>> + Send + 'static,
+    B: AsRef<[u8]>,
+{
+    fn rewrite(lines: Vec<u8>) -> Vec<u8> {
+        if !lines.windows(6).any(|w| w == b"error:") {
+            return lines;
+        }
+        let mut out = Vec::with_capacity(lines.len() + 32);
+        for line in lines.split_inclusive(|b| *b == b'\n') {
+            match line.strip_prefix(b"error:") {
+                Some(rest) => {
+                    out.extend_from_slice(b"event: error\ndata:");
+                    out.extend_from_slice(rest);
+                }
+                None => out.extend_from_slice(line),
+            }
+        }
+        out
+    }
+    let state = (Box::pin(bytes), Vec::<u8>::new(), false);
+    futures::stream::unfold(state, |(mut bytes, mut carry, ended)| async move {
+        if ended {
+            return None;
+        }
+        loop {
+            match bytes.next().await {
+                Some(Ok(piece)) => {
+                    carry.extend_from_slice(piece.as_ref());
+                    // Pass on whole lines only, so a line's start is always seen.
+                    let Some(end) = carry.iter().rposition(|b| *b == b'\n') else {
+                        continue;
+                    };
+                    let rest = carry.split_off(end + 1);
+                    return Some((Ok(rewrite(carry)), (bytes, rest, false)));
+                }
+                Some(Err(error)) => return Some((Err(error), (bytes, carry, true))),
+                None if carry.is_empty() => return None,
+                None => return Some((Ok(rewrite(carry)), (bytes, Vec::new(), true))),
+            }
+        }
+    })
 }
 
 type SseStream = std::pin::Pin<
@@ -353,13 +468,7 @@ async fn next_event(
         match next {
             Some(Ok(event)) => {
                 let fed = if event.event == "error" {
-                    Err(LlmError::Server {
-                        status: 200,
-                        message: format!(
-                            "the server sent an error event: {}",
-                            preview(event.data.as_bytes())
-                        ),
-                    })
+                    Err(error_event(&event.data))
                 } else {
                     assembler.feed(&event.data)
                 };
@@ -375,18 +484,16 @@ async fn next_event(
                 let chunks = assembler.chunks();
                 state.assembler = None;
                 let error = match error {
-                    EventStreamError::Transport(e) => {
-                        let cause = transport_error(e, state.inner.config.request_timeout);
-                        match cause {
-                            LlmError::Timeout(_) => cause,
-                            other => LlmError::Transport {
-                                message: format!(
-                                    "the stream was cut after {chunks} chunk(s): {other}"
-                                ),
-                                source: Some(Box::new(other)),
-                            },
-                        }
+                    EventStreamError::Transport(e) if e.is_timeout() => {
+                        LlmError::Timeout(state.inner.config.request_timeout)
                     }
+                    EventStreamError::Transport(e) => LlmError::Transport {
+                        message: format!(
+                            "the connection broke after {chunks} chunk(s) of the stream: {}",
+                            describe_chain(&e)
+                        ),
+                        source: Some(Box::new(e)),
+                    },
                     other => LlmError::MalformedResponse(format!(
                         "the event stream is unreadable after {chunks} chunk(s): {other}"
                     )),
@@ -394,6 +501,10 @@ async fn next_event(
                 return Some((Err(error), state));
             }
             None if assembler.is_complete() => return finish(state),
+            None if assembler.chunks() == 0 => {
+                state.assembler = None;
+                return Some((Err(empty_stream()), state));
+            }
             None => {
                 let chunks = assembler.chunks();
                 state.assembler = None;
@@ -410,6 +521,62 @@ async fn next_event(
 
 fn finish(mut state: StreamState) -> Option<(Result<StreamEvent, LlmError>, StreamState)> {
     let assembler = state.assembler.take()?;
+    if assembler.chunks() == 0 {
+        return Some((Err(empty_stream()), state));
+    }
     let result = assembler.finish().map(StreamEvent::Done);
     Some((result, state))
+}
+
+/// HTTP 200, then a stream with no chunk (nothing at all, or only `[DONE]`). Core's [`LlmError`]
+/// has no variant for it; it is a [`LlmError::MalformedResponse`] that says what was seen.
+fn empty_stream() -> LlmError {
+    LlmError::MalformedResponse(
+        "the server sent an empty stream (HTTP 200 without a single chunk); llama.cpp-based servers \
+         do this when the prompt does not fit the context window"
+            .to_owned(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    async fn rewritten(pieces: &[&str]) -> String {
+        let input = futures::stream::iter(
+            pieces
+                .iter()
+                .map(|p| Ok::<_, reqwest::Error>(p.as_bytes().to_vec()))
+                .collect::<Vec<_>>(),
+        );
+        let out: Vec<Vec<u8>> = error_lines_as_events(input)
+            .map(Result::unwrap)
+            .collect()
+            .await;
+        String::from_utf8(out.concat()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn error_lines_become_error_events_however_the_body_is_split() {
+        let body = "data: {\"a\":1}\n\nerror: {\"message\":\"x\"}\n\ndata: [DONE]\n\n";
+        let expected =
+            "data: {\"a\":1}\n\nevent: error\ndata: {\"message\":\"x\"}\n\ndata: [DONE]\n\n";
+        for cut in 0..=body.len() {
+            for second in cut..=body.len() {
+                let pieces = [&body[..cut], &body[cut..second], &body[second..]];
+                assert_eq!(rewritten(&pieces).await, expected, "cut at {cut}, {second}");
+            }
+        }
+        // A last line without its newline is passed on; other text is untouched.
+        assert_eq!(
+            rewritten(&["data: x\n", "error: y"]).await,
+            "data: x\nevent: error\ndata: y"
+        );
+        assert_eq!(
+            rewritten(&["data: {\"e\":\"error: no\"}\n\n"]).await,
+            "data: {\"e\":\"error: no\"}\n\n"
+        );
+    }
 }

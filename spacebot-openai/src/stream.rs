@@ -93,7 +93,7 @@ pub struct StreamAssembler {
     usage: Option<Usage>,
     done: bool,
     chunks: usize,
-    lenient_arguments: bool,
+    check_arguments: bool,
 }
 
 impl StreamAssembler {
@@ -213,10 +213,11 @@ impl StreamAssembler {
         })
     }
 
-    /// Whether [`finish`](Self::finish) refuses tool-call arguments that are not a JSON object
-    /// (the default: `true`).
+    /// Whether [`finish`](Self::finish) refuses tool-call arguments that are not a JSON object.
+    /// Off by default: such arguments are reported (a `tracing` warning) and passed on as the
+    /// model wrote them (see [`OpenAiConfig::check_tool_arguments`](crate::OpenAiConfig::check_tool_arguments)).
     pub fn check_arguments(mut self, check: bool) -> Self {
-        self.lenient_arguments = !check;
+        self.check_arguments = check;
         self
     }
 
@@ -236,8 +237,9 @@ impl StreamAssembler {
         self.chunks
     }
 
-    /// The assembled response; tool-call arguments that are not a JSON object are an error naming
-    /// the tool.
+    /// The assembled response. A tool call without a name is an error; arguments that are not a
+    /// JSON object are an error naming the tool only with [`check_arguments`](Self::check_arguments)
+    /// on, and otherwise kept as sent.
     pub fn finish(self) -> Result<ChatResponse, LlmError> {
         let mut tool_calls = Vec::with_capacity(self.calls.len());
         for (index, call) in self.calls.into_iter().enumerate() {
@@ -246,7 +248,7 @@ impl StreamAssembler {
                 name: call.name,
                 arguments: call.arguments,
             };
-            tool_calls.push(check_tool_call(call, index, !self.lenient_arguments)?);
+            tool_calls.push(check_tool_call(call, index, self.check_arguments)?);
         }
         let content = if !self.content.is_empty() {
             Some(self.content)

@@ -7,7 +7,7 @@ use spacebot_core::llm::{
     ChatMessage, ChatRequest, ChatResponse, FinishReason, ToolCall, ToolChoice, Usage,
 };
 
-use crate::config::{Dialect, MaxTokensField};
+use crate::config::{Dialect, MaxTokensField, ToolChoicePolicy};
 use crate::error::{ErrorDetail, stream_error};
 
 /// A request body.
@@ -48,7 +48,8 @@ pub(crate) enum WireMessage<'a> {
         content: &'a str,
     },
     Assistant {
-        // `None` is written as `null`: OpenAI accepts it next to tool calls.
+        // `None` is written as `null`: OpenAI accepts it next to tool calls; dialects without
+        // `null_content_with_tool_calls` get `""` instead.
         content: Option<&'a str>,
         #[serde(skip_serializing_if = "Vec::is_empty")]
         tool_calls: Vec<WireToolCallOut<'a>>,
@@ -88,13 +89,22 @@ pub(crate) struct WireFunctionDef<'a> {
     parameters: &'a Value,
 }
 
+/// What the request body takes from the configuration.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Defaults<'a> {
+    pub(crate) model: &'a str,
+    pub(crate) max_tokens: Option<u32>,
+    pub(crate) dialect: &'a Dialect,
+}
+
 /// Builds the request body for `request`, refusing what cannot be sent.
 pub(crate) fn build_request<'a>(
     request: &'a ChatRequest,
-    default_model: &'a str,
-    dialect: &Dialect,
+    defaults: Defaults<'a>,
     stream: bool,
 ) -> Result<WireRequest<'a>, LlmError> {
+    let dialect = defaults.dialect;
+    let default_model = defaults.model;
     if request.messages.is_empty() {
         return Err(refused("messages", "at least one message is required"));
     }
@@ -177,23 +187,30 @@ pub(crate) fn build_request<'a>(
         })
         .collect();
 
-    let tool_choice = request.tool_choice.as_ref().map(|c| match c {
-        ToolChoice::Auto => Value::from("auto"),
-        ToolChoice::None => Value::from("none"),
-        ToolChoice::Required => Value::from("required"),
-        ToolChoice::Function(name) => serde_json::json!({
-            "type": "function",
-            "function": { "name": name },
+    // A choice without tools is not sent: OpenAI refuses `tool_choice` when no tools are given.
+    let tool_choice = match (&request.tool_choice, dialect.tool_choice) {
+        _ if tools.is_empty() => None,
+        (Some(choice), _) => Some(match choice {
+            ToolChoice::Auto => Value::from("auto"),
+            ToolChoice::None => Value::from("none"),
+            ToolChoice::Required => Value::from("required"),
+            ToolChoice::Function(name) => serde_json::json!({
+                "type": "function",
+                "function": { "name": name },
+            }),
         }),
-    });
+        (None, ToolChoicePolicy::Auto) => Some(Value::from("auto")),
+        (None, ToolChoicePolicy::Omit) => None,
+    };
     let parallel_tool_calls = if tools.is_empty() {
         None
     } else {
         dialect.parallel_tool_calls
     };
+    let limit = request.max_tokens.or(defaults.max_tokens);
     let (max_completion_tokens, max_tokens) = match dialect.max_tokens_field {
-        MaxTokensField::MaxCompletionTokens => (request.max_tokens, None),
-        MaxTokensField::MaxTokens => (None, request.max_tokens),
+        MaxTokensField::MaxCompletionTokens => (limit, None),
+        MaxTokensField::MaxTokens => (None, limit),
     };
 
     Ok(WireRequest {
@@ -286,6 +303,11 @@ impl From<WireUsage> for Usage {
 
 /// Parses a non-streamed response body.
 pub(crate) fn parse_response(body: &[u8], check_arguments: bool) -> Result<ChatResponse, LlmError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Err(LlmError::MalformedResponse(
+            "the server sent an empty body with HTTP 200 instead of a chat completion".to_owned(),
+        ));
+    }
     let wire: WireResponse = serde_json::from_slice(body).map_err(|e| {
         LlmError::MalformedResponse(format!(
             "the response body is not a chat completion: {e} (body starts with {:?})",
@@ -324,8 +346,11 @@ pub(crate) fn parse_response(body: &[u8], check_arguments: bool) -> Result<ChatR
     })
 }
 
-/// Checks one finished tool call: a name, and (when `check_arguments`) arguments that are a JSON
-/// object. Empty arguments become `{}`.
+/// Checks one finished tool call: it must have a name. Empty arguments become `{}`.
+///
+/// Arguments that are not a JSON object are an error naming the tool when `check_arguments`;
+/// otherwise they are reported (a `tracing` warning) and passed on exactly as the model wrote them,
+/// for the runtime to answer the model with the parse error as the tool result.
 pub(crate) fn check_tool_call(
     mut call: ToolCall,
     index: usize,
@@ -341,24 +366,27 @@ pub(crate) fn check_tool_call(
         call.arguments = "{}".to_owned();
         return Ok(call);
     }
-    if !check_arguments {
-        return Ok(call);
-    }
-    match serde_json::from_str::<Value>(&call.arguments) {
-        Ok(Value::Object(_)) => Ok(call),
-        Ok(other) => Err(LlmError::MalformedResponse(format!(
-            "the arguments of tool call {index} to `{}` (id {:?}) are JSON but not an object: {}",
-            call.name,
-            call.id,
-            kind_of(&other)
-        ))),
-        Err(e) => Err(LlmError::MalformedResponse(format!(
-            "the arguments of tool call {index} to `{}` (id {:?}) are not valid JSON: {e}: {:?}",
-            call.name,
-            call.id,
+    let problem = match serde_json::from_str::<Value>(&call.arguments) {
+        Ok(Value::Object(_)) => return Ok(call),
+        Ok(other) => format!("are JSON but not an object: {}", kind_of(&other)),
+        Err(e) => format!(
+            "are not valid JSON: {e}: {:?}",
             preview(call.arguments.as_bytes())
-        ))),
+        ),
+    };
+    if check_arguments {
+        return Err(LlmError::MalformedResponse(format!(
+            "the arguments of tool call {index} to `{}` (id {:?}) {problem}",
+            call.name, call.id
+        )));
     }
+    tracing::warn!(
+        tool = %call.name,
+        call_id = %call.id,
+        index,
+        "the model sent tool-call arguments that {problem}; passing them on as written"
+    );
+    Ok(call)
 }
 
 fn kind_of(v: &Value) -> &'static str {
@@ -399,8 +427,18 @@ mod tests {
     use spacebot_core::ToolDefinition;
 
     fn body(request: &ChatRequest, dialect: &Dialect, stream: bool) -> Value {
-        serde_json::to_value(build_request(request, "default-model", dialect, stream).unwrap())
-            .unwrap()
+        serde_json::to_value(
+            build_request(request, defaults("default-model", dialect), stream).unwrap(),
+        )
+        .unwrap()
+    }
+
+    fn defaults<'a>(model: &'a str, dialect: &'a Dialect) -> Defaults<'a> {
+        Defaults {
+            model,
+            max_tokens: None,
+            dialect,
+        }
     }
 
     fn history() -> ChatRequest {
@@ -465,17 +503,63 @@ mod tests {
     }
 
     #[test]
+    fn tool_choice_policy_applies_only_when_tools_are_offered_and_no_choice_is_named() {
+        let mut r = history();
+        r.tool_choice = None;
+        assert_eq!(
+            body(&r, &Dialect::llama_cpp(), false)["tool_choice"],
+            "auto"
+        );
+        assert!(
+            body(&r, &Dialect::openai(), false)
+                .get("tool_choice")
+                .is_none()
+        );
+        r.tool_choice = Some(ToolChoice::None);
+        assert_eq!(
+            body(&r, &Dialect::llama_cpp(), false)["tool_choice"],
+            "none"
+        );
+        r.tools.clear();
+        assert!(
+            body(&r, &Dialect::llama_cpp(), false)
+                .get("tool_choice")
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn the_configured_token_limit_applies_when_the_request_sets_none() {
+        let mut r = history();
+        r.max_tokens = None;
+        let dialect = Dialect::vllm();
+        let with_default = Defaults {
+            max_tokens: Some(512),
+            ..defaults("m", &dialect)
+        };
+        let b = serde_json::to_value(build_request(&r, with_default, false).unwrap()).unwrap();
+        assert_eq!(b["max_tokens"], 512);
+        r.max_tokens = Some(8);
+        let b = serde_json::to_value(build_request(&r, with_default, false).unwrap()).unwrap();
+        assert_eq!(b["max_tokens"], 8);
+    }
+
+    #[test]
     fn refuses_what_cannot_be_sent() {
         let mut dialect = Dialect::openai();
         dialect.supports_tools = false;
-        let err = build_request(&history(), "m", &dialect, false).unwrap_err();
+        let err = build_request(&history(), defaults("m", &dialect), false).unwrap_err();
         assert!(err.to_string().contains("tools"), "{err}");
         let mut r = history();
         r.temperature = Some(f32::NAN);
-        let err = build_request(&r, "m", &Dialect::openai(), false).unwrap_err();
+        let err = build_request(&r, defaults("m", &Dialect::openai()), false).unwrap_err();
         assert!(err.to_string().contains("temperature"), "{err}");
-        let err =
-            build_request(&ChatRequest::default(), "m", &Dialect::openai(), false).unwrap_err();
+        let err = build_request(
+            &ChatRequest::default(),
+            defaults("m", &Dialect::openai()),
+            false,
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("messages"), "{err}");
     }
 

@@ -440,7 +440,17 @@ async fn a_stream_whose_connection_breaks_is_an_error() {
     let events: Vec<_> = stream.collect().await;
     let error = last_error(&events);
     assert!(matches!(error, LlmError::Transport { .. }), "{error}");
-    assert!(error.to_string().contains("cut"), "{error}");
+    let text = error.to_string();
+    assert!(
+        text.starts_with("transport error: the connection broke after 3 chunk(s) of the stream: "),
+        "{text}"
+    );
+    assert_eq!(text.matches("transport error").count(), 1, "{text}");
+    assert_eq!(
+        text.matches("error decoding response body").count(),
+        1,
+        "{text}"
+    );
 }
 
 #[tokio::test]
@@ -464,12 +474,12 @@ async fn an_error_inside_the_stream_is_an_error() {
 }
 
 #[tokio::test]
-async fn streamed_tool_arguments_that_are_not_json_name_the_tool() {
+async fn streamed_tool_arguments_that_are_not_json_name_the_tool_when_checked() {
     let server = FixtureServer::start(vec![Reply::sse(
         "openai/stream_tool_calls_bad_arguments.sse",
     )])
     .await;
-    let (provider, _) = make(config(&server));
+    let (provider, _) = make(config(&server).with_check_tool_arguments(true));
     let mut request = ask("Weather?");
     request.tools = vec![weather_tool()];
     let events = collect(&provider, request).await;
@@ -479,23 +489,24 @@ async fn streamed_tool_arguments_that_are_not_json_name_the_tool() {
 }
 
 #[tokio::test]
-async fn tool_arguments_that_are_not_json_name_the_tool() {
+async fn tool_arguments_that_are_not_json_name_the_tool_when_checked() {
     let server =
         FixtureServer::start(vec![Reply::json("openai/tool_calls_bad_arguments.json")]).await;
-    let (provider, _) = make(config(&server));
+    let (provider, _) = make(config(&server).with_check_tool_arguments(true));
     let error = provider.complete(after_tool_round()).await.unwrap_err();
     assert!(matches!(error, LlmError::MalformedResponse(_)), "{error}");
     assert!(error.to_string().contains("`get_weather`"), "{error}");
     assert!(error.to_string().contains("not valid JSON"), "{error}");
     assert_eq!(server.count(), 1, "not retried");
 
-    // Passed on as written when the runtime wants to answer the model itself.
+    // Passed on as written by default: the runtime answers the model with the parse error.
     let server = FixtureServer::start(vec![
         Reply::json("openai/tool_calls_bad_arguments.json"),
         Reply::sse("openai/stream_tool_calls_bad_arguments.sse"),
     ])
     .await;
-    let (provider, _) = make(config(&server).with_check_tool_arguments(false));
+    let (provider, _) = make(config(&server));
+    assert!(!provider.config().check_tool_arguments, "off by default");
     let response = provider.complete(after_tool_round()).await.unwrap();
     assert_eq!(
         response.tool_calls[0].arguments,
@@ -590,6 +601,28 @@ async fn llama_cpp_validation_errors_arrive_as_500_and_are_not_retried() {
 }
 
 #[tokio::test]
+async fn llama_cpp_plain_server_errors_are_retried() {
+    let server = FixtureServer::start(vec![
+        Reply::status_json(500, "compat/llamacpp_error_500_plain.json"),
+        Reply::raw(500, "Internal Server Error"),
+        Reply::raw(502, "<html>Bad gateway</html>"),
+        Reply::raw(
+            503,
+            r#"{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}"#,
+        ),
+        Reply::json("openai/plain.json"),
+    ])
+    .await;
+    let mut cfg = config(&server).with_dialect(Dialect::llama_cpp());
+    cfg.retry.max_retries = 4;
+    let (provider, clock) = make(cfg);
+    let response = provider.complete(ask("hi")).await.unwrap();
+    assert_eq!(response.finish_reason, Some(FinishReason::Stop));
+    assert_eq!(server.count(), 5);
+    assert_eq!(clock.waits().len(), 4);
+}
+
+#[tokio::test]
 async fn server_errors_are_retried_with_exponential_backoff() {
     let server = FixtureServer::start(vec![
         Reply::status_json(500, "openai/error_500.json"),
@@ -628,8 +661,12 @@ async fn retries_stop_after_the_limit_with_the_last_error() {
     );
     let error = provider.complete(ask("hi")).await.unwrap_err();
     assert!(
-        matches!(&error, LlmError::Server { status: 503, message } if message == "still busy"),
+        matches!(&error, LlmError::Server { status: 503, message } if message == "gave up after 3 attempts; last: still busy"),
         "{error:?}"
+    );
+    assert_eq!(
+        error.to_string(),
+        "server error (HTTP 503): gave up after 3 attempts; last: still busy"
     );
     assert_eq!(server.count(), 3);
     assert_eq!(clock.waits(), [100, 150].map(Duration::from_millis));
@@ -882,4 +919,396 @@ async fn bad_configuration_is_refused_with_the_setting_named() {
     assert!(err.to_string().contains("extra_headers[0]"), "{err}");
     let ok = OpenAiProvider::new(OpenAiConfig::new("m").with_api_key("sk-secret"), clock).unwrap();
     assert!(!format!("{ok:?}").contains("sk-secret"));
+}
+
+// --- Configuration from the environment, and what each dialect sends ---
+
+fn env_config(
+    server: &FixtureServer,
+    vars: &[(&str, &str)],
+) -> Result<OpenAiConfig, spacebot_openai::ConfigError> {
+    let base_url = server.base_url.clone();
+    let vars: Vec<(String, String)> = vars
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    OpenAiConfig::from_lookup(move |name| {
+        if name == "OPENAI_BASE_URL" {
+            return Some(base_url.clone());
+        }
+        vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+    })
+}
+
+fn with_test_clock(mut cfg: OpenAiConfig) -> OpenAiConfig {
+    cfg.retry = cfg.retry.with_jitter(0.0);
+    cfg
+}
+
+#[tokio::test]
+async fn the_dialect_and_its_switches_come_from_the_environment() {
+    let server =
+        FixtureServer::start(vec![Reply::sse("compat/llamacpp_stream_tool_calls.sse")]).await;
+    let cfg = env_config(
+        &server,
+        &[
+            ("SPACEBOT_DIALECT", "llama_cpp"),
+            ("SPACEBOT_MODEL", "qwen2.5-7b-instruct"),
+            ("SPACEBOT_MAX_TOKENS", "300"),
+            ("SPACEBOT_STREAM", "true"),
+            ("SPACEBOT_REQUEST_TIMEOUT_SECS", "45"),
+            ("SPACEBOT_MAX_RETRIES", "0"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(cfg.dialect, Dialect::llama_cpp());
+    assert_eq!(cfg.request_timeout, Duration::from_secs(45));
+    assert_eq!(cfg.retry.max_retries, 0);
+    assert!(cfg.api_key.is_none());
+    let (provider, _) = make(with_test_clock(cfg));
+    // The runtime names no tool choice and no token limit; `complete` streams underneath.
+    let mut request = after_tool_round();
+    request.tool_choice = None;
+    let response = provider.complete(request).await.unwrap();
+    assert_eq!(response.tool_calls[0].name, "send_agent_message");
+
+    let body = server.only_body();
+    assert_eq!(body["model"], "qwen2.5-7b-instruct");
+    assert_eq!(body["stream"], true);
+    assert_eq!(body["tool_choice"], "auto");
+    assert_eq!(body["max_tokens"], 300);
+    assert!(body.get("max_completion_tokens").is_none());
+    assert_eq!(body["messages"][2]["content"], "");
+}
+
+#[tokio::test]
+async fn environment_switches_override_the_preset() {
+    let server = FixtureServer::start(vec![Reply::json("openai/plain.json")]).await;
+    let cfg = env_config(
+        &server,
+        &[
+            ("SPACEBOT_DIALECT", "vllm"),
+            ("SPACEBOT_TOOL_CHOICE", "omit"),
+            ("SPACEBOT_MAX_TOKENS_FIELD", "max_completion_tokens"),
+            ("SPACEBOT_PARALLEL_TOOL_CALLS", "false"),
+            ("SPACEBOT_MAX_TOKENS", "64"),
+        ],
+    )
+    .unwrap();
+    let (provider, _) = make(with_test_clock(cfg));
+    let mut request = ask("hi");
+    request.tools = vec![weather_tool()];
+    provider.complete(request).await.unwrap();
+    let body = server.only_body();
+    assert!(body.get("tool_choice").is_none(), "{body}");
+    assert_eq!(body["max_completion_tokens"], 64);
+    assert_eq!(body["parallel_tool_calls"], false);
+}
+
+#[test]
+fn bad_environment_values_name_the_variable_and_the_accepted_values() {
+    let cases = [
+        (
+            "SPACEBOT_DIALECT",
+            "llama",
+            "openai, llama_cpp, vllm, ollama, compatible",
+        ),
+        ("SPACEBOT_TOOL_CHOICE", "required", "auto, omit"),
+        (
+            "SPACEBOT_MAX_TOKENS_FIELD",
+            "tokens",
+            "max_tokens, max_completion_tokens",
+        ),
+        ("SPACEBOT_STREAM", "maybe", "true, false"),
+        ("SPACEBOT_SUPPORTS_TOOLS", "2", "true, false"),
+        ("SPACEBOT_MAX_TOKENS", "0", "whole number"),
+        ("SPACEBOT_MAX_TOKENS", "-5", "whole number"),
+        ("SPACEBOT_MAX_RETRIES", "three", "whole number"),
+        ("SPACEBOT_REQUEST_TIMEOUT_SECS", "0", "seconds above 0"),
+        ("SPACEBOT_STREAM_IDLE_TIMEOUT_SECS", "1m", "seconds above 0"),
+        ("SPACEBOT_CONNECT_TIMEOUT_SECS", "NaN", "seconds above 0"),
+        ("OPENAI_BASE_URL", "localhost:8080", "http"),
+    ];
+    for (name, value, accepted) in cases {
+        let err =
+            OpenAiConfig::from_lookup(|k| (k == name).then(|| value.to_owned())).expect_err(name);
+        let text = err.to_string();
+        assert!(text.contains(name), "{name}={value}: {text}");
+        assert!(text.contains(value), "{name}={value}: {text}");
+        assert!(text.contains(accepted), "{name}={value}: {text}");
+    }
+}
+
+#[test]
+fn from_env_reads_the_process_environment_in_a_child_process() {
+    // The child sets nothing itself: the variables are given to it, so no test races on the
+    // process environment.
+    if let Ok(expected) = std::env::var("SPACEBOT_TEST_EXPECT_DIALECT") {
+        let cfg = OpenAiConfig::from_env().unwrap();
+        assert_eq!(cfg.dialect.name, expected);
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let run = |dialect: &str, expect: &str| {
+        std::process::Command::new(&exe)
+            .args([
+                "from_env_reads_the_process_environment_in_a_child_process",
+                "--exact",
+                "--nocapture",
+            ])
+            .env("SPACEBOT_DIALECT", dialect)
+            .env("SPACEBOT_TEST_EXPECT_DIALECT", expect)
+            .output()
+            .unwrap()
+    };
+    let ok = run("ollama", "ollama");
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert!(String::from_utf8_lossy(&ok.stdout).contains("1 passed"));
+    let bad = run("ollama", "vllm");
+    assert!(!bad.status.success(), "the child's check can fail");
+    let unknown = run("gpt", "openai");
+    assert!(!unknown.status.success());
+    assert!(
+        String::from_utf8_lossy(&unknown.stdout).contains("SPACEBOT_DIALECT")
+            || String::from_utf8_lossy(&unknown.stderr).contains("SPACEBOT_DIALECT")
+    );
+}
+
+fn presets() -> [Dialect; 5] {
+    [
+        Dialect::openai(),
+        Dialect::llama_cpp(),
+        Dialect::vllm(),
+        Dialect::ollama(),
+        Dialect::compatible(),
+    ]
+}
+
+#[tokio::test]
+async fn tool_choice_per_dialect() {
+    for dialect in presets() {
+        let expected = match dialect.name {
+            "openai" | "ollama" => None,
+            _ => Some("auto"),
+        };
+        let server = FixtureServer::start(vec![
+            Reply::json("openai/plain.json"),
+            Reply::json("openai/plain.json"),
+            Reply::json("openai/plain.json"),
+        ])
+        .await;
+        let (provider, _) = make(config(&server).with_dialect(dialect.clone()));
+        let mut with_tools = ask("hi");
+        with_tools.tools = vec![weather_tool()];
+        provider.complete(with_tools.clone()).await.unwrap();
+        // A choice the request names is sent as it is, whatever the dialect.
+        with_tools.tool_choice = Some(ToolChoice::Required);
+        provider.complete(with_tools).await.unwrap();
+        // No tools, no tool_choice.
+        provider.complete(ask("hi")).await.unwrap();
+        let bodies: Vec<Value> = server.requests().into_iter().map(|r| r.body).collect();
+        assert_eq!(
+            bodies[0].get("tool_choice").and_then(Value::as_str),
+            expected,
+            "{}",
+            dialect.name
+        );
+        assert_eq!(bodies[1]["tool_choice"], "required", "{}", dialect.name);
+        assert!(bodies[2].get("tool_choice").is_none(), "{}", dialect.name);
+        assert!(bodies[2].get("tools").is_none(), "{}", dialect.name);
+    }
+}
+
+#[tokio::test]
+async fn assistant_tool_calls_are_encoded_per_dialect() {
+    for dialect in presets() {
+        let (content, field) = match dialect.name {
+            "openai" => (Value::Null, "max_completion_tokens"),
+            "vllm" => (Value::Null, "max_tokens"),
+            _ => (json!(""), "max_tokens"),
+        };
+        let server = FixtureServer::start(vec![Reply::json("openai/plain.json")]).await;
+        let (provider, _) = make(
+            config(&server)
+                .with_dialect(dialect.clone())
+                .with_max_tokens(99),
+        );
+        provider.complete(after_tool_round()).await.unwrap();
+        let body = server.only_body();
+        assert_eq!(
+            body["messages"][2],
+            json!({
+                "role": "assistant",
+                "content": content,
+                "tool_calls": [{
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}
+                }]
+            }),
+            "{}",
+            dialect.name
+        );
+        assert_eq!(body[field], 99, "{}", dialect.name);
+        let other = if field == "max_tokens" {
+            "max_completion_tokens"
+        } else {
+            "max_tokens"
+        };
+        assert!(body.get(other).is_none(), "{}", dialect.name);
+    }
+}
+
+#[tokio::test]
+async fn malformed_tool_arguments_are_passed_through_not_errors() {
+    let server = FixtureServer::start(vec![
+        Reply::json("openai/tool_calls_bad_arguments.json"),
+        Reply::sse("openai/stream_tool_calls_bad_arguments.sse"),
+    ])
+    .await;
+    let (provider, _) = make(config(&server).with_dialect(Dialect::llama_cpp()));
+    let mut request = ask("Weather?");
+    request.tools = vec![weather_tool()];
+    let response = provider.complete(request.clone()).await.unwrap();
+    assert_eq!(response.finish_reason, Some(FinishReason::ToolCalls));
+    assert_eq!(response.tool_calls[0].name, "get_weather");
+    assert_eq!(
+        response.tool_calls[0].arguments,
+        r#"{"city": "Paris", "unit": "#
+    );
+    assert!(serde_json::from_str::<Value>(&response.tool_calls[0].arguments).is_err());
+    let streamed = done(&collect(&provider, request).await);
+    assert_eq!(streamed.tool_calls[0].arguments, r#"{"city": Paris}"#);
+    assert_eq!(server.count(), 2, "nothing retried");
+}
+
+// --- Error classes ---
+
+#[tokio::test]
+async fn a_context_error_inside_a_stream_is_context_too_long() {
+    for (name, dialect, needle) in [
+        (
+            "broken/llamacpp_stream_context_error.sse",
+            Dialect::llama_cpp(),
+            "available context size",
+        ),
+        (
+            "broken/stream_error_event_context.sse",
+            Dialect::vllm(),
+            "maximum context length",
+        ),
+    ] {
+        let server = FixtureServer::start(vec![Reply::sse(name)]).await;
+        let (provider, _) = make(config(&server).with_dialect(dialect));
+        let events = collect(&provider, ask("a very long prompt")).await;
+        let error = last_error(&events);
+        assert!(
+            matches!(error, LlmError::ContextTooLong { message } if message.contains(needle)),
+            "{name}: {error:?}"
+        );
+        assert_eq!(events.len(), 1, "{name}");
+    }
+}
+
+#[tokio::test]
+async fn an_empty_stream_is_its_own_error() {
+    for name in ["broken/stream_empty.sse", "broken/stream_done_only.sse"] {
+        let server = FixtureServer::start(vec![Reply::sse(name)]).await;
+        let (provider, _) = make(config(&server).with_dialect(Dialect::llama_cpp()));
+        let events = collect(&provider, ask("hi")).await;
+        assert_eq!(events.len(), 1, "{name}: {events:?}");
+        let error = last_error(&events);
+        let text = error.to_string();
+        assert!(
+            matches!(error, LlmError::MalformedResponse(_)),
+            "{name}: {text}"
+        );
+        assert!(
+            text.contains("the server sent an empty stream"),
+            "{name}: {text}"
+        );
+        assert!(!text.contains("cut mid-way"), "{name}: {text}");
+    }
+}
+
+#[tokio::test]
+async fn an_empty_body_with_status_200_says_so() {
+    let server = FixtureServer::start(vec![Reply::raw(200, "")]).await;
+    let (provider, _) = make(config(&server));
+    let error = provider.complete(ask("hi")).await.unwrap_err();
+    assert!(
+        matches!(&error, LlmError::MalformedResponse(m) if m.contains("empty body")),
+        "{error:?}"
+    );
+}
+
+#[tokio::test]
+async fn exhausted_retries_say_how_many_attempts_for_each_retried_kind() {
+    // Rate limits.
+    let server = FixtureServer::start(vec![
+        Reply::status_json(429, "openai/error_429.json"),
+        Reply::status_json(429, "openai/error_429.json"),
+    ])
+    .await;
+    let (provider, _) = make(
+        config(&server).with_retry(
+            RetryPolicy::default()
+                .with_max_retries(1)
+                .with_backoff(Duration::from_millis(10), Duration::from_millis(10))
+                .with_jitter(0.0),
+        ),
+    );
+    let error = provider.complete(ask("hi")).await.unwrap_err();
+    assert!(
+        matches!(&error, LlmError::RateLimited { message, .. } if message.starts_with("gave up after 2 attempts; last: ")),
+        "{error:?}"
+    );
+    // Refused connections.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    let (provider, _) = make(
+        OpenAiConfig::new("m")
+            .with_base_url(format!("http://{addr}/v1"))
+            .with_retry(
+                RetryPolicy::default()
+                    .with_max_retries(2)
+                    .with_backoff(Duration::from_millis(10), Duration::from_millis(10))
+                    .with_jitter(0.0),
+            ),
+    );
+    let error = provider.complete(ask("hi")).await.unwrap_err();
+    let text = error.to_string();
+    assert!(
+        text.starts_with("transport error: gave up after 3 attempts; last: "),
+        "{text}"
+    );
+    // A single attempt (no retries configured) is not dressed up.
+    let server = FixtureServer::start(vec![Reply::raw(503, "busy")]).await;
+    let (provider, _) = make(config(&server).with_retry(RetryPolicy::none()));
+    let error = provider.complete(ask("hi")).await.unwrap_err();
+    assert!(
+        matches!(&error, LlmError::Server { status: 503, message } if message == "busy"),
+        "{error:?}"
+    );
+}
+
+#[tokio::test]
+async fn not_implemented_is_not_retried() {
+    let server = FixtureServer::start(vec![
+        Reply::raw(501, "tools are not supported"),
+        Reply::json("openai/plain.json"),
+    ])
+    .await;
+    let (provider, _) = make(config(&server));
+    let error = provider.complete(ask("hi")).await.unwrap_err();
+    assert!(
+        matches!(error, LlmError::InvalidRequest { status: 501, .. }),
+        "{error:?}"
+    );
+    assert_eq!(server.count(), 1);
 }

@@ -339,12 +339,9 @@ impl Clock for TestClock {
 pub mod contract {
     use super::*;
 
-    /// The OpenAPI description, beside the workspace.
+    /// The trimmed OpenAPI description kept with the tests (see `tests/openapi/README.md`).
     pub fn spec_path() -> PathBuf {
-        PathBuf::from(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../shared/openai/openapi.yaml"
-        ))
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openapi/chat-completions.json")
     }
 
     /// The compiled schemas.
@@ -355,105 +352,46 @@ pub mod contract {
         pub error: jsonschema::Validator,
     }
 
-    /// The contract, parsed once per test binary; `None` (said once on stderr, with the path)
-    /// when the OpenAPI file is absent.
-    pub fn get() -> Option<&'static Contract> {
-        static CONTRACT: OnceLock<Option<Contract>> = OnceLock::new();
-        CONTRACT
-            .get_or_init(|| {
-                let path = spec_path();
-                let Ok(text) = std::fs::read_to_string(&path) else {
-                    eprintln!(
-                        "SKIPPED: OpenAPI contract checks: {} is absent",
-                        path.display()
-                    );
-                    return None;
-                };
-                let yaml: serde_yaml_ng::Value =
-                    serde_yaml_ng::from_str(&wide_integers_as_floats(&text))
-                        .unwrap_or_else(|e| panic!("{} is not YAML: {e}", path.display()));
-                let mut doc = yaml_to_json(yaml);
-                openapi_nullable_to_json_schema(&mut doc);
-                let components = doc
-                    .get("components")
-                    .cloned()
-                    .expect("the OpenAPI file has no components");
-                let compile = |name: &str| {
-                    let schema = serde_json::json!({
-                        "$schema": "https://json-schema.org/draft/2020-12/schema",
-                        "$ref": format!("#/components/schemas/{name}"),
-                        "components": components,
-                    });
-                    jsonschema::draft202012::new(&schema)
-                        .unwrap_or_else(|e| panic!("cannot compile {name}: {e}"))
-                };
-                Some(Contract {
-                    request: compile("CreateChatCompletionRequest"),
-                    response: compile("CreateChatCompletionResponse"),
-                    chunk: compile("CreateChatCompletionStreamResponse"),
-                    error: compile("ErrorResponse"),
-                })
-            })
-            .as_ref()
-    }
-
-    /// Rewrites integer scalars too wide for 64 bits (the spec bounds `seed` with
-    /// `±9223372036854776000`) as floats, which the YAML reader can hold.
-    pub fn wide_integers_as_floats(text: &str) -> String {
-        let mut out = String::with_capacity(text.len() + 64);
-        for line in text.split_inclusive('\n') {
-            let body = line.trim_end_matches(['\r', '\n']);
-            let value = body.rsplit_once(": ").map(|(_, v)| v.trim());
-            let wide = value.is_some_and(|v| {
-                let digits = v.strip_prefix('-').unwrap_or(v);
-                !digits.is_empty()
-                    && digits.bytes().all(|b| b.is_ascii_digit())
-                    && v.parse::<i64>().is_err()
-                    && v.parse::<u64>().is_err()
+    /// The contract, parsed once per test binary. Panics (so every test using it fails) when the
+    /// file is missing, unreadable or lacks a schema: the contract is never skipped.
+    pub fn get() -> &'static Contract {
+        static CONTRACT: OnceLock<Contract> = OnceLock::new();
+        CONTRACT.get_or_init(|| {
+            let path = spec_path();
+            let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+                panic!(
+                    "the OpenAPI contract {} cannot be read ({e}); it is part of the repository",
+                    path.display()
+                )
             });
-            out.push_str(body);
-            if wide {
-                out.push_str(".0");
+            let mut doc: Value = serde_json::from_str(&text)
+                .unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()));
+            openapi_nullable_to_json_schema(&mut doc);
+            let components = doc
+                .get("components")
+                .cloned()
+                .unwrap_or_else(|| panic!("{} has no components", path.display()));
+            let compile = |name: &str| {
+                assert!(
+                    components["schemas"].get(name).is_some(),
+                    "{} has no schema {name}",
+                    path.display()
+                );
+                let schema = serde_json::json!({
+                    "$schema": "https://json-schema.org/draft/2020-12/schema",
+                    "$ref": format!("#/components/schemas/{name}"),
+                    "components": components,
+                });
+                jsonschema::draft202012::new(&schema)
+                    .unwrap_or_else(|e| panic!("cannot compile {name}: {e}"))
+            };
+            Contract {
+                request: compile("CreateChatCompletionRequest"),
+                response: compile("CreateChatCompletionResponse"),
+                chunk: compile("CreateChatCompletionStreamResponse"),
+                error: compile("ErrorResponse"),
             }
-            out.push_str(&line[body.len()..]);
-        }
-        out
-    }
-
-    /// YAML to JSON. Integers beyond 64 bits (the spec's `seed` bounds) become floats, which
-    /// `serde_json::Value` cannot take through serde directly.
-    pub fn yaml_to_json(yaml: serde_yaml_ng::Value) -> Value {
-        use serde_yaml_ng::Value as Y;
-        match yaml {
-            Y::Null => Value::Null,
-            Y::Bool(b) => Value::Bool(b),
-            Y::Number(n) => {
-                if let Some(i) = n.as_i64() {
-                    Value::from(i)
-                } else if let Some(u) = n.as_u64() {
-                    Value::from(u)
-                } else {
-                    n.as_f64().map_or(Value::Null, Value::from)
-                }
-            }
-            Y::String(s) => Value::String(s),
-            Y::Sequence(items) => Value::Array(items.into_iter().map(yaml_to_json).collect()),
-            Y::Mapping(map) => Value::Object(
-                map.into_iter()
-                    .map(|(k, v)| {
-                        let key = match k {
-                            Y::String(s) => s,
-                            other => serde_yaml_ng::to_string(&other)
-                                .unwrap_or_default()
-                                .trim()
-                                .to_owned(),
-                        };
-                        (key, yaml_to_json(v))
-                    })
-                    .collect(),
-            ),
-            Y::Tagged(tagged) => yaml_to_json(tagged.value),
-        }
+        })
     }
 
     /// OpenAPI's `nullable: true` (3.0 style, still used in places of this 3.1 file) means "or
@@ -490,31 +428,28 @@ pub mod contract {
         );
     }
 
-    /// Checks a request body against `CreateChatCompletionRequest` (when the file is there).
+    /// Checks a request body against `CreateChatCompletionRequest` .
     pub fn check_request(body: &Value, what: &str) {
-        if let Some(c) = get() {
-            check(&c.request, body, what, "CreateChatCompletionRequest");
-        }
+        check(&get().request, body, what, "CreateChatCompletionRequest");
     }
 
     /// Checks a response body against `CreateChatCompletionResponse`.
     pub fn check_response(body: &Value, what: &str) {
-        if let Some(c) = get() {
-            check(&c.response, body, what, "CreateChatCompletionResponse");
-        }
+        check(&get().response, body, what, "CreateChatCompletionResponse");
     }
 
     /// Checks a stream chunk against `CreateChatCompletionStreamResponse`.
     pub fn check_chunk(body: &Value, what: &str) {
-        if let Some(c) = get() {
-            check(&c.chunk, body, what, "CreateChatCompletionStreamResponse");
-        }
+        check(
+            &get().chunk,
+            body,
+            what,
+            "CreateChatCompletionStreamResponse",
+        );
     }
 
     /// Checks an error body against `ErrorResponse`.
     pub fn check_error(body: &Value, what: &str) {
-        if let Some(c) = get() {
-            check(&c.error, body, what, "ErrorResponse");
-        }
+        check(&get().error, body, what, "ErrorResponse");
     }
 }
