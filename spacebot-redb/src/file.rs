@@ -1,13 +1,14 @@
 //! Opening a file: creating it, refusing foreign or damaged ones, and checking the schema version.
 
 use std::fs;
-use std::io::ErrorKind;
+use std::io::{ErrorKind, Read};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
 
 use redb::{Builder, Database, ReadableDatabase, TableDefinition, TableHandle};
 use spacebot_core::{AgentId, StoreError};
 
+use crate::backend::{FileStorage, ScratchStorage};
 use crate::options::RedbOptions;
 
 /// The schema version this code writes and reads. A file with a higher version is refused.
@@ -49,6 +50,9 @@ impl FileKind {
 #[derive(Debug, Clone)]
 pub(crate) struct Failure {
     corrupt: bool,
+    /// An I/O error of the storage: redb refuses every later operation on that handle, so the
+    /// file must be reopened.
+    io: bool,
     location: String,
     message: String,
 }
@@ -58,6 +62,7 @@ impl Failure {
     pub(crate) fn corrupt(path: &Path, reason: impl Into<String>) -> Self {
         Self {
             corrupt: true,
+            io: false,
             location: path.display().to_string(),
             message: reason.into(),
         }
@@ -67,6 +72,7 @@ impl Failure {
     pub(crate) fn backend(path: &Path, message: impl Into<String>) -> Self {
         Self {
             corrupt: false,
+            io: false,
             location: path.display().to_string(),
             message: message.into(),
         }
@@ -97,7 +103,27 @@ impl Failure {
                 path,
                 "the file is already open (by another process, or another handle in this one)",
             ),
+            redb::Error::Io(_) | redb::Error::PreviousIo => Self {
+                io: true,
+                ..Self::backend(path, format!("{what}: {e}"))
+            },
             _ => Self::backend(path, format!("{what}: {e}")),
+        }
+    }
+
+    /// Whether the storage failed (the handle is unusable until the file is reopened).
+    pub(crate) fn is_io(&self) -> bool {
+        self.io
+    }
+
+    /// This failure, as the reason a reopen was needed, followed by why the reopen failed.
+    pub(crate) fn reopen_failed(&self, reopen: &Failure) -> Self {
+        Self {
+            message: format!(
+                "the file could not be reopened after an I/O error ({}): {}",
+                self.message, reopen.message
+            ),
+            ..reopen.clone()
         }
     }
 
@@ -117,6 +143,9 @@ impl Failure {
         }
     }
 }
+
+/// The first bytes of every redb file.
+const REDB_MAGIC: [u8; 9] = [b'r', b'e', b'd', b'b', 0x1A, 0x0A, 0xA9, 0x0D, 0x0A];
 
 /// Opens (or creates) the file at `path` and checks that it is a spacebot file of `kind` with a
 /// schema this code knows. Never writes to a file that fails the checks.
@@ -146,16 +175,15 @@ pub(crate) fn open_database(
     };
     if existing {
         precheck(&builder, path, kind)?;
+        // The check above verified the checksums (and recovered the file, in memory); the
+        // directory's lock keeps anyone else from changing it since.
+        builder.set_check_integrity_on_open(false);
     }
+    let storage = FileStorage::open(path, !existing)
+        .map_err(|e| Failure::from_redb(path, "open", e.into()))?;
     // redb may panic on a file damaged outside it when not verifying; never let that take the
     // caller down.
-    let opened = catch_unwind(AssertUnwindSafe(|| {
-        if existing {
-            builder.open(path)
-        } else {
-            builder.create(path)
-        }
-    }));
+    let opened = catch_unwind(AssertUnwindSafe(|| builder.create_with_backend(storage)));
     let db = match opened {
         Ok(Ok(db)) => db,
         Ok(Err(e)) => return Err(Failure::from_redb(path, "open", e.into())),
@@ -167,16 +195,28 @@ pub(crate) fn open_database(
     Ok(db)
 }
 
-/// Checks an existing file through a read-only handle, so that a file that is not ours is refused
-/// before anything is written to it (a writable open commits). A file that needs recovery after a
-/// crash cannot be opened read-only; it is checked after the writable open has recovered it.
+/// Checks an existing file without ever writing to it, so that a file that is not ours, or is
+/// damaged, is refused untouched: first its magic number, then a full open (with the crash
+/// recovery and checksum verification it needs) of a copy-on-write view whose writes stay in
+/// memory.
 fn precheck(builder: &Builder, path: &Path, kind: &FileKind) -> Result<(), Failure> {
-    match catch_unwind(AssertUnwindSafe(|| builder.open_read_only(path))) {
+    let mut magic = Vec::with_capacity(REDB_MAGIC.len());
+    fs::File::open(path)
+        .and_then(|f| f.take(REDB_MAGIC.len() as u64).read_to_end(&mut magic))
+        .map_err(|e| Failure::backend(path, format!("cannot read the file header: {e}")))?;
+    if magic != REDB_MAGIC {
+        return Err(Failure::corrupt(
+            path,
+            "not a redb file (its first bytes are not redb's magic number): refusing to touch it",
+        ));
+    }
+    let scratch =
+        ScratchStorage::open(path).map_err(|e| Failure::from_redb(path, "open", e.into()))?;
+    match catch_unwind(AssertUnwindSafe(|| builder.create_with_backend(scratch))) {
         Ok(Ok(db)) => {
             check_meta(&db, path, kind)?;
             Ok(())
         }
-        Ok(Err(redb::DatabaseError::RepairAborted)) => Ok(()),
         Ok(Err(e)) => Err(Failure::from_redb(path, "open", e.into())),
         Err(_) => Err(Failure::corrupt(path, "redb could not read the file")),
     }

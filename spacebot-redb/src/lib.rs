@@ -11,7 +11,14 @@
 //! Agent files are opened lazily, the first time an agent's store is used. Each file records its
 //! kind and schema version ([`SCHEMA_VERSION`]); a file without them, of another kind, with a newer
 //! version, or damaged is refused with [`StoreError::Corrupt`] naming the file, and is never
-//! written to.
+//! written to: it is checked first (its magic number, then a full open, with any crash recovery
+//! and checksum verification, of a copy-on-write view whose writes stay in memory).
+//!
+//! One data directory has one owner: opening takes an exclusive lock on `{dir}/spacebot.lock`
+//! (with the holder's pid inside) until [`RedbStore::close`] or the last handle is dropped; a
+//! second open, from any process, fails with [`StoreError::Backend`] naming the directory and the
+//! pid. After an I/O error (a full disk) the failed operations fail, and the next operation reopens
+//! the file, retrying for up to [`RedbOptions::io_retry`].
 //!
 //! # Threads and commits
 //! redb's transactions are synchronous. Each open file has a dedicated thread that owns the
@@ -39,8 +46,10 @@
 #![forbid(unsafe_code)]
 
 mod agent;
+mod backend;
 mod file;
 mod instance;
+mod lock;
 mod options;
 mod tables;
 mod worker;
@@ -48,6 +57,7 @@ mod worker;
 use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -68,6 +78,7 @@ pub use file::SCHEMA_VERSION;
 pub use options::{Durability, RedbOptions};
 
 use file::FileKind;
+use lock::DirLock;
 use worker::{Access, Worker};
 
 /// The instance file's name under the data directory.
@@ -110,6 +121,10 @@ pub struct RedbStore {
     options: RedbOptions,
     instance: Worker,
     agents: Mutex<HashMap<AgentId, Arc<Worker>>>,
+    /// The data directory's lock, released by [`RedbStore::close`] or on drop.
+    lock: Mutex<Option<Arc<DirLock>>>,
+    /// Set by [`RedbStore::close`]: no file is opened afterwards.
+    closed: AtomicBool,
 }
 
 impl fmt::Debug for RedbStore {
@@ -158,13 +173,22 @@ impl RedbStore {
         options: RedbOptions,
         ready: impl FnOnce(Result<(), file::Failure>) + Send + 'static,
     ) -> Result<(Arc<Self>, PathBuf), StoreError> {
+        let lock = Arc::new(DirLock::acquire(dir)?);
         let path = dir.join(INSTANCE_FILE);
-        let instance = Worker::start(path.clone(), FileKind::Instance, options.clone(), ready)?;
+        let instance = Worker::start(
+            path.clone(),
+            FileKind::Instance,
+            options.clone(),
+            Some(Arc::clone(&lock)),
+            ready,
+        )?;
         let store = Arc::new(Self {
             dir: dir.to_path_buf(),
             options,
             instance,
             agents: Mutex::new(HashMap::new()),
+            lock: Mutex::new(Some(lock)),
+            closed: AtomicBool::new(false),
         });
         Ok((store, path))
     }
@@ -193,15 +217,18 @@ impl RedbStore {
             .join(AGENT_FILE)
     }
 
-    /// Finishes the queued operations and closes every open file. Operations issued afterwards
-    /// fail with [`StoreError::Backend`]. Needed before the directory is opened again in the same
-    /// process (redb locks its files).
+    /// Finishes the queued operations, closes every open file and releases the data directory's
+    /// lock. Operations issued afterwards fail with [`StoreError::Backend`]. Needed (or dropping
+    /// every handle) before the directory is opened again.
     pub async fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
         let agents: Vec<Arc<Worker>> = self.lock_agents().values().cloned().collect();
         for worker in agents {
             worker.close().await;
         }
         self.instance.close().await;
+        let lock = self.lock.lock().unwrap_or_else(|e| e.into_inner()).take();
+        drop(lock);
     }
 
     fn lock_agents(&self) -> std::sync::MutexGuard<'_, HashMap<AgentId, Arc<Worker>>> {
@@ -217,11 +244,20 @@ impl RedbStore {
         {
             return Ok(worker.clone());
         }
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(StoreError::Backend {
+                backend: "redb",
+                message: format!("the stores of {} are closed", self.dir.display()),
+                source: None,
+            });
+        }
         // Operations queue up while the file opens; a failed open answers them with its error.
+        let keep = self.lock.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let worker = Worker::start(
             self.agent_path(agent),
             FileKind::Agent(agent.clone()),
             self.options.clone(),
+            keep,
             |_| {},
         )?;
         let worker = Arc::new(worker);

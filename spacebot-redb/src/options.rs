@@ -61,6 +61,11 @@ pub struct RedbOptions {
     /// outside redb is refused with [`StoreError::Corrupt`](spacebot_core::StoreError::Corrupt)
     /// instead of being trusted. Costs a read of the whole file at open.
     pub verify_on_open: bool,
+    /// After an I/O error (a full disk, a failed `fsync`) redb refuses every later operation on
+    /// the open file; the next operation closes and reopens it, retrying with backoff for up to
+    /// this long before it fails (default 2 s). The operation that met the error fails, and so
+    /// does every operation committed with it: nothing is acknowledged that was not stored.
+    pub io_retry: Duration,
 }
 
 impl Default for RedbOptions {
@@ -71,6 +76,7 @@ impl Default for RedbOptions {
             max_wait: Duration::ZERO,
             cache_size: 16 * 1024 * 1024,
             verify_on_open: true,
+            io_retry: Duration::from_secs(2),
         }
     }
 }
@@ -99,6 +105,12 @@ impl RedbOptions {
     /// Sets redb's page cache size per file.
     pub fn cache_size(mut self, bytes: usize) -> Self {
         self.cache_size = bytes;
+        self
+    }
+
+    /// How long an operation retries reopening the file after an I/O error before it fails.
+    pub fn io_retry(mut self, wait: Duration) -> Self {
+        self.io_retry = wait;
         self
     }
 

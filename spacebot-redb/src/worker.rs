@@ -12,13 +12,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::OnceLock;
 use std::sync::mpsc::{self, RecvTimeoutError, TryRecvError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::channel::oneshot;
 use redb::{Database, WriteTransaction};
 use spacebot_core::StoreError;
 
 use crate::file::{Failure, FileKind, open_database};
+use crate::lock::DirLock;
 use crate::options::RedbOptions;
 use crate::tables::Tables;
 
@@ -102,10 +103,14 @@ pub(crate) struct Worker {
 impl Worker {
     /// Starts the thread for `path`; it opens (or creates) the file before taking any operation,
     /// and hands the outcome of the open to `ready`.
+    ///
+    /// `keep` (the data directory's lock) is held by the thread until it has closed the file, so
+    /// that the directory is released only once no file in it is open.
     pub(crate) fn start(
         path: PathBuf,
         kind: FileKind,
         options: RedbOptions,
+        keep: Option<Arc<DirLock>>,
         ready: impl FnOnce(Result<(), Failure>) + Send + 'static,
     ) -> Result<Self, StoreError> {
         let (tx, rx) = mpsc::channel();
@@ -118,7 +123,13 @@ impl Worker {
                 match open_database(&thread_path, &kind, &options) {
                     Ok(db) => {
                         ready(Ok(()));
-                        run_loop(db, &thread_path, &options, &rx);
+                        let file = File {
+                            db: Ok(db),
+                            path: &thread_path,
+                            kind: &kind,
+                            options: &options,
+                        };
+                        run_loop(file, &rx, keep);
                     }
                     Err(failure) => {
                         // Recorded before the queue goes away: a caller whose operation is
@@ -127,6 +138,8 @@ impl Worker {
                         while let Ok(message) = rx.try_recv() {
                             answer_failed(message, &failure);
                         }
+                        // The directory is free again by the time the opener hears of the failure.
+                        drop(keep);
                         ready(Err(failure));
                     }
                 }
@@ -193,7 +206,77 @@ fn answer_failed(message: Message, failure: &Failure) {
     }
 }
 
-fn run_loop(db: Database, path: &Path, options: &RedbOptions, rx: &mpsc::Receiver<Message>) {
+/// The open file of a worker, or why it is not open (an I/O error that the next operation
+/// recovers from by reopening the file).
+struct File<'a> {
+    db: Result<Database, Failure>,
+    path: &'a Path,
+    kind: &'a FileKind,
+    options: &'a RedbOptions,
+}
+
+impl File<'_> {
+    /// Begins the next batch's transaction. After an I/O error (the previous batch's, or one that
+    /// redb reports now) the file is closed and reopened first, retrying with backoff for up to
+    /// [`RedbOptions::io_retry`]: redb refuses every operation on a handle whose storage failed.
+    fn begin(&mut self) -> Result<WriteTransaction, Failure> {
+        if let Ok(db) = &self.db {
+            match begin(db, self.path, self.options) {
+                Err(failure) if failure.is_io() => self.db = Err(failure),
+                other => return other,
+            }
+        }
+        let cause = match &self.db {
+            Err(cause) => cause.clone(),
+            Ok(_) => {
+                return Err(Failure::backend(
+                    self.path,
+                    "the file is in an unknown state",
+                ));
+            }
+        };
+        // Close the failed handle before opening the file again.
+        self.db = Err(cause.clone());
+        let db = self.reopen(&cause)?;
+        let tx = begin(&db, self.path, self.options);
+        self.db = Ok(db);
+        tx
+    }
+
+    fn reopen(&mut self, cause: &Failure) -> Result<Database, Failure> {
+        let deadline = Instant::now() + self.options.io_retry;
+        let mut delay = Duration::from_millis(5);
+        loop {
+            match open_database(self.path, self.kind, self.options) {
+                Ok(db) => {
+                    tracing::info!(file = %self.path.display(), "reopened after an I/O error");
+                    return Ok(db);
+                }
+                Err(failure) => {
+                    let now = Instant::now();
+                    if now + delay > deadline {
+                        let failure = cause.reopen_failed(&failure);
+                        tracing::warn!(file = %self.path.display(), error = %failure.to_error(), "reopen failed");
+                        return Err(failure);
+                    }
+                    std::thread::sleep(delay);
+                    delay = (delay * 2).min(Duration::from_secs(1));
+                }
+            }
+        }
+    }
+
+    /// After a commit failed with an I/O error: close the handle now; the next batch reopens.
+    fn failed(&mut self, failure: &Failure) {
+        if failure.is_io() {
+            self.db = Err(failure.clone());
+        }
+    }
+}
+
+fn run_loop(mut file: File<'_>, rx: &mpsc::Receiver<Message>, keep: Option<Arc<DirLock>>) {
+    let path = file.path;
+    let options = file.options;
     let max_batch = options.max_batch.max(1);
     let mut pending: Option<Message> = None;
     loop {
@@ -207,15 +290,31 @@ fn run_loop(db: Database, path: &Path, options: &RedbOptions, rx: &mpsc::Receive
         let (access, run) = match first {
             Message::Job { access, run } => (access, run),
             Message::Close(done) => {
-                drop(db);
+                drop(file);
+                drop(keep);
                 let _ = done.send(());
                 return;
             }
         };
-        let tx = match begin(&db, path, options) {
+        let tx = match file.begin() {
             Ok(tx) => tx,
             Err(failure) => {
-                run.fail(&failure);
+                // Everything queued while the file was being reopened would wait as long again:
+                // it fails too. Collected before anyone is answered, so that an operation sent
+                // after an answer gets a fresh attempt.
+                let mut failed = vec![run];
+                while let Ok(message) = rx.try_recv() {
+                    match message {
+                        Message::Job { run, .. } => failed.push(run),
+                        close @ Message::Close(_) => {
+                            pending = Some(close);
+                            break;
+                        }
+                    }
+                }
+                for run in failed {
+                    run.fail(&failure);
+                }
                 continue;
             }
         };
@@ -264,9 +363,17 @@ fn run_loop(db: Database, path: &Path, options: &RedbOptions, rx: &mpsc::Receive
                 "the operation was rolled back because another operation committed with it failed",
             ))
         } else if dirty {
-            tx.commit()
-                .err()
-                .map(|e| Failure::from_redb(path, "commit", e.into()))
+            let failed = tx.commit().err().map(|e| {
+                Failure::from_redb(
+                    path,
+                    "commit failed, the operations in it were not acknowledged",
+                    e.into(),
+                )
+            });
+            if let Some(failure) = &failed {
+                file.failed(failure);
+            }
+            failed
         } else {
             let _ = tx.abort();
             None
@@ -282,6 +389,8 @@ fn run_loop(db: Database, path: &Path, options: &RedbOptions, rx: &mpsc::Receive
             finish(outcome.as_ref());
         }
     }
+    drop(file);
+    drop(keep);
 }
 
 /// Runs one operation of a batch; `true` when the batch must not commit. An operation that panics
@@ -302,4 +411,94 @@ fn begin(db: &Database, path: &Path, options: &RedbOptions) -> Result<WriteTrans
         .map_err(|e| Failure::from_redb(path, "begin a transaction", e.into()))?;
     options.durability.apply(&mut tx, path)?;
     Ok(tx)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
+
+    use futures::executor::block_on;
+    use spacebot_core::task::{NewTask, TaskFilter, TaskStore};
+    use spacebot_core::{AgentId, StoreError, Timestamp};
+
+    use crate::backend::faults;
+    use crate::{RedbOptions, RedbStore};
+
+    fn titles(store: &RedbStore, agent: &AgentId) -> Vec<String> {
+        block_on(store.list(agent, &TaskFilter::default()))
+            .unwrap()
+            .into_iter()
+            .map(|t| t.title)
+            .collect()
+    }
+
+    #[test]
+    fn after_an_io_error_the_file_is_reopened_and_nothing_unstored_was_acknowledged() {
+        let dir = tempfile::tempdir().unwrap();
+        let agent = AgentId::parse("w").unwrap();
+        let options = RedbOptions::default().io_retry(Duration::from_millis(100));
+        let store = RedbStore::open(dir.path(), options.clone()).unwrap();
+        let path = store.agent_path(&agent);
+        let disk_full = faults::install(&path);
+        let create = |title: &str| {
+            block_on(TaskStore::create(
+                &*store,
+                &agent,
+                NewTask::new(title, ""),
+                Timestamp(1),
+            ))
+        };
+        assert_eq!(create("stored before").unwrap().number, 1);
+
+        disk_full.store(true, Ordering::SeqCst);
+        let err = create("refused").unwrap_err();
+        assert!(matches!(err, StoreError::Backend { .. }), "{err:?}");
+        let text = err.to_string();
+        assert!(text.contains(&path.display().to_string()), "{text}");
+        assert!(text.contains("no space left"), "{text}");
+        // Still full: the next operation retries reopening, then fails just as clearly.
+        let err = create("refused too").unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains(&path.display().to_string()), "{text}");
+        assert!(text.contains("no space left"), "{text}");
+
+        // Space is back: the next operation reopens the file and succeeds; the refused writes
+        // are not there.
+        disk_full.store(false, Ordering::SeqCst);
+        assert_eq!(create("stored after").unwrap().number, 2);
+        assert_eq!(titles(&store, &agent), ["stored before", "stored after"]);
+        block_on(store.close());
+
+        let store = RedbStore::open(dir.path(), options).unwrap();
+        assert_eq!(titles(&store, &agent), ["stored before", "stored after"]);
+        block_on(store.close());
+    }
+
+    #[test]
+    fn an_io_error_on_the_instance_file_is_recovered_from_too() {
+        use spacebot_core::link::LinkStore;
+        use spacebot_core::{AgentLink, LinkDirection, LinkRelationship};
+        let dir = tempfile::tempdir().unwrap();
+        let disk_full = faults::install(&dir.path().join(crate::INSTANCE_FILE));
+        let store = RedbStore::open(dir.path(), RedbOptions::default()).unwrap();
+        let link = |a: &str, b: &str| {
+            AgentLink::new(
+                AgentId::parse(a).unwrap(),
+                AgentId::parse(b).unwrap(),
+                LinkDirection::TwoWay,
+                LinkRelationship::Peer,
+                Timestamp(1),
+            )
+        };
+        block_on(LinkStore::create(&*store, &link("a", "b"))).unwrap();
+        disk_full.store(true, Ordering::SeqCst);
+        block_on(LinkStore::create(&*store, &link("a", "c"))).unwrap_err();
+        disk_full.store(false, Ordering::SeqCst);
+        block_on(LinkStore::create(&*store, &link("b", "c"))).unwrap();
+        let listed = block_on(LinkStore::list(&*store)).unwrap();
+        assert_eq!(listed.len(), 2);
+        block_on(store.close());
+    }
 }

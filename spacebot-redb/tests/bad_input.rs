@@ -279,3 +279,43 @@ fn a_failed_agent_open_is_retried_once_the_file_is_fixed() {
         s.close().await;
     });
 }
+
+#[test]
+fn a_foreign_file_that_needs_recovery_is_checked_in_memory_and_kept() {
+    let scratch = tempfile::tempdir().unwrap();
+    let theirs = scratch.path().join("theirs.redb");
+    let db = redb::Database::create(&theirs).unwrap();
+    let table: redb::TableDefinition<&str, &str> = redb::TableDefinition::new("their_notes");
+    let tx = db.begin_write().unwrap();
+    tx.open_table(table).unwrap().insert("k", "v").unwrap();
+    tx.commit().unwrap();
+    // Copied while open: the copy is marked as needing recovery, as after a crash.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("instance.redb");
+    std::fs::copy(&theirs, &path).unwrap();
+    drop(db);
+    assert!(
+        matches!(
+            redb::Builder::new().open_read_only(&path),
+            Err(redb::DatabaseError::RepairAborted)
+        ),
+        "the copy should need recovery"
+    );
+    let before = std::fs::read(&path).unwrap();
+    let reason = corrupt_naming(open_err(dir.path()), &path);
+    assert!(reason.contains("their_notes"), "{reason}");
+    assert!(
+        std::fs::read(&path).unwrap() == before,
+        "the file was changed"
+    );
+    let names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        names
+            .iter()
+            .all(|n| n == "instance.redb" || n == "spacebot.lock"),
+        "{names:?}"
+    );
+}

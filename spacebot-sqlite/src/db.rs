@@ -215,31 +215,91 @@ async fn check_existing(
             ));
         }
     }
-    if header.is_empty() {
-        // SQLite treats an empty file as an empty database.
-        return Ok(());
-    }
-    if header.as_slice() != SQLITE_HEADER {
-        return Err(corrupt(
-            location,
-            "not an SQLite database (the file header is wrong): refusing to touch it",
-        ));
+    // SQLite treats an empty file as an empty database (though a log beside it may not be empty).
+    if !header.is_empty() {
+        if header.as_slice() != SQLITE_HEADER {
+            return Err(corrupt(
+                location,
+                "not an SQLite database (the file header is wrong): refusing to touch it",
+            ));
+        }
+        // Read-only and immutable: SQLite neither replays nor creates a write-ahead log or its
+        // index beside the file, so a file that is refused is left exactly as it was found.
+        inspect_file(path, location, kind).await?;
     }
 
-    // Read-write (SQLite falls back to read-only for a write-protected file) but never written
-    // to: as the last connection it removes the WAL side files it opened, where a read-only
-    // connection would leave them behind.
+    // A write-ahead log left beside the file (a crash, or another program's database) may hold
+    // commits the file itself does not show yet, such as another application's schema. Check the
+    // file as that log would leave it, on a copy in a temporary directory, so that the log is
+    // replayed there and never here.
+    let wal = wal_path(path);
+    match std::fs::metadata(&wal) {
+        Ok(meta) if meta.len() > 0 => {
+            let scratch = tempfile::Builder::new()
+                .prefix("spacebot-check-")
+                .tempdir()
+                .map_err(|e| {
+                    StoreError::backend(
+                        BACKEND,
+                        format!("creating a temporary directory to check {location}: {e}"),
+                        e,
+                    )
+                })?;
+            let copy = scratch.path().join("check.db");
+            let copied = std::fs::copy(path, &copy)
+                .and_then(|_| std::fs::copy(&wal, wal_path(&copy)))
+                .map_err(|e| {
+                    StoreError::backend(
+                        BACKEND,
+                        format!("copying {location} and its write-ahead log to check them: {e}"),
+                        e,
+                    )
+                });
+            copied?;
+            let connect = SqliteConnectOptions::new()
+                .filename(&copy)
+                .create_if_missing(false)
+                .busy_timeout(options.busy_timeout);
+            let mut conn = SqliteConnection::connect_with(&connect)
+                .await
+                .map_err(|e| db_error(location, "checking the database's write-ahead log", e))?;
+            let checked = inspect(&mut conn, location, kind).await;
+            // The copy is thrown away; closing it cannot lose anything.
+            let _ = conn.close().await;
+            checked
+        }
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(StoreError::backend(
+            BACKEND,
+            format!("reading the metadata of the write-ahead log of {location}: {e}"),
+            e,
+        )),
+    }
+}
+
+/// Checks `path` through a read-only, immutable connection: nothing is written, created or
+/// replayed.
+async fn inspect_file(path: &Path, location: &str, kind: DbKind) -> Result<(), StoreError> {
     let connect = SqliteConnectOptions::new()
         .filename(path)
         .create_if_missing(false)
-        .busy_timeout(options.busy_timeout);
+        .read_only(true)
+        .immutable(true);
     let mut conn = SqliteConnection::connect_with(&connect)
         .await
-        .map_err(|e| db_error(location, "opening the database to check it", e))?;
+        .map_err(|e| db_error(location, "opening the database read-only to check it", e))?;
     let checked = inspect(&mut conn, location, kind).await;
     // Closing a read-only connection cannot lose anything; its error would hide the real one.
     let _ = conn.close().await;
     checked
+}
+
+/// `{path}-wal`.
+fn wal_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_os_string();
+    name.push("-wal");
+    PathBuf::from(name)
 }
 
 async fn inspect(

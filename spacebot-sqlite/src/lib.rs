@@ -18,15 +18,20 @@
 //! single connection per file, reads through a small pool.
 //!
 //! # Guarantees
+//! - One data directory has one owner: [`open`] takes an exclusive lock on `{dir}/spacebot.lock`
+//!   (and writes its pid there) for as long as the stores are open. A second open, from another
+//!   process or another handle in this one, fails with [`StoreError::Backend`] naming the directory
+//!   and the holder's pid. [`SqliteStores::close`], or dropping the last clone, releases it.
 //! - A claim is one `UPDATE ... RETURNING` statement that only matches a task still `ready`, so
-//!   two claims never get the same task, within a process or across processes.
+//!   two claims never get the same task.
 //! - Task numbers are allocated inside the inserting statement, under SQLite's write lock: no two
 //!   tasks share a number and numbers have no gaps.
 //! - A terminal transition and its completion notice are written in one `BEGIN IMMEDIATE`
 //!   transaction.
 //! - A file that is not an SQLite database, another application's database, or a database whose
 //!   schema is newer than this build is refused with [`StoreError::Corrupt`] naming the file, and
-//!   left untouched.
+//!   left untouched: it is checked through a read-only, immutable connection, and a write-ahead
+//!   log beside it is only ever replayed into a copy in a temporary directory.
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), spacebot_core::StoreError> {
@@ -43,11 +48,13 @@ mod db;
 mod deliveries;
 mod error;
 mod links;
+mod lock;
 mod options;
 mod tasks;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use spacebot_core::{AgentId, StoreError, Stores};
@@ -58,6 +65,7 @@ pub use crate::conversations::SqliteConversationStore;
 use crate::db::{Db, DbKind};
 pub use crate::deliveries::SqliteDeliveryStore;
 pub use crate::links::SqliteLinkStore;
+use crate::lock::DirLock;
 pub use crate::options::{SqliteOptions, Synchronous};
 pub use crate::tasks::SqliteTaskStore;
 
@@ -73,8 +81,9 @@ pub mod sql {
 ///
 /// # Errors
 /// [`StoreError::Corrupt`] if `instance.db` is not a spacebot instance database (or is newer than
-/// this build); [`StoreError::Backend`] if the directory or the file cannot be created or opened.
-/// Both name the file.
+/// this build); [`StoreError::Backend`] if the directory is already open (naming the holder's
+/// pid), or the directory or the file cannot be created or opened. Both name the file or the
+/// directory.
 pub async fn open(dir: impl AsRef<Path>) -> Result<Stores, StoreError> {
     Ok(SqliteStores::open(dir).await?.stores())
 }
@@ -100,6 +109,11 @@ struct Inner {
     agents: Mutex<HashMap<AgentId, Arc<OnceCell<Db>>>>,
     /// The directory of [`SqliteStores::temporary`] stores, deleted when the last clone is dropped.
     _temporary: Option<tempfile::TempDir>,
+    /// The lock of an opened data directory (`None` for temporary and in-memory stores, and once
+    /// closed): released by [`SqliteStores::close`] or when the last clone is dropped.
+    lock: Mutex<Option<DirLock>>,
+    /// Set by [`SqliteStores::close`]: no database is opened afterwards.
+    closed: AtomicBool,
 }
 
 impl SqliteStores {
@@ -120,8 +134,15 @@ impl SqliteStores {
         options: SqliteOptions,
     ) -> Result<Self, StoreError> {
         let dir = dir.as_ref().to_path_buf();
+        let lock = DirLock::acquire(&dir)?;
         let instance = Db::open(Some(&db::instance_path(&dir)), DbKind::Instance, &options).await?;
-        Ok(Self::from_parts(Some(dir), options, instance, None))
+        Ok(Self::from_parts(
+            Some(dir),
+            options,
+            instance,
+            None,
+            Some(lock),
+        ))
     }
 
     /// Stores in a new temporary directory, deleted when the last clone of the returned value is
@@ -150,7 +171,13 @@ impl SqliteStores {
             })?;
         let dir = temp.path().to_path_buf();
         let instance = Db::open(Some(&db::instance_path(&dir)), DbKind::Instance, &options).await?;
-        Ok(Self::from_parts(Some(dir), options, instance, Some(temp)))
+        Ok(Self::from_parts(
+            Some(dir),
+            options,
+            instance,
+            Some(temp),
+            None,
+        ))
     }
 
     /// Stores in memory: nothing survives the value (and its clones). Each agent still gets its
@@ -161,7 +188,7 @@ impl SqliteStores {
     pub async fn in_memory() -> Result<Self, StoreError> {
         let options = SqliteOptions::default();
         let instance = Db::open(None, DbKind::Instance, &options).await?;
-        Ok(Self::from_parts(None, options, instance, None))
+        Ok(Self::from_parts(None, options, instance, None, None))
     }
 
     fn from_parts(
@@ -169,6 +196,7 @@ impl SqliteStores {
         options: SqliteOptions,
         instance: Db,
         temporary: Option<tempfile::TempDir>,
+        lock: Option<DirLock>,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -177,6 +205,8 @@ impl SqliteStores {
                 instance,
                 agents: Mutex::new(HashMap::new()),
                 _temporary: temporary,
+                lock: Mutex::new(lock),
+                closed: AtomicBool::new(false),
             }),
         }
     }
@@ -233,9 +263,11 @@ impl SqliteStores {
         self.inner.dir.as_deref().map(|d| db::agent_path(d, agent))
     }
 
-    /// Closes every database, waiting for operations in progress. Calls made afterwards fail with
+    /// Closes every database, waiting for operations in progress, then releases the data
+    /// directory's lock so that it can be opened again. Calls made afterwards fail with
     /// [`StoreError::Backend`].
     pub async fn close(&self) {
+        self.inner.closed.store(true, Ordering::SeqCst);
         let cells: Vec<Arc<OnceCell<Db>>> = self.lock_agents().values().cloned().collect();
         for cell in cells {
             if let Some(db) = cell.get() {
@@ -243,6 +275,13 @@ impl SqliteStores {
             }
         }
         self.inner.instance.close().await;
+        let lock = self
+            .inner
+            .lock
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        drop(lock);
     }
 
     fn lock_agents(&self) -> std::sync::MutexGuard<'_, HashMap<AgentId, Arc<OnceCell<Db>>>> {
@@ -267,6 +306,19 @@ impl SqliteStores {
         };
         if let Some(db) = cell.get() {
             return Ok(db.clone());
+        }
+        if self.inner.closed.load(Ordering::SeqCst) {
+            return Err(StoreError::Backend {
+                backend: error::BACKEND,
+                message: format!(
+                    "the stores of {} are closed",
+                    self.inner
+                        .dir
+                        .as_deref()
+                        .map_or_else(|| ":memory:".to_string(), |d| d.display().to_string())
+                ),
+                source: None,
+            });
         }
         let path = self.agent_db_path(agent);
         let db = cell

@@ -16,7 +16,8 @@ fn agent(id: &str) -> AgentId {
     AgentId::parse(id).unwrap()
 }
 
-/// Every file under `dir` with its bytes.
+/// Every file under `dir` with its bytes, but the directory's lock file (`spacebot.lock`, which
+/// every open creates and writes its pid into before it looks at the databases).
 fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
     let mut out = BTreeMap::new();
     let mut stack = vec![dir.to_path_buf()];
@@ -25,7 +26,7 @@ fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
             let path = entry.unwrap().path();
             if path.is_dir() {
                 stack.push(path);
-            } else {
+            } else if path != dir.join("spacebot.lock") {
                 out.insert(path.clone(), std::fs::read(&path).unwrap());
             }
         }
@@ -263,8 +264,7 @@ async fn check_read_only(root: &Path) {
     eprintln!("fresh read-only directory: {err}");
     assert!(matches!(err, StoreError::Backend { .. }), "{err:?}");
     assert!(
-        err.to_string()
-            .contains(&fresh.join("instance.db").display().to_string()),
+        err.to_string().contains(&fresh.display().to_string()),
         "{err}"
     );
     assert_eq!(std::fs::read_dir(&fresh).unwrap().count(), 0);
@@ -294,9 +294,24 @@ async fn check_read_only(root: &Path) {
     );
 }
 
+/// A new temporary directory whose ancestors every user may enter (the system's temporary
+/// directory, or `/tmp` when that one sits under a private directory).
+fn world_dir() -> tempfile::TempDir {
+    let base = std::env::temp_dir();
+    let reachable = base
+        .ancestors()
+        .all(|d| std::fs::metadata(d).is_ok_and(|m| m.mode() & 0o001 != 0));
+    let base = if reachable {
+        base
+    } else {
+        PathBuf::from("/tmp")
+    };
+    tempfile::tempdir_in(base).unwrap()
+}
+
 #[tokio::test]
 async fn a_read_only_directory_is_a_clear_error_and_nothing_is_written() {
-    let root = tempfile::tempdir().unwrap();
+    let root = world_dir();
     let fresh = root.path().join("fresh");
     std::fs::create_dir(&fresh).unwrap();
     let existing = root.path().join("existing");
@@ -332,7 +347,15 @@ async fn a_read_only_directory_is_a_clear_error_and_nothing_is_written() {
         // Root ignores permissions: run the checks as an unprivileged user in a child process.
         std::fs::remove_file(&probe).unwrap();
         assert_eq!(std::fs::metadata("/proc/self").unwrap().uid(), 0);
-        let output = std::process::Command::new(std::env::current_exe().unwrap())
+        // The unprivileged user may not be able to reach the test binary where it was built (a
+        // checkout under a 0700 home): run a copy from a directory everyone can enter.
+        let bin_dir = world_dir();
+        let bin = bin_dir.path().join("bad_input");
+        std::fs::copy(std::env::current_exe().unwrap(), &bin).unwrap();
+        set_mode(bin_dir.path(), 0o755);
+        set_mode(&bin, 0o755);
+        let output = std::process::Command::new(&bin)
+            .current_dir(bin_dir.path())
             .args([
                 "read_only_child",
                 "--exact",
@@ -373,4 +396,94 @@ async fn a_read_only_directory_is_a_clear_error_and_nothing_is_written() {
         .unwrap();
     assert_eq!(tasks.len(), 1);
     stores.close().await;
+}
+
+/// Another application's database in WAL mode, as a crash of that application leaves it: the
+/// database file plus a `-wal` file holding commits not yet copied into it. With `in_log_only`,
+/// every commit is still in the log (the file itself looks like an empty database).
+async fn foreign_wal_database(target: &Path, in_log_only: bool) {
+    let scratch = tempfile::tempdir().unwrap();
+    let db = scratch.path().join("theirs.db");
+    let mut conn = raw(&db).await;
+    for sql in ["PRAGMA journal_mode = WAL", "PRAGMA wal_autocheckpoint = 0"] {
+        sqlx::query(sql).execute(&mut conn).await.unwrap();
+    }
+    if !in_log_only {
+        for sql in [
+            "PRAGMA application_id = 4660",
+            "CREATE TABLE notes (body TEXT)",
+            "PRAGMA wal_checkpoint(TRUNCATE)",
+        ] {
+            sqlx::query(sql).execute(&mut conn).await.unwrap();
+        }
+    }
+    for sql in [
+        "CREATE TABLE IF NOT EXISTS notes (body TEXT)",
+        "INSERT INTO notes VALUES ('theirs, only in the log')",
+        "PRAGMA application_id = 4660",
+    ] {
+        sqlx::query(sql).execute(&mut conn).await.unwrap();
+    }
+    // Copied while their connection is still open: the log has not been checkpointed.
+    std::fs::copy(&db, target).unwrap();
+    let mut wal = target.as_os_str().to_owned();
+    wal.push("-wal");
+    std::fs::copy(scratch.path().join("theirs.db-wal"), PathBuf::from(wal)).unwrap();
+    conn.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_foreign_database_with_a_write_ahead_log_is_checked_read_only_and_left_untouched() {
+    for in_log_only in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let instance = dir.path().join("instance.db");
+        foreign_wal_database(&instance, in_log_only).await;
+        let before = snapshot(dir.path());
+        assert!(before.keys().any(|p| p.ends_with("instance.db-wal")));
+        let err = SqliteStores::open(dir.path()).await.unwrap_err();
+        assert_corrupt_naming(err, &instance, "another application");
+        assert_same(&snapshot(dir.path()), &before);
+        let names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(!names.iter().any(|n| n.ends_with("-shm")), "{names:?}");
+    }
+}
+
+#[tokio::test]
+async fn our_own_database_with_a_write_ahead_log_is_recovered() {
+    // A crash of this process leaves the same shape; it is ours, so it opens and keeps its data.
+    let dir = tempfile::tempdir().unwrap();
+    let stores = SqliteStores::open(dir.path()).await.unwrap();
+    stores
+        .tasks()
+        .create(&agent("worker"), NewTask::new("keep me", ""), Timestamp(1))
+        .await
+        .unwrap();
+    let copy = tempfile::tempdir().unwrap();
+    // Copied while open, as a crash would leave it: database files and their logs.
+    for file in snapshot(dir.path()).keys() {
+        let relative = file.strip_prefix(dir.path()).unwrap();
+        if relative.ends_with("spacebot.lock") || file.to_string_lossy().ends_with("-shm") {
+            continue;
+        }
+        let target = copy.path().join(relative);
+        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+        std::fs::copy(file, &target).unwrap();
+    }
+    stores.close().await;
+    assert!(
+        copy.path()
+            .join("agents/worker/data/spacebot.db-wal")
+            .exists()
+    );
+    let reopened = SqliteStores::open(copy.path()).await.unwrap();
+    let tasks = reopened
+        .tasks()
+        .list(&agent("worker"), &TaskFilter::default())
+        .await
+        .unwrap();
+    assert_eq!(tasks.len(), 1);
+    reopened.close().await;
 }

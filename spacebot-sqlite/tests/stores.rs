@@ -1,5 +1,5 @@
 //! Behaviour of the SQLite stores that only a durable, multi-connection backend has: reopening,
-//! two handles on one directory, concurrent claims and numbering, the on-disk layout.
+//! clones of one handle, concurrent claims and numbering, the on-disk layout.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeSet;
@@ -216,11 +216,11 @@ async fn a_claim_matches_the_pure_lifecycle_function() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn concurrent_claims_from_two_handles_never_share_a_task() {
+async fn concurrent_claims_from_two_clones_never_share_a_task() {
     let dir = tempfile::tempdir().unwrap();
-    // Two handles on one directory behave like two processes: separate writer connections.
+    // One directory has one owner: concurrent callers share the handle's writer connection.
     let one = SqliteStores::open(dir.path()).await.unwrap();
-    let two = SqliteStores::open(dir.path()).await.unwrap();
+    let two = one.clone();
     let w = agent("w");
     for i in 0..60 {
         one.tasks()
@@ -256,10 +256,10 @@ async fn concurrent_claims_from_two_handles_never_share_a_task() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn concurrent_creates_from_two_handles_number_without_gaps() {
+async fn concurrent_creates_from_two_clones_number_without_gaps() {
     let dir = tempfile::tempdir().unwrap();
     let one = SqliteStores::open(dir.path()).await.unwrap();
-    let two = SqliteStores::open(dir.path()).await.unwrap();
+    let two = one.clone();
     let w = agent("w");
     let mut handles = Vec::new();
     for k in 0..80 {
@@ -862,13 +862,27 @@ async fn options_are_applied_to_every_database() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn handles_opening_a_new_directory_at_once_migrate_it_once() {
+async fn handles_opening_a_new_directory_at_once_take_turns() {
     let dir = tempfile::tempdir().unwrap();
     let w = agent("w");
     let opens = (0..6).map(|i| {
         let (path, w) = (dir.path().to_path_buf(), w.clone());
         tokio::spawn(async move {
-            let stores = SqliteStores::open(&path).await.unwrap();
+            // One owner at a time: the others are refused until it closes.
+            let deadline = std::time::Instant::now() + Duration::from_secs(60);
+            let stores = loop {
+                match SqliteStores::open(&path).await {
+                    Ok(stores) => break stores,
+                    Err(e) => {
+                        assert!(e.to_string().contains("is already open by"), "{e}");
+                        assert!(
+                            std::time::Instant::now() < deadline,
+                            "never got a turn: {e}"
+                        );
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                }
+            };
             let task = stores
                 .tasks()
                 .create(&w, NewTask::new(format!("t{i}"), ""), Timestamp(1))
