@@ -168,6 +168,10 @@ pub struct TaskMetadata {
     /// The envelope that started the exchange this task is part of.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cause: Option<crate::ids::EnvelopeId>,
+    /// Tokens the task's own workers spent (its children's are on their tasks; see
+    /// `Organization::task_usage` for the sum).
+    #[serde(default, skip_serializing_if = "crate::llm::Usage::is_zero")]
+    pub usage: crate::llm::Usage,
     /// Application data.
     #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
     pub extra: serde_json::Map<String, serde_json::Value>,
@@ -337,6 +341,14 @@ pub enum TaskEvent {
         /// New expiry.
         lease_until: Timestamp,
     },
+    /// Adds the token usage of a worker's model calls to the task (in_progress; the status does not
+    /// change; the worker must hold the lease).
+    RecordUsage {
+        /// The worker.
+        holder: String,
+        /// Tokens spent.
+        usage: crate::llm::Usage,
+    },
     /// Records a delegated child (in_progress or waiting; the status does not change).
     AddChild {
         /// The child task.
@@ -392,6 +404,7 @@ pub enum TaskEventKind {
     Park,
     Claim,
     Renew,
+    RecordUsage,
     AddChild,
     Wait,
     ChildEnded,
@@ -404,7 +417,7 @@ pub enum TaskEventKind {
 
 text_enum!(TaskEventKind, "task event", [
     Approve => "approve", Schedule => "schedule", Park => "park", Claim => "claim", Renew => "renew",
-    AddChild => "add_child", Wait => "wait", ChildEnded => "child_ended", Resume => "resume",
+    RecordUsage => "record_usage", AddChild => "add_child", Wait => "wait", ChildEnded => "child_ended", Resume => "resume",
     Complete => "complete", Fail => "fail", ExpireLease => "expire_lease", Cancel => "cancel",
 ]);
 
@@ -417,6 +430,7 @@ impl TaskEvent {
             Self::Park => TaskEventKind::Park,
             Self::Claim { .. } => TaskEventKind::Claim,
             Self::Renew { .. } => TaskEventKind::Renew,
+            Self::RecordUsage { .. } => TaskEventKind::RecordUsage,
             Self::AddChild { .. } => TaskEventKind::AddChild,
             Self::Wait { .. } => TaskEventKind::Wait,
             Self::ChildEnded { .. } => TaskEventKind::ChildEnded,
@@ -546,6 +560,10 @@ impl Task {
                     holder: holder.clone(),
                     expires_at: *lease_until,
                 });
+            }
+            (S::InProgress, TaskEvent::RecordUsage { holder, usage }) => {
+                self.check_holder(holder)?;
+                next.metadata.usage = next.metadata.usage.plus(*usage);
             }
             (S::InProgress | S::Waiting, TaskEvent::AddChild { child }) => {
                 if !next.metadata.children.iter().any(|c| &c.task == child) {

@@ -1240,6 +1240,11 @@ pub async fn task_store_round_trip(store: &dyn TaskStore) -> Result<(), Conforma
             children: Vec::new(),
             round: 7,
             cause: Some(crate::ids::EnvelopeId::new(UNUSUAL_TEXT)),
+            usage: crate::llm::Usage {
+                prompt_tokens: u32::MAX,
+                completion_tokens: 1,
+                total_tokens: 0,
+            },
             extra,
         },
         max_attempts: u32::MAX,
