@@ -6,6 +6,7 @@ use std::fmt;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+use crate::channel::NewRecord;
 use crate::error::StoreError;
 use crate::ids::{AgentId, ChannelId, EnvelopeId, LinkId};
 use crate::link::text_enum;
@@ -133,6 +134,19 @@ impl Envelope {
 /// - `mark_applied(agent, key)` returns `true` the first time a key is marked for that agent and
 ///   `false` ever after, across restarts: it is how "applied exactly once" is kept. Of concurrent
 ///   calls with one key, exactly one returns `true`.
+/// - `is_applied(agent, key)` is `true` exactly when `key` was marked applied for that agent, by
+///   `mark_applied` or by a `commit`; it marks nothing.
+/// - `commit(agent, commit, now)` applies a [`TurnCommit`] for `agent` in one atomic step: it
+///   removes the `consumed` envelopes from the agent's pending deliveries (absent ids are
+///   ignored), appends the `records` to the agent's channel history in order, exactly as that many
+///   [`ChannelStore::append`](crate::ChannelStore::append) calls would (sequence numbers, known
+///   channels), and marks the `applied` keys (keys already marked are ignored, and the
+///   `mark_applied` that follows returns `false`). After a crash either all of it is visible or
+///   none; concurrent readers never see part of it. An empty commit changes nothing. A backend
+///   whose deliveries and channel history live in different places must still make the commit
+///   atomic (or refuse it with an error that writes nothing).
+/// - `is_durable` says whether what the store keeps survives the process: `false` for in-memory
+///   stores, whose "across restarts" lasts as long as the store lives.
 ///
 /// The conformance suite (module `conformance`, feature `conformance`: `delivery_store_*`) checks every clause.
 #[async_trait]
@@ -150,6 +164,38 @@ pub trait DeliveryStore: Send + Sync + fmt::Debug {
         key: &str,
         now: Timestamp,
     ) -> Result<bool, StoreError>;
+    /// Whether what this store keeps survives the process (false for in-memory stores).
+    fn is_durable(&self) -> bool {
+        true
+    }
+    /// Whether `key` was marked applied for `agent` (by `mark_applied` or a commit).
+    async fn is_applied(&self, agent: &AgentId, key: &str) -> Result<bool, StoreError>;
+    /// Applies `commit` for `agent` atomically: after a crash either all of it is visible or none.
+    async fn commit(
+        &self,
+        agent: &AgentId,
+        commit: &TurnCommit,
+        now: Timestamp,
+    ) -> Result<(), StoreError>;
+}
+
+/// Everything one turn of an agent writes to that agent's own store, applied in one transaction.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TurnCommit {
+    /// Envelopes the turn consumed: removed from the agent's pending deliveries (absent ids are
+    /// ignored).
+    pub consumed: Vec<EnvelopeId>,
+    /// Channel records the turn wrote, appended in order (as `ChannelStore::append` would).
+    pub records: Vec<NewRecord>,
+    /// Idempotency keys the turn applied: marked applied (keys already marked are ignored).
+    pub applied: Vec<String>,
+}
+
+impl TurnCommit {
+    /// Whether the commit writes nothing.
+    pub fn is_empty(&self) -> bool {
+        self.consumed.is_empty() && self.records.is_empty() && self.applied.is_empty()
+    }
 }
 
 /// A `dyn` delivery store.
@@ -173,5 +219,19 @@ impl<T: DeliveryStore + ?Sized> DeliveryStore for std::sync::Arc<T> {
         now: Timestamp,
     ) -> Result<bool, StoreError> {
         (**self).mark_applied(agent, key, now).await
+    }
+    fn is_durable(&self) -> bool {
+        (**self).is_durable()
+    }
+    async fn is_applied(&self, agent: &AgentId, key: &str) -> Result<bool, StoreError> {
+        (**self).is_applied(agent, key).await
+    }
+    async fn commit(
+        &self,
+        agent: &AgentId,
+        commit: &TurnCommit,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        (**self).commit(agent, commit, now).await
     }
 }

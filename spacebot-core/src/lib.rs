@@ -39,7 +39,7 @@ pub use bus::{EventBus, EventSubscription};
 pub use channel::{ChannelRecord, ChannelStore, NewRecord, RecordKind};
 pub use config::{ConfigError, OrgConfig};
 pub use conversation::{Conversation, ConversationStore};
-pub use envelope::{DeliveryStore, Envelope, EnvelopeKind, Source};
+pub use envelope::{DeliveryStore, Envelope, EnvelopeKind, Source, TurnCommit};
 pub use error::{InvalidInput, LlmError, PolicyDenied, StoreError};
 pub use event::{Event, EventKind, EventSink};
 pub use ids::{AgentId, ChannelId, ConversationId, EnvelopeId, LinkId, TaskRef};

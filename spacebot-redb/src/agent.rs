@@ -8,6 +8,7 @@ use spacebot_core::task::{
 };
 use spacebot_core::{
     AgentId, ChannelId, ChannelRecord, Envelope, EnvelopeId, NewRecord, StoreError, Timestamp,
+    TurnCommit,
 };
 
 use crate::tables::encode;
@@ -382,5 +383,33 @@ impl Txn<'_> {
         }
         applied.insert(key, now.as_millis()).map_err(&e)?;
         Ok(true)
+    }
+
+    pub(crate) fn is_applied(&self, key: &str) -> Result<bool, StoreError> {
+        Ok(self
+            .applied()?
+            .get(key)
+            .map_err(self.err("read an applied key"))?
+            .is_some())
+    }
+
+    /// Applies a turn's commit. Every failure here is a storage or encoding failure, which aborts
+    /// the whole batch: nothing of a failed commit is written.
+    pub(crate) fn turn_commit(
+        &self,
+        agent: &AgentId,
+        commit: &TurnCommit,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        for id in &commit.consumed {
+            self.delivery_remove(id)?;
+        }
+        for record in &commit.records {
+            self.channel_append(agent, record.clone())?;
+        }
+        for key in &commit.applied {
+            self.mark_applied(key, now)?;
+        }
+        Ok(())
     }
 }

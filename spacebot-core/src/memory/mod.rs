@@ -30,14 +30,16 @@ pub use task::MemoryTaskStore;
 
 impl Stores {
     /// Every store in memory: a fresh, empty [`MemoryLinkStore`], [`MemoryConversationStore`],
-    /// [`MemoryTaskStore`], [`MemoryChannelStore`] and [`MemoryDeliveryStore`].
+    /// [`MemoryTaskStore`], [`MemoryChannelStore`] and [`MemoryDeliveryStore`]. The delivery
+    /// store's commits append their records to the bundle's channel store.
     pub fn memory() -> Stores {
+        let channels = Arc::new(MemoryChannelStore::new());
         Stores {
             links: Arc::new(MemoryLinkStore::new()),
             conversations: Arc::new(MemoryConversationStore::new()),
             tasks: Arc::new(MemoryTaskStore::new()),
-            channels: Arc::new(MemoryChannelStore::new()),
-            deliveries: Arc::new(MemoryDeliveryStore::new()),
+            channels: channels.clone(),
+            deliveries: Arc::new(MemoryDeliveryStore::with_channels(channels)),
         }
     }
 }

@@ -267,4 +267,18 @@ impl DeliveryStore for FailingDeliveries {
     ) -> Result<bool, StoreError> {
         self.inner.mark_applied(agent, key, now).await
     }
+    fn is_durable(&self) -> bool {
+        self.inner.is_durable()
+    }
+    async fn is_applied(&self, agent: &AgentId, key: &str) -> Result<bool, StoreError> {
+        self.inner.is_applied(agent, key).await
+    }
+    async fn commit(
+        &self,
+        agent: &AgentId,
+        commit: &spacebot_core::envelope::TurnCommit,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        self.inner.commit(agent, commit, now).await
+    }
 }
