@@ -283,6 +283,7 @@ impl Organization {
             created_by: format!("agent:{from}"),
             metadata,
             max_attempts: 3,
+            idempotency_key: None,
         };
         let now = inner.clock.now();
         let task = inner.stores.tasks.create(&target_id, new, now).await?;

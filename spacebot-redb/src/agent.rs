@@ -94,10 +94,34 @@ impl Txn<'_> {
         new: NewTask,
         now: Timestamp,
     ) -> Result<Task, StoreError> {
+        let key = new.idempotency_key.clone();
+        if let Some(key) = &key {
+            let existing = self
+                .task_keys()?
+                .get(key.as_str())
+                .map_err(self.err("look up an idempotency key"))?
+                .map(|v| v.value());
+            if let Some(number) = existing {
+                return match self.task_get(agent, number)? {
+                    Some(task) => Ok(task),
+                    None => Err(StoreError::Corrupt {
+                        location: self.path.display().to_string(),
+                        reason: format!(
+                            "idempotency key {key:?} names task {agent}#{number}, which is missing"
+                        ),
+                    }),
+                };
+            }
+        }
         let mut tasks = self.tasks()?;
         let number = next_key(&*tasks).map_err(self.err("number a task"))?;
         let task = new.into_task(agent.clone(), number, now)?;
         self.write_task(&mut tasks, None, &task, None)?;
+        if let Some(key) = &key {
+            self.task_keys()?
+                .insert(key.as_str(), number)
+                .map_err(self.err("record an idempotency key"))?;
+        }
         Ok(task)
     }
 
