@@ -232,7 +232,6 @@ pub struct NewTask {
     pub max_attempts: u32,
     /// Creating with a key already used on the agent's board returns the task created the first
     /// time, unchanged: a delegation repeated after a crash does not make a second task.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
 }
 
