@@ -264,6 +264,12 @@ impl NewTask {
         }
     }
 
+    /// Sets the idempotency key (see [`TaskStore::create`]).
+    pub fn with_idempotency_key(mut self, key: impl Into<String>) -> Self {
+        self.idempotency_key = Some(key.into());
+        self
+    }
+
     /// Checks the input and builds task `number` of `agent` at `now`.
     pub fn into_task(
         self,
@@ -753,6 +759,12 @@ impl Expect {
 /// - `create` numbers tasks per agent from 1 without gaps under concurrency, validates with
 ///   [`NewTask::into_task`] (a refusal is [`StoreError::Invalid`] and uses no number) and returns
 ///   the stored task (revision 1).
+/// - `create` with an [`idempotency_key`](NewTask::idempotency_key) already used on that agent's
+///   board returns the task created the first time, as it is stored now, and changes nothing: no
+///   second task, no new number, the rest of the input ignored (not even validated). Of
+///   concurrent creates with one key exactly one creates the task; the others return it. Keys are
+///   per agent (the same key on two boards makes two tasks), are kept as long as the board, and a
+///   refused create does not use its key. Without a key, every create makes a new task.
 /// - `get` of an absent task, or on a board that has no tasks yet, is `Ok(None)`.
 /// - `list` returns matching tasks sorted by number; `limit` applies after the other filters and
 ///   keeps the lowest numbers.
