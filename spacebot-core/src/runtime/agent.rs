@@ -920,7 +920,7 @@ pub(crate) async fn run_turn(
         }
         if !fresh.is_empty() && total_rounds >= limit.saturating_mul(STEER_ROUND_FACTOR) {
             // Steered too long: the fresh messages wait for their own turn.
-            wait.extend(fresh.drain(..));
+            wait.append(&mut fresh);
         }
         put_back(inner, agent, wait).await;
         if fresh.is_empty() {
