@@ -382,20 +382,23 @@ pub(crate) struct OrgInner {
 /// A rendering with the link-graph version it was made for.
 type Versioned<T> = (u64, T);
 
+/// A system prompt's cache key: the agent, and the peer when it answers in a link channel.
+type PromptKey = (AgentId, Option<AgentId>);
+
 /// System prompts and tool definitions per agent, reused while the link graph (their only input
 /// that changes at run time) is the same.
 #[derive(Debug, Default)]
 pub(crate) struct RenderCache {
-    prompts: Mutex<HashMap<(AgentId, Option<AgentId>), Versioned<Arc<str>>>>,
+    prompts: Mutex<HashMap<PromptKey, Versioned<Arc<str>>>>,
     definitions: Mutex<HashMap<AgentId, Versioned<Arc<Vec<crate::llm::ToolDefinition>>>>>,
 }
 
 impl RenderCache {
-    pub(crate) fn prompts(&self, key: &(AgentId, Option<AgentId>)) -> Option<Versioned<Arc<str>>> {
+    pub(crate) fn prompts(&self, key: &PromptKey) -> Option<Versioned<Arc<str>>> {
         lock(&self.prompts).get(key).cloned()
     }
 
-    pub(crate) fn set_prompt(&self, key: (AgentId, Option<AgentId>), version: u64, text: Arc<str>) {
+    pub(crate) fn set_prompt(&self, key: PromptKey, version: u64, text: Arc<str>) {
         lock(&self.prompts).insert(key, (version, text));
     }
 
