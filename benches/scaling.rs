@@ -30,7 +30,9 @@ use spacebot::{EnvelopeKind, InboundMessage, Organization, Stores};
 fn ring(n: usize) -> OrgConfig {
     let mut toml = String::from("[settings]\nqueue_capacity = 100000\n");
     for i in 0..n {
-        toml.push_str(&format!("\n[[agents]]\nid = \"agent-{i}\"\nname = \"Agent {i}\"\n"));
+        toml.push_str(&format!(
+            "\n[[agents]]\nid = \"agent-{i}\"\nname = \"Agent {i}\"\n"
+        ));
     }
     for i in 0..n {
         for step in 1..=3 {
@@ -96,7 +98,9 @@ fn multi_thread() -> tokio::runtime::Runtime {
 
 fn turn_scaling(c: &mut Criterion) {
     let mut group = c.benchmark_group("turn_scaling");
-    group.sample_size(20).measurement_time(Duration::from_secs(4));
+    group
+        .sample_size(20)
+        .measurement_time(Duration::from_secs(4));
     group.throughput(Throughput::Elements(1));
     for n in [10usize, 1_000, 10_000] {
         let rt = current_thread();
@@ -106,10 +110,8 @@ fn turn_scaling(c: &mut Criterion) {
             (org, replies)
         });
         group.bench_function(BenchmarkId::new("agents", n), |b| {
-            b.to_async(&rt).iter_custom(|iters| {
-                let org = org.clone();
-                let replies = &mut replies;
-                async move {
+            b.iter_custom(|iters| {
+                rt.block_on(async {
                     let start = Instant::now();
                     for _ in 0..iters {
                         org.deliver("agent-0", InboundMessage::new("portal", "u", "hi"))
@@ -118,7 +120,7 @@ fn turn_scaling(c: &mut Criterion) {
                         replies.next().await.unwrap();
                     }
                     start.elapsed()
-                }
+                })
             })
         });
     }
@@ -136,10 +138,8 @@ fn turn_scaling(c: &mut Criterion) {
             (org, replies)
         });
         group.bench_function(BenchmarkId::new("history", earlier), |b| {
-            b.to_async(&rt).iter_custom(|iters| {
-                let org = org.clone();
-                let replies = &mut replies;
-                async move {
+            b.iter_custom(|iters| {
+                rt.block_on(async {
                     let start = Instant::now();
                     for _ in 0..iters {
                         org.deliver("agent-0", InboundMessage::new("portal", "u", "go"))
@@ -148,7 +148,7 @@ fn turn_scaling(c: &mut Criterion) {
                         replies.next().await.unwrap();
                     }
                     start.elapsed()
-                }
+                })
             })
         });
     }
@@ -159,7 +159,9 @@ fn org_throughput(c: &mut Criterion) {
     const AGENTS: usize = 1_000;
     const MESSAGES: usize = 20_000;
     let mut group = c.benchmark_group("org_throughput");
-    group.sample_size(10).measurement_time(Duration::from_secs(8));
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(8));
     group.throughput(Throughput::Elements(MESSAGES as u64));
     for (name, rt) in [
         ("current_thread", current_thread()),
@@ -172,11 +174,8 @@ fn org_throughput(c: &mut Criterion) {
         });
         let names: Vec<String> = (0..AGENTS).map(|i| format!("agent-{i}")).collect();
         group.bench_function(name, |b| {
-            b.to_async(&rt).iter_custom(|iters| {
-                let org = org.clone();
-                let replies = &mut replies;
-                let names = &names;
-                async move {
+            b.iter_custom(|iters| {
+                rt.block_on(async {
                     let start = Instant::now();
                     for _ in 0..iters {
                         for i in 0..MESSAGES {
@@ -192,7 +191,7 @@ fn org_throughput(c: &mut Criterion) {
                         }
                     }
                     start.elapsed()
-                }
+                })
             })
         });
     }
