@@ -20,11 +20,14 @@ use proptest::prelude::*;
 use runtime_support::*;
 use serde_json::json;
 use spacebot_core::testing::{MockLlm, MockLlmHandle, PendingCall, tool_call};
-use spacebot_core::{ChatMessage, EnvelopeId, InboundMessage, InternalMessage};
+use spacebot_core::{
+    ChatMessage, Clock, EnvelopeId, InboundMessage, InternalMessage, NewTask, TaskRef, TaskStatus,
+};
 
 #[derive(Debug, Clone)]
 enum Step {
-    /// Producer 0 and 1 are external users, 2 is agent b over the internal channel.
+    /// Producer 0 and 1 are external users, 2 is agent b over the internal channel, 3 is a task on
+    /// a's own board (approved, claimed by a's task loop, run as a turn of its own).
     Send(usize),
     /// Answer the pending model call with a tool call: a checkpoint follows.
     Tool,
@@ -34,7 +37,7 @@ enum Step {
 
 fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
-        3 => (0usize..3).prop_map(Step::Send),
+        3 => (0usize..4).prop_map(Step::Send),
         2 => Just(Step::Tool),
         2 => Just(Step::Text),
     ]
@@ -125,7 +128,7 @@ async fn run(steps: Vec<Step>) {
     let (llm, mut calls) = MockLlm::pair();
     let mut h = harness(
         Arc::new(llm),
-        "queue_capacity = 1000",
+        "queue_capacity = 1000\ntask_concurrency = 1000",
         vec![Arc::new(EchoTool)],
     )
     .await;
@@ -138,6 +141,7 @@ async fn run(steps: Vec<Step>) {
     let mut pending: Option<PendingCall> = None;
     let mut expected_replies: Vec<Vec<EnvelopeId>> = Vec::new();
     let mut sent: Vec<(usize, EnvelopeId)> = Vec::new();
+    let mut tasks: Vec<TaskRef> = Vec::new();
     let mut counter = 0;
 
     // Run the steps, then answer with text until everything is answered.
@@ -154,7 +158,23 @@ async fn run(steps: Vec<Step>) {
             Step::Send(p) => {
                 counter += 1;
                 let text = format!("m{counter}");
-                let (id, label) = if p < 2 {
+                let (id, label) = if p == 3 {
+                    let mut new = NewTask::new(text.clone(), text.clone());
+                    new.status = TaskStatus::PendingApproval;
+                    let task = h
+                        .org
+                        .stores()
+                        .tasks
+                        .create(&a, new, h.clock.now())
+                        .await
+                        .unwrap();
+                    h.org.approve_task(&task.task_ref()).await.unwrap();
+                    tasks.push(task.task_ref());
+                    (
+                        EnvelopeId::new(format!("task-{text}")),
+                        format!("task {text}"),
+                    )
+                } else if p < 2 {
                     let msg = InboundMessage::new("portal", format!("u{p}"), text.clone());
                     (
                         h.org.deliver("a", msg).await.unwrap(),
@@ -178,8 +198,11 @@ async fn run(steps: Vec<Step>) {
             Step::Tool => {
                 let Some(call) = pending.take() else { continue };
                 call.respond_tool_calls(vec![tool_call("echo", json!({"text": "x"}))]);
-                // Everything that arrived steers: the model answers it next, then resumes.
-                let fresh: Vec<Item> = model.queue.drain(..).collect();
+                // Everything that arrived steers, except tasks: those wait, in order, for turns
+                // of their own. The model answers the steer next, then resumes.
+                let (waiting, fresh): (Vec<Item>, Vec<Item>) =
+                    model.queue.drain(..).partition(|item| item.3 == 3);
+                model.queue.extend(waiting);
                 if !fresh.is_empty() {
                     model.stack.push(fresh);
                 }
@@ -191,6 +214,10 @@ async fn run(steps: Vec<Step>) {
                 let frame = model.stack.pop().unwrap_or_default();
                 let mut groups: Vec<(usize, Vec<EnvelopeId>)> = Vec::new();
                 for (id, _, _, p) in frame {
+                    if p == 3 {
+                        // A task's answer is its result, not a reply.
+                        continue;
+                    }
                     match groups.iter_mut().find(|(q, _)| *q == p) {
                         Some((_, ids)) => ids.push(id),
                         None => groups.push((p, vec![id])),
@@ -222,7 +249,22 @@ async fn run(steps: Vec<Step>) {
             );
         }
     }
-    assert_eq!(answered.len(), sent.len(), "an envelope was lost");
+    let messages = sent.iter().filter(|(p, _)| *p != 3).count();
+    assert_eq!(answered.len(), messages, "an envelope was lost");
+    // ... every task ran once, as a turn of its own, and its result is that turn's answer ...
+    for task in &tasks {
+        h.wait_for("the task's end", |ev| {
+            ev.events().iter().any(|e| {
+                e.task.as_ref() == Some(task)
+                    && matches!(e.kind, spacebot_core::event::EventKind::TaskCompleted)
+            })
+        })
+        .await;
+        let done = h.org.task(task).await.unwrap().unwrap();
+        assert_eq!(done.status, TaskStatus::Done, "{task}");
+        assert_eq!(done.result.as_deref(), Some("answer"), "{task}");
+        assert_eq!(done.attempts, 0, "{task} ran more than once");
+    }
     // ... and each producer's envelopes first presented to the model in the order sent.
     let mut taken = Vec::new();
     for request in calls.requests() {
@@ -245,7 +287,7 @@ async fn run(steps: Vec<Step>) {
             }
         }
     }
-    for p in 0..3 {
+    for p in 0..4 {
         let order: Vec<usize> = taken
             .iter()
             .copied()
