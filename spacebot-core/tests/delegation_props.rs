@@ -215,7 +215,7 @@ async fn run(workload: Vec<Delegation>) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     #[test]
     fn every_ended_task_notifies_its_delegator_once_in_the_originating_channel(
