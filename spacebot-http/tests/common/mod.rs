@@ -65,6 +65,7 @@ pub struct Options {
     pub http: HttpConfig,
     pub replay_window: usize,
     pub toml: String,
+    pub llm: Option<ScriptedLlm>,
 }
 
 impl Default for Options {
@@ -73,6 +74,7 @@ impl Default for Options {
             http: HttpConfig::with_token(TOKEN),
             replay_window: 1024,
             toml: ORG.to_string(),
+            llm: None,
         }
     }
 }
@@ -82,9 +84,11 @@ pub async fn serve() -> Server {
 }
 
 pub async fn serve_with(options: Options) -> Server {
-    let llm = ScriptedLlm::new().with_fallback(|request| {
-        let agent = request.agent.as_ref().map_or("?", |a| a.as_str());
-        Ok(ChatResponse::text(format!("{agent} says ok")))
+    let llm = options.llm.clone().unwrap_or_else(|| {
+        ScriptedLlm::new().with_fallback(|request| {
+            let agent = request.agent.as_ref().map_or("?", |a| a.as_str());
+            Ok(ChatResponse::text(format!("{agent} says ok")))
+        })
     });
     let chat = WebChat::with_replay_window(options.replay_window);
     let config = OrgConfig::from_toml_str(&options.toml).unwrap();
