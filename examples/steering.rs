@@ -2,7 +2,7 @@
 //!
 //! The analyst starts a long research task (several tool rounds). While its `research` tool runs, the
 //! user sends two more messages. At the next checkpoint the agent drains its queue, answers both new
-//! messages at once, then goes back to the interrupted task, which it finishes.
+//! messages at once, then resumes the interrupted task in the same turn, and finishes it.
 //!
 //! ```text
 //! cargo run --example steering
@@ -29,10 +29,12 @@ use spacebot_core::{
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// A slow research step. On its second call the user sends two messages.
+/// A slow research step. On its second call the user sends two messages (through the
+/// organization's gateway, as a chat UI would: a tool itself may only act as its own agent).
 #[derive(Debug, Default)]
 struct Research {
     calls: AtomicU32,
+    gateway: std::sync::OnceLock<Organization>,
 }
 
 #[async_trait]
@@ -55,13 +57,17 @@ impl Tool for Research {
         args: serde_json::Value,
     ) -> Result<ToolOutput, ToolError> {
         let step = args.get("step").and_then(|s| s.as_u64()).unwrap_or(0);
+        let _ = &ctx.agent;
         if self.calls.fetch_add(1, Ordering::SeqCst) == 1 {
             for text in [
                 "Actually, answer in French.",
                 "And keep it to one sentence.",
             ] {
                 println!("user (while the tool runs): {text}");
-                ctx.org
+                let Some(gateway) = self.gateway.get() else {
+                    return Err(ToolError::failed("research", "no gateway"));
+                };
+                gateway
                     .deliver("analyst", InboundMessage::new("portal", "user-1", text))
                     .await
                     .map_err(|e| ToolError::failed("research", e.to_string()))?;
@@ -78,7 +84,9 @@ fn model(request: &ChatRequest) -> Result<ChatResponse, spacebot_core::LlmError>
         .iter()
         .rposition(|m| matches!(m, ChatMessage::User { .. }))
         .unwrap_or(0);
-    let rounds = request.messages[last_user..]
+    // Research steps done so far in this turn (the turn resumes after a steer, context kept).
+    let rounds = request
+        .messages
         .iter()
         .filter(|m| matches!(m, ChatMessage::Tool { .. }))
         .count();
@@ -112,7 +120,7 @@ impl EventSink for PrintEvents {
             EventKind::TurnStarted => println!("  [event] turn started"),
             EventKind::ToolCalled { tool, .. } => println!("  [event] tool {tool} ran"),
             EventKind::Steered { merged } => println!(
-                "  [event] checkpoint: {merged} new message(s) merged into one; the report goes back to the front of the queue"
+                "  [event] checkpoint: {merged} new message(s) merged into one, answered first; then the turn resumes the report"
             ),
             EventKind::TurnFinished { rounds } => {
                 println!("  [event] turn finished after {rounds} tool round(s)")
@@ -144,6 +152,7 @@ impl Outbound for PrintReplies {
 async fn main() -> Result<(), BoxError> {
     let config = OrgConfig::from_toml_str("[[agents]]\nid = \"analyst\"\nname = \"Analyst\"\n")?;
     let (done_tx, mut done) = tokio::sync::mpsc::unbounded_channel();
+    let research = Arc::new(Research::default());
     let org = Organization::builder(config)
         .stores(Stores::memory())
         .llm(Arc::new(FnLlm::new(model)))
@@ -151,9 +160,10 @@ async fn main() -> Result<(), BoxError> {
         .clock(Arc::new(TokioClock))
         .events(Arc::new(PrintEvents))
         .outbound(Arc::new(PrintReplies(done_tx)))
-        .tool(Arc::new(Research::default()))
+        .tool(research.clone())
         .build()
         .await?;
+    let _ = research.gateway.set(org.clone());
     org.start_all().await?;
 
     println!("user: Write a long report on the history of spaceflight.");

@@ -1088,7 +1088,26 @@ impl Behaviour for Delegation {
         agent: &AgentWorker,
         work: &TaskWork,
         outcome: &Result<TurnOutcome, String>,
+        usage: crate::llm::Usage,
     ) {
+        if !usage.is_zero() {
+            let event = TaskEvent::RecordUsage {
+                holder: work.holder.clone(),
+                usage,
+            };
+            if let Err(e) = org.task_transition(agent.id(), work.number, event).await {
+                crate::runtime::agent::report_error(
+                    &org.inner,
+                    agent.id(),
+                    None,
+                    format!(
+                        "usage of task {}#{} not recorded: {e}",
+                        agent.id(),
+                        work.number
+                    ),
+                );
+            }
+        }
         let result = match outcome {
             Ok(TurnOutcome::Answer(text)) => Ok(TaskOutcome::Done(text.clone())),
             Ok(TurnOutcome::Ended(_)) => Ok(TaskOutcome::Waiting),

@@ -194,6 +194,19 @@ impl Envelope {
 /// - `mark_applied(agent, key)` returns `true` the first time a key is marked for that agent and
 ///   `false` ever after, across restarts: it is how "applied exactly once" is kept. Of concurrent
 ///   calls with one key, exactly one returns `true`.
+/// - `is_applied(agent, key)` is `true` exactly when `key` was marked applied for that agent, by
+///   `mark_applied` or by a `commit`; it marks nothing.
+/// - `commit(agent, commit, now)` applies a [`TurnCommit`] for `agent` in one atomic step: it
+///   removes the `consumed` envelopes from the agent's pending deliveries (absent ids are
+///   ignored), appends the `records` to the agent's channel history in order, exactly as that many
+///   [`ChannelStore::append`](crate::ChannelStore::append) calls would (sequence numbers, known
+///   channels), and marks the `applied` keys (keys already marked are ignored, and the
+///   `mark_applied` that follows returns `false`). After a crash either all of it is visible or
+///   none; concurrent readers never see part of it. An empty commit changes nothing. A backend
+///   whose deliveries and channel history live in different places must still make the commit
+///   atomic (or refuse it with an error that writes nothing).
+/// - `is_durable` says whether what the store keeps survives the process: `false` for in-memory
+///   stores, whose "across restarts" lasts as long as the store lives.
 ///
 /// The conformance suite (module `conformance`, feature `conformance`: `delivery_store_*`) checks every clause.
 #[async_trait]

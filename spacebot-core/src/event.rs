@@ -30,6 +30,10 @@ pub struct Event {
     /// The parent task (multi-hop delegation) or parent agent's task, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<TaskRef>,
+    /// Tokens spent: on a `TurnFinished` event, the turn's model calls summed (when the provider
+    /// reported usage).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<crate::llm::Usage>,
     /// What happened.
     pub kind: EventKind,
 }
@@ -43,6 +47,7 @@ impl Event {
             link: None,
             channel: None,
             task: None,
+            usage: None,
             parent: None,
             kind,
         }

@@ -165,6 +165,24 @@ pub struct Usage {
     pub total_tokens: u32,
 }
 
+impl Usage {
+    /// The sum of two usages (saturating).
+    pub fn plus(self, other: Usage) -> Usage {
+        Usage {
+            prompt_tokens: self.prompt_tokens.saturating_add(other.prompt_tokens),
+            completion_tokens: self
+                .completion_tokens
+                .saturating_add(other.completion_tokens),
+            total_tokens: self.total_tokens.saturating_add(other.total_tokens),
+        }
+    }
+
+    /// Whether nothing was counted.
+    pub fn is_zero(&self) -> bool {
+        *self == Usage::default()
+    }
+}
+
 /// Why the model stopped.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

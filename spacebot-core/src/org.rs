@@ -371,6 +371,8 @@ pub(crate) struct OrgInner {
     pub(crate) live_claims: Mutex<HashSet<String>>,
     /// The behaviours plugged into the host, in order.
     pub(crate) behaviours: Vec<Arc<dyn Behaviour>>,
+    /// Tokens each agent's turns spent since the organization was built.
+    pub(crate) usage: Mutex<HashMap<AgentId, crate::llm::Usage>>,
 }
 
 impl fmt::Debug for OrgInner {
@@ -515,6 +517,13 @@ impl OrgInner {
 }
 
 impl OrgInner {
+    /// Adds to an agent's token count.
+    pub(crate) fn add_usage(&self, agent: &AgentId, usage: crate::llm::Usage) {
+        let mut all = lock(&self.usage);
+        let entry = all.entry(agent.clone()).or_default();
+        *entry = entry.plus(usage);
+    }
+
     /// Whether a custom executor of this process still works on the claim of `holder`.
     pub(crate) fn live_claim(&self, holder: &str) -> bool {
         lock(&self.live_claims).contains(holder)

@@ -269,6 +269,35 @@ impl Organization {
         }
     }
 
+    /// Tokens `agent`'s turns spent since the organization was built (as the provider reported).
+    pub fn usage(&self, agent: &AgentId) -> crate::llm::Usage {
+        self.inner
+            .usage
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(agent)
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// Tokens a delegated task cost: its own workers' model calls plus, recursively, those of the
+    /// tasks it delegated.
+    pub async fn task_usage(&self, task: &TaskRef) -> Result<crate::llm::Usage, OrgError> {
+        let mut total = crate::llm::Usage::default();
+        let mut todo = vec![task.clone()];
+        let mut seen = std::collections::HashSet::new();
+        while let Some(next) = todo.pop() {
+            if !seen.insert(next.clone()) {
+                continue;
+            }
+            if let Some(t) = self.task(&next).await? {
+                total = total.plus(t.metadata.usage);
+                todo.extend(t.metadata.children.iter().map(|c| c.task.clone()));
+            }
+        }
+        Ok(total)
+    }
+
     /// Whether `agent` is idle: running, its queue empty, no turn and no task running.
     pub fn is_idle(&self, agent: &AgentId) -> bool {
         match self.inner.slot(agent) {

@@ -196,6 +196,7 @@ impl OrganizationBuilder {
                 bus: crate::bus::EventBus::new(1024),
                 live_claims: Mutex::new(HashSet::new()),
                 behaviours,
+                usage: Mutex::new(HashMap::new()),
             }),
         })
     }

@@ -168,6 +168,10 @@ pub struct TaskMetadata {
     /// The envelope that started the exchange this task is part of.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cause: Option<crate::ids::EnvelopeId>,
+    /// Tokens the task's own workers spent (its children's are on their tasks; see
+    /// `Organization::task_usage` for the sum).
+    #[serde(default, skip_serializing_if = "crate::llm::Usage::is_zero")]
+    pub usage: crate::llm::Usage,
     /// Application data.
     #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
     pub extra: serde_json::Map<String, serde_json::Value>,
@@ -260,6 +264,12 @@ impl NewTask {
         }
     }
 
+    /// Sets the idempotency key (see [`TaskStore::create`]).
+    pub fn with_idempotency_key(mut self, key: impl Into<String>) -> Self {
+        self.idempotency_key = Some(key.into());
+        self
+    }
+
     /// Checks the input and builds task `number` of `agent` at `now`.
     pub fn into_task(
         self,
@@ -337,6 +347,14 @@ pub enum TaskEvent {
         /// New expiry.
         lease_until: Timestamp,
     },
+    /// Adds the token usage of a worker's model calls to the task (in_progress; the status does not
+    /// change; the worker must hold the lease).
+    RecordUsage {
+        /// The worker.
+        holder: String,
+        /// Tokens spent.
+        usage: crate::llm::Usage,
+    },
     /// Records a delegated child (in_progress or waiting; the status does not change).
     AddChild {
         /// The child task.
@@ -392,6 +410,7 @@ pub enum TaskEventKind {
     Park,
     Claim,
     Renew,
+    RecordUsage,
     AddChild,
     Wait,
     ChildEnded,
@@ -404,7 +423,7 @@ pub enum TaskEventKind {
 
 text_enum!(TaskEventKind, "task event", [
     Approve => "approve", Schedule => "schedule", Park => "park", Claim => "claim", Renew => "renew",
-    AddChild => "add_child", Wait => "wait", ChildEnded => "child_ended", Resume => "resume",
+    RecordUsage => "record_usage", AddChild => "add_child", Wait => "wait", ChildEnded => "child_ended", Resume => "resume",
     Complete => "complete", Fail => "fail", ExpireLease => "expire_lease", Cancel => "cancel",
 ]);
 
@@ -417,6 +436,7 @@ impl TaskEvent {
             Self::Park => TaskEventKind::Park,
             Self::Claim { .. } => TaskEventKind::Claim,
             Self::Renew { .. } => TaskEventKind::Renew,
+            Self::RecordUsage { .. } => TaskEventKind::RecordUsage,
             Self::AddChild { .. } => TaskEventKind::AddChild,
             Self::Wait { .. } => TaskEventKind::Wait,
             Self::ChildEnded { .. } => TaskEventKind::ChildEnded,
@@ -546,6 +566,10 @@ impl Task {
                     holder: holder.clone(),
                     expires_at: *lease_until,
                 });
+            }
+            (S::InProgress, TaskEvent::RecordUsage { holder, usage }) => {
+                self.check_holder(holder)?;
+                next.metadata.usage = next.metadata.usage.plus(*usage);
             }
             (S::InProgress | S::Waiting, TaskEvent::AddChild { child }) => {
                 if !next.metadata.children.iter().any(|c| &c.task == child) {
@@ -735,6 +759,12 @@ impl Expect {
 /// - `create` numbers tasks per agent from 1 without gaps under concurrency, validates with
 ///   [`NewTask::into_task`] (a refusal is [`StoreError::Invalid`] and uses no number) and returns
 ///   the stored task (revision 1).
+/// - `create` with an [`idempotency_key`](NewTask::idempotency_key) already used on that agent's
+///   board returns the task created the first time, as it is stored now, and changes nothing: no
+///   second task, no new number, the rest of the input ignored (not even validated). Of
+///   concurrent creates with one key exactly one creates the task; the others return it. Keys are
+///   per agent (the same key on two boards makes two tasks), are kept as long as the board, and a
+///   refused create does not use its key. Without a key, every create makes a new task.
 /// - `get` of an absent task, or on a board that has no tasks yet, is `Ok(None)`.
 /// - `list` returns matching tasks sorted by number; `limit` applies after the other filters and
 ///   keeps the lowest numbers.

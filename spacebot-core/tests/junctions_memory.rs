@@ -26,4 +26,6 @@ memory!(
     deliveries_racing_a_start_are_all_answered,
     a_hung_worker_does_not_block_the_board,
     tool_calls_per_response_are_capped,
+    a_streaming_outbound_gets_deltas_then_the_reply,
+    usage_is_summed_across_a_two_hop_delegation,
 );

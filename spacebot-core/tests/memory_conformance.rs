@@ -42,3 +42,11 @@ mod through_arc_dyn {
 }
 
 spacebot_core::all_store_conformance!(bundle, async { Stores::memory() });
+
+#[test]
+fn memory_deliveries_are_not_durable() {
+    assert!(!MemoryDeliveryStore::new().is_durable());
+    assert!(!Stores::memory().deliveries.is_durable());
+    let as_dyn: Arc<dyn DeliveryStore> = Arc::new(MemoryDeliveryStore::new());
+    assert!(!as_dyn.is_durable(), "through Arc<dyn DeliveryStore>");
+}

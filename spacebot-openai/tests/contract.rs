@@ -269,6 +269,7 @@ fn arb_request() -> impl Strategy<Value = ChatRequest> {
                 tool_choice,
                 temperature,
                 max_tokens,
+                ..ChatRequest::default()
             },
         )
 }

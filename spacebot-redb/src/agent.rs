@@ -8,6 +8,7 @@ use spacebot_core::task::{
 };
 use spacebot_core::{
     AgentId, ChannelId, ChannelRecord, Envelope, EnvelopeId, NewRecord, StoreError, Timestamp,
+    TurnCommit,
 };
 
 use crate::tables::encode;
@@ -93,10 +94,34 @@ impl Txn<'_> {
         new: NewTask,
         now: Timestamp,
     ) -> Result<Task, StoreError> {
+        let key = new.idempotency_key.clone();
+        if let Some(key) = &key {
+            let existing = self
+                .task_keys()?
+                .get(key.as_str())
+                .map_err(self.err("look up an idempotency key"))?
+                .map(|v| v.value());
+            if let Some(number) = existing {
+                return match self.task_get(agent, number)? {
+                    Some(task) => Ok(task),
+                    None => Err(StoreError::Corrupt {
+                        location: self.path.display().to_string(),
+                        reason: format!(
+                            "idempotency key {key:?} names task {agent}#{number}, which is missing"
+                        ),
+                    }),
+                };
+            }
+        }
         let mut tasks = self.tasks()?;
         let number = next_key(&*tasks).map_err(self.err("number a task"))?;
         let task = new.into_task(agent.clone(), number, now)?;
         self.write_task(&mut tasks, None, &task, None)?;
+        if let Some(key) = &key {
+            self.task_keys()?
+                .insert(key.as_str(), number)
+                .map_err(self.err("record an idempotency key"))?;
+        }
         Ok(task)
     }
 
@@ -382,5 +407,33 @@ impl Txn<'_> {
         }
         applied.insert(key, now.as_millis()).map_err(&e)?;
         Ok(true)
+    }
+
+    pub(crate) fn is_applied(&self, key: &str) -> Result<bool, StoreError> {
+        Ok(self
+            .applied()?
+            .get(key)
+            .map_err(self.err("read an applied key"))?
+            .is_some())
+    }
+
+    /// Applies a turn's commit. Every failure here is a storage or encoding failure, which aborts
+    /// the whole batch: nothing of a failed commit is written.
+    pub(crate) fn turn_commit(
+        &self,
+        agent: &AgentId,
+        commit: &TurnCommit,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        for id in &commit.consumed {
+            self.delivery_remove(id)?;
+        }
+        for record in &commit.records {
+            self.channel_append(agent, record.clone())?;
+        }
+        for key in &commit.applied {
+            self.mark_applied(key, now)?;
+        }
+        Ok(())
     }
 }

@@ -498,4 +498,24 @@ impl DeliveryStore for RedbStore {
         self.on_agent(agent, Access::Write, move |t| t.mark_applied(&key, now))
             .await
     }
+    async fn is_applied(&self, agent: &AgentId, key: &str) -> Result<bool, StoreError> {
+        let key = key.to_string();
+        self.on_agent(agent, Access::Read, move |t| t.is_applied(&key))
+            .await
+    }
+    async fn commit(
+        &self,
+        agent: &AgentId,
+        commit: &spacebot_core::TurnCommit,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        if commit.is_empty() {
+            return Ok(());
+        }
+        let (a, commit) = (agent.clone(), commit.clone());
+        self.on_agent(agent, Access::Write, move |t| {
+            t.turn_commit(&a, &commit, now)
+        })
+        .await
+    }
 }

@@ -43,6 +43,9 @@ pub(crate) const TASKS: TableDefinition<u64, &[u8]> = TableDefinition::new("task
 pub(crate) const READY: TableDefinition<(u8, u64), ()> = TableDefinition::new("tasks_ready");
 /// (lease expiry, number) of every in-progress task.
 pub(crate) const LEASES: TableDefinition<(i64, u64), ()> = TableDefinition::new("tasks_leases");
+/// Idempotency key of a create -> the number of the task it created. Files written before this
+/// table existed get it on their first write.
+pub(crate) const TASK_KEYS: TableDefinition<&str, u64> = TableDefinition::new("task_keys");
 /// Outbox sequence -> completion notice.
 pub(crate) const OUTBOX: TableDefinition<u64, &[u8]> = TableDefinition::new("outbox");
 /// Notice key -> outbox sequence.
@@ -75,6 +78,7 @@ pub(crate) fn create_all(tx: &WriteTransaction, kind: &FileKind) -> Result<(), r
             tx.open_table(TASKS)?;
             tx.open_table(READY)?;
             tx.open_table(LEASES)?;
+            tx.open_table(TASK_KEYS)?;
             tx.open_table(OUTBOX)?;
             tx.open_table(OUTBOX_KEYS)?;
             tx.open_table(CHANNELS)?;
@@ -118,6 +122,7 @@ open_tables! {
     tasks: TASKS => u64, &'static [u8];
     ready: READY => (u8, u64), ();
     leases: LEASES => (i64, u64), ();
+    task_keys: TASK_KEYS => &'static str, u64;
     outbox: OUTBOX => u64, &'static [u8];
     outbox_keys: OUTBOX_KEYS => &'static str, u64;
     channels: CHANNELS => &'static str, ();

@@ -746,3 +746,97 @@ async fn a_batch_mixing_refused_and_accepted_operations_keeps_exactly_the_accept
         1
     );
 }
+
+#[tokio::test]
+async fn turn_commits_and_task_keys_survive_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path());
+    assert!(s.is_durable(), "redb files survive the process");
+    let a = agent("a");
+    let portal = ChannelId::portal(&a);
+    let envs: Vec<Envelope> = (0..3)
+        .map(|i| {
+            Envelope::new(
+                Source::System,
+                portal.clone(),
+                EnvelopeKind::UserMessage,
+                format!("e{i}"),
+                Timestamp(i),
+            )
+        })
+        .collect();
+    for e in &envs {
+        s.persist(&a, e).await.unwrap();
+    }
+    let records: Vec<NewRecord> = ["question", "answer"]
+        .into_iter()
+        .map(|t| NewRecord::new(portal.clone(), RecordKind::User, "a", t, Timestamp(5)))
+        .collect();
+    let commit = spacebot_core::TurnCommit {
+        consumed: vec![envs[0].id.clone(), envs[2].id.clone()],
+        records: records.clone(),
+        applied: vec!["turn:e0".into()],
+    };
+    s.commit(&a, &commit, Timestamp(6)).await.unwrap();
+    let keyed = NewTask::new("delegated once", "").with_idempotency_key("turn:e0:call-1");
+    let task = TaskStore::create(&*s, &a, keyed.clone(), Timestamp(7))
+        .await
+        .unwrap();
+    s.close().await;
+    drop(s);
+
+    let s = store(dir.path());
+    assert_eq!(s.pending(&a).await.unwrap(), vec![envs[1].clone()]);
+    assert!(s.is_applied(&a, "turn:e0").await.unwrap());
+    assert!(!s.is_applied(&a, "turn:e1").await.unwrap());
+    let history = s.history(&a, &portal, None).await.unwrap();
+    assert_eq!(
+        history.into_iter().map(|r| r.record).collect::<Vec<_>>(),
+        records
+    );
+    let again = TaskStore::create(&*s, &a, keyed, Timestamp(8))
+        .await
+        .unwrap();
+    assert_eq!(again, task, "the key survives a reopen");
+    assert_eq!(
+        TaskStore::list(&*s, &a, &TaskFilter::default())
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+}
+
+/// A file written before the task key table existed gets the table on its first keyed create.
+#[tokio::test]
+async fn a_file_without_the_task_key_table_takes_keyed_creates() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = agent("a");
+    let s = store(dir.path());
+    TaskStore::create(&*s, &a, NewTask::new("old", ""), Timestamp(1))
+        .await
+        .unwrap();
+    s.close().await;
+    drop(s);
+    {
+        let db = redb::Database::open(dir.path().join("agents/a/spacebot.redb")).unwrap();
+        let tx = db.begin_write().unwrap();
+        let table: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("task_keys");
+        assert!(tx.delete_table(table).unwrap(), "the file had the table");
+        tx.commit().unwrap();
+    }
+    let s = store(dir.path());
+    let keyed = NewTask::new("new", "").with_idempotency_key("k");
+    let first = TaskStore::create(&*s, &a, keyed.clone(), Timestamp(2))
+        .await
+        .unwrap();
+    assert_eq!(first.number, 2);
+    let again = TaskStore::create(&*s, &a, keyed, Timestamp(3))
+        .await
+        .unwrap();
+    assert_eq!(again, first);
+    assert_eq!(
+        TaskStore::get(&*s, &a, 1).await.unwrap().unwrap().title,
+        "old"
+    );
+}

@@ -33,6 +33,11 @@ fn decode(location: &str, agent: &AgentId, row: &SqliteRow) -> Result<ChannelRec
     })
 }
 
+/// Appends one record and returns its sequence number; the `channel_records_known` trigger
+/// registers the channel in the same statement.
+pub(crate) const APPEND_SQL: &str = "INSERT INTO channel_records (channel_id, kind, author, content, metadata, at) \
+     VALUES (?, ?, ?, ?, ?, ?) RETURNING seq";
+
 /// [`ChannelStore`] on the agents' databases. Get one from [`SqliteStores::channels`].
 #[derive(Debug, Clone)]
 pub struct SqliteChannelStore(pub(crate) SqliteStores);
@@ -48,19 +53,16 @@ impl ChannelStore for SqliteChannelStore {
         let metadata = serde_json::to_string(&record.metadata)
             .map_err(|e| encode_error(&db.location, "record metadata", e))?;
         // The `channel_records_known` trigger registers the channel in the same statement.
-        let seq: i64 = sqlx::query_scalar(
-            "INSERT INTO channel_records (channel_id, kind, author, content, metadata, at) \
-             VALUES (?, ?, ?, ?, ?, ?) RETURNING seq",
-        )
-        .bind(record.channel.as_str())
-        .bind(record.kind.as_str())
-        .bind(&record.author)
-        .bind(&record.content)
-        .bind(metadata)
-        .bind(record.at.0)
-        .fetch_one(&db.writer)
-        .await
-        .map_err(|e| db_error(&db.location, "appending a channel record", e))?;
+        let seq: i64 = sqlx::query_scalar(APPEND_SQL)
+            .bind(record.channel.as_str())
+            .bind(record.kind.as_str())
+            .bind(&record.author)
+            .bind(&record.content)
+            .bind(metadata)
+            .bind(record.at.0)
+            .fetch_one(&db.writer)
+            .await
+            .map_err(|e| db_error(&db.location, "appending a channel record", e))?;
         Ok(ChannelRecord {
             seq: u64::try_from(seq)
                 .map_err(|_| corrupt(&db.location, format!("channel record seq {seq}")))?,

@@ -1,12 +1,20 @@
 //! [`DeliveryStore`] on each agent's database: pending deliveries and applied keys.
 
 use async_trait::async_trait;
-use spacebot_core::{AgentId, DeliveryStore, Envelope, EnvelopeId, StoreError, Timestamp};
+use spacebot_core::{
+    AgentId, DeliveryStore, Envelope, EnvelopeId, StoreError, Timestamp, TurnCommit,
+};
 
 use crate::SqliteStores;
+use crate::channels::APPEND_SQL;
 use crate::error::{corrupt, db_error, encode_error};
 
 /// [`DeliveryStore`] on the agents' databases: pending deliveries and applied keys. Get one from [`SqliteStores::deliveries`].
+///
+/// A [`commit`](DeliveryStore::commit) is one `BEGIN IMMEDIATE` transaction on the agent's
+/// database, which holds its pending deliveries, applied keys and channel history alike.
+/// [`is_durable`](DeliveryStore::is_durable) is `true` for stores in a directory and `false` for
+/// [`SqliteStores::in_memory`].
 #[derive(Debug, Clone)]
 pub struct SqliteDeliveryStore(pub(crate) SqliteStores);
 
@@ -71,5 +79,77 @@ impl DeliveryStore for SqliteDeliveryStore {
         .await
         .map_err(|e| db_error(&db.location, "marking a key applied", e))?;
         Ok(done.rows_affected() == 1)
+    }
+
+    fn is_durable(&self) -> bool {
+        self.0.dir().is_some()
+    }
+
+    async fn is_applied(&self, agent: &AgentId, key: &str) -> Result<bool, StoreError> {
+        let db = self.0.agent(agent).await?;
+        let found: Option<i64> = sqlx::query_scalar("SELECT 1 FROM applied_keys WHERE key = ?")
+            .bind(key)
+            .fetch_optional(&db.reader)
+            .await
+            .map_err(|e| db_error(&db.location, "reading an applied key", e))?;
+        Ok(found.is_some())
+    }
+
+    async fn commit(
+        &self,
+        agent: &AgentId,
+        commit: &TurnCommit,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        if commit.is_empty() {
+            return Ok(());
+        }
+        let db = self.0.agent(agent).await?;
+        let fail = |doing: &str, e| db_error(&db.location, doing, e);
+        // Encode before the transaction: nothing can fail half-way for want of a value.
+        let metadata = commit
+            .records
+            .iter()
+            .map(|r| {
+                serde_json::to_string(&r.metadata)
+                    .map_err(|e| encode_error(&db.location, "record metadata", e))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut tx = db
+            .writer
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(|e| fail("starting a transaction", e))?;
+        for id in &commit.consumed {
+            sqlx::query("DELETE FROM pending_deliveries WHERE id = ?")
+                .bind(id.as_str())
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| fail("removing a consumed delivery", e))?;
+        }
+        for (record, metadata) in commit.records.iter().zip(metadata) {
+            sqlx::query(APPEND_SQL)
+                .bind(record.channel.as_str())
+                .bind(record.kind.as_str())
+                .bind(&record.author)
+                .bind(&record.content)
+                .bind(metadata)
+                .bind(record.at.0)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(|e| fail("appending a channel record", e))?;
+        }
+        for key in &commit.applied {
+            sqlx::query(
+                "INSERT INTO applied_keys (key, applied_at) VALUES (?, ?) \
+                 ON CONFLICT (key) DO NOTHING",
+            )
+            .bind(key)
+            .bind(now.0)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| fail("marking a key applied", e))?;
+        }
+        tx.commit().await.map_err(|e| fail("committing a turn", e))
     }
 }

@@ -40,6 +40,19 @@ pub const INSERT_SQL: &str = "INSERT INTO tasks (number, title, description, sta
              ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, ?, NULL, NULL, ?, ?) \
      RETURNING number";
 
+/// [`INSERT_SQL`] with the create's idempotency key as the last parameter.
+const INSERT_KEYED_SQL: &str = "INSERT INTO tasks (number, title, description, status, \
+     priority, created_by, delegated_by, metadata, attempts, max_attempts, lease_holder, \
+     lease_expires_at, revision, result, error, created_at, updated_at, idempotency_key) \
+     VALUES ((SELECT coalesce(max(number), 0) + 1 FROM tasks), \
+             ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, ?, NULL, NULL, ?, ?, ?) \
+     RETURNING number";
+
+/// Reads the task a keyed create made (served by the `tasks_idempotency_key` index).
+const SELECT_BY_KEY_SQL: &str = "SELECT number, title, description, status, priority, \
+     created_by, metadata, attempts, max_attempts, lease_holder, lease_expires_at, revision, \
+     result, error, created_at, updated_at FROM tasks WHERE idempotency_key = ?";
+
 /// Reads one task inside a transition.
 pub const SELECT_ONE_SQL: &str = "SELECT number, title, description, status, priority, \
      created_by, metadata, attempts, max_attempts, lease_holder, lease_expires_at, revision, \
@@ -186,6 +199,60 @@ async fn write_notice(
 #[derive(Debug, Clone)]
 pub struct SqliteTaskStore(pub(crate) SqliteStores);
 
+impl SqliteTaskStore {
+    /// [`TaskStore::create`] with an idempotency key.
+    async fn create_keyed(
+        &self,
+        agent: &AgentId,
+        task: NewTask,
+        key: &str,
+        now: Timestamp,
+    ) -> Result<Task, StoreError> {
+        // A keyed create: look the key up and insert under one write lock, so that of concurrent
+        // creates with one key exactly one inserts and the others find its task.
+        let db = self.0.agent(agent).await?;
+        let fail = |doing: &str, e| db_error(&db.location, doing, e);
+        let mut tx = db
+            .writer
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(|e| fail("starting a transaction", e))?;
+        let existing = sqlx::query(SELECT_BY_KEY_SQL)
+            .bind(key)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(|e| fail("looking up a task by its idempotency key", e))?;
+        if let Some(row) = existing {
+            return decode(&db.location, agent, &row);
+        }
+        let mut task = task.into_task(agent.clone(), 0, now)?;
+        let metadata = encode_metadata(&db.location, &task.metadata)?;
+        let number: i64 = sqlx::query_scalar(INSERT_KEYED_SQL)
+            .bind(&task.title)
+            .bind(&task.description)
+            .bind(task.status.as_str())
+            .bind(task.priority.rank())
+            .bind(&task.created_by)
+            .bind(task.metadata.delegated_by.as_ref().map(AgentId::as_str))
+            .bind(metadata)
+            .bind(i64::from(task.attempts))
+            .bind(i64::from(task.max_attempts))
+            .bind(revision_to_sql(&db.location, task.revision)?)
+            .bind(task.created_at.0)
+            .bind(task.updated_at.0)
+            .bind(key)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(|e| fail("creating a task", e))?;
+        tx.commit()
+            .await
+            .map_err(|e| fail("committing a task creation", e))?;
+        task.number = u64::try_from(number)
+            .map_err(|_| corrupt(&db.location, format!("task number {number} is negative")))?;
+        Ok(task)
+    }
+}
+
 #[async_trait]
 impl TaskStore for SqliteTaskStore {
     async fn create(
@@ -194,6 +261,9 @@ impl TaskStore for SqliteTaskStore {
         task: NewTask,
         now: Timestamp,
     ) -> Result<Task, StoreError> {
+        if let Some(key) = task.idempotency_key.clone() {
+            return self.create_keyed(agent, task, &key, now).await;
+        }
         // Validate first (the number is not known yet and does not affect validation).
         let mut task = task.into_task(agent.clone(), 0, now)?;
         let db = self.0.agent(agent).await?;

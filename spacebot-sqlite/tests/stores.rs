@@ -899,3 +899,151 @@ async fn handles_opening_a_new_directory_at_once_take_turns() {
     numbers.sort_unstable();
     assert_eq!(numbers, (1..=6).collect::<Vec<u64>>());
 }
+
+#[tokio::test]
+async fn turn_commits_and_task_keys_survive_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = agent("boss");
+    let portal = ChannelId::portal(&a);
+    let envs: Vec<Envelope> = (0..3)
+        .map(|i| {
+            Envelope::new(
+                Source::System,
+                portal.clone(),
+                EnvelopeKind::UserMessage,
+                format!("e{i}"),
+                Timestamp(i),
+            )
+        })
+        .collect();
+    let records: Vec<NewRecord> = ["question", "answer"]
+        .into_iter()
+        .map(|t| NewRecord::new(portal.clone(), RecordKind::User, "boss", t, Timestamp(5)))
+        .collect();
+    let keyed = NewTask::new("delegated once", "").with_idempotency_key("turn:e0:call-1");
+    let task = {
+        let stores = SqliteStores::open(dir.path()).await.unwrap();
+        assert!(stores.deliveries().is_durable(), "a directory is durable");
+        for e in &envs {
+            stores.deliveries().persist(&a, e).await.unwrap();
+        }
+        let commit = spacebot_core::TurnCommit {
+            consumed: vec![envs[0].id.clone(), envs[2].id.clone()],
+            records: records.clone(),
+            applied: vec!["turn:e0".into()],
+        };
+        stores
+            .deliveries()
+            .commit(&a, &commit, Timestamp(6))
+            .await
+            .unwrap();
+        let task = stores
+            .tasks()
+            .create(&a, keyed.clone(), Timestamp(7))
+            .await
+            .unwrap();
+        stores.close().await;
+        task
+    };
+    let stores = SqliteStores::open(dir.path()).await.unwrap();
+    let deliveries = stores.deliveries();
+    assert_eq!(deliveries.pending(&a).await.unwrap(), vec![envs[1].clone()]);
+    assert!(deliveries.is_applied(&a, "turn:e0").await.unwrap());
+    assert!(!deliveries.is_applied(&a, "turn:e1").await.unwrap());
+    let history = stores.channels().history(&a, &portal, None).await.unwrap();
+    assert_eq!(
+        history.into_iter().map(|r| r.record).collect::<Vec<_>>(),
+        records
+    );
+    let again = stores
+        .tasks()
+        .create(&a, keyed, Timestamp(8))
+        .await
+        .unwrap();
+    assert_eq!(again, task, "the key survives a reopen");
+    assert_eq!(
+        stores
+            .tasks()
+            .list(&a, &TaskFilter::default())
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    stores.close().await;
+    let in_memory = SqliteStores::in_memory().await.unwrap();
+    assert!(
+        !in_memory.deliveries().is_durable(),
+        "an in-memory database does not survive the process"
+    );
+}
+
+/// A database written by a build that knew only migration 0001 gains task keys on open, keeping
+/// its tasks.
+#[tokio::test]
+async fn a_database_from_before_task_keys_is_migrated() {
+    let dir = tempfile::tempdir().unwrap();
+    let worker = agent("worker");
+    let db_path = dir.path().join("agents/worker/data/spacebot.db");
+    {
+        // Only the first migration, exactly as an older build applied it.
+        let old = tempfile::tempdir().unwrap();
+        let first =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations/0001_agent.sql");
+        std::fs::copy(&first, old.path().join("0001_agent.sql")).unwrap();
+        let migrator = sqlx::migrate::Migrator::new(old.path()).await.unwrap();
+        std::fs::create_dir_all(db_path.parent().unwrap()).unwrap();
+        let options = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(&db_path)
+            .create_if_missing(true);
+        let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
+        migrator.run(&pool).await.unwrap();
+        sqlx::query_scalar::<_, i64>(spacebot_sqlite::sql::INSERT_SQL)
+            .bind("old task")
+            .bind("")
+            .bind("ready")
+            .bind(2i64)
+            .bind("human")
+            .bind(None::<String>)
+            .bind("{}")
+            .bind(0i64)
+            .bind(3i64)
+            .bind(1i64)
+            .bind(1i64)
+            .bind(1i64)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        let has_column: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pragma_table_info('tasks') WHERE name = 'idempotency_key'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert_eq!(has_column, 0, "the old schema has no key column");
+        pool.close().await;
+    }
+    let stores = SqliteStores::open(dir.path()).await.unwrap();
+    let old = stores.tasks().get(&worker, 1).await.unwrap().unwrap();
+    assert_eq!(old.title, "old task");
+    let keyed = NewTask::new("new task", "").with_idempotency_key("k");
+    let first = stores
+        .tasks()
+        .create(&worker, keyed.clone(), Timestamp(2))
+        .await
+        .unwrap();
+    assert_eq!(first.number, 2);
+    let again = stores
+        .tasks()
+        .create(&worker, keyed, Timestamp(3))
+        .await
+        .unwrap();
+    assert_eq!(again, first);
+    let plain = stores
+        .tasks()
+        .create(&worker, NewTask::new("plain", ""), Timestamp(4))
+        .await
+        .unwrap();
+    assert_eq!(plain.number, 3);
+    stores.close().await;
+}

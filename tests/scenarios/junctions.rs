@@ -510,3 +510,188 @@ pub async fn tool_calls_per_response_are_capped(stores: Stores) {
     let refused = h.count(|k| matches!(k, EventKind::ToolCalled { ok: false, .. }));
     assert_eq!(refused, 2_995);
 }
+
+/// Streams its answers in pieces of three characters and reports 10 tokens per call.
+pub struct ChunkedLlm<F>(pub F);
+
+impl<F> std::fmt::Debug for ChunkedLlm<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ChunkedLlm")
+    }
+}
+
+#[async_trait]
+impl<F> spacebot::LlmProvider for ChunkedLlm<F>
+where
+    F: Fn(&spacebot::ChatRequest) -> ChatResponse + Send + Sync,
+{
+    async fn complete(
+        &self,
+        request: spacebot::ChatRequest,
+    ) -> Result<ChatResponse, spacebot::LlmError> {
+        let mut response = (self.0)(&request);
+        response.usage = Some(spacebot::llm::Usage {
+            prompt_tokens: 7,
+            completion_tokens: 3,
+            total_tokens: 10,
+        });
+        Ok(response)
+    }
+
+    async fn stream(
+        &self,
+        request: spacebot::ChatRequest,
+    ) -> Result<
+        futures::stream::BoxStream<'static, Result<spacebot::llm::StreamEvent, spacebot::LlmError>>,
+        spacebot::LlmError,
+    > {
+        use spacebot::llm::StreamEvent;
+        let response = self.complete(request).await?;
+        let text: Vec<char> = response
+            .content
+            .clone()
+            .unwrap_or_default()
+            .chars()
+            .collect();
+        let mut events: Vec<Result<StreamEvent, spacebot::LlmError>> = text
+            .chunks(3)
+            .map(|c| {
+                Ok(StreamEvent::TextDelta {
+                    text: c.iter().collect(),
+                })
+            })
+            .collect();
+        events.push(Ok(StreamEvent::Done(response)));
+        Ok(Box::pin(futures::stream::iter(events)))
+    }
+}
+
+/// A streaming outbound gets the answer's text as it is generated, in order, then the complete
+/// reply; steering and tool rounds keep working.
+pub async fn a_streaming_outbound_gets_deltas_then_the_reply(stores: Stores) {
+    use futures::StreamExt;
+    use spacebot::runtime::{OutboundItem, StreamingOutbound};
+    let llm = Arc::new(ChunkedLlm(|req: &spacebot::ChatRequest| {
+        let tool_round = req
+            .messages
+            .iter()
+            .any(|m| matches!(m, ChatMessage::Tool { .. }));
+        if tool_round {
+            ChatResponse::text("Bonjour tout le monde")
+        } else {
+            ChatResponse::tool_calls(vec![tool_call("echo", json!({}))])
+        }
+    }));
+    let (outbound, mut items) = StreamingOutbound::new();
+    let h = OrgHarness::builder(PEERS)
+        .stores(stores)
+        .llm(llm)
+        .tool(Arc::new(Echo))
+        .outbound(Arc::new(outbound))
+        .build()
+        .await;
+    h.org.start_agent(&id("a")).await.unwrap();
+    let m = h.org.deliver("a", user("greet")).await.unwrap();
+    let mut text = String::new();
+    let mut seqs = Vec::new();
+    let reply = loop {
+        let item = tokio::time::timeout(Duration::from_secs(10), items.next())
+            .await
+            .expect("an item within 10 s")
+            .expect("the stream is open");
+        match item {
+            OutboundItem::Delta(d) => {
+                assert_eq!(d.in_reply_to, vec![m.clone()]);
+                assert!(!d.discard);
+                seqs.push(d.seq);
+                text.push_str(&d.text);
+            }
+            OutboundItem::Reply(r) => break r,
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    assert_eq!(seqs, (0..seqs.len() as u64).collect::<Vec<_>>(), "in order");
+    assert!(seqs.len() >= 3, "streamed in pieces: {seqs:?}");
+    assert_eq!(text, "Bonjour tout le monde");
+    assert_eq!(reply.content, "Bonjour tout le monde");
+    assert_eq!(reply.in_reply_to, vec![m]);
+}
+
+const CHAIN: &str = r#"
+[[agents]]
+id = "a"
+name = "Alpha"
+[[agents]]
+id = "b"
+name = "Beta"
+[[agents]]
+id = "c"
+name = "Gamma"
+[[links]]
+from = "a"
+to = "b"
+relationship = "superior"
+[[links]]
+from = "b"
+to = "c"
+relationship = "superior"
+"#;
+
+/// Token usage is kept per turn, per agent and per delegated task, the task including its
+/// children's work, across a two-hop delegation.
+pub async fn usage_is_summed_across_a_two_hop_delegation(stores: Stores) {
+    let llm = Arc::new(ChunkedLlm(|req: &spacebot::ChatRequest| {
+        let me = req.agent.as_ref().map(AgentId::as_str).unwrap_or("");
+        let text = last_user(&req.messages);
+        match (me, req.envelope_kind) {
+            ("a", Some(EnvelopeKind::UserMessage)) => ChatResponse::tool_calls(vec![tool_call(
+                "send_agent_message",
+                json!({"target": "b", "message": "Ask Gamma."}),
+            )]),
+            ("b", _) if !text.contains("have ended") => ChatResponse::tool_calls(vec![tool_call(
+                "send_agent_message",
+                json!({"target": "c", "message": "Pick a word."}),
+            )]),
+            ("b", _) => ChatResponse::text("Gamma says: lantern"),
+            ("c", _) => ChatResponse::text("lantern"),
+            _ => ChatResponse::text("The word is lantern."),
+        }
+    }));
+    let mut h = OrgHarness::builder(CHAIN)
+        .stores(stores)
+        .llm(llm)
+        .build()
+        .await;
+    h.org.start_all().await.unwrap();
+    h.org.deliver("a", user("a word, please")).await.unwrap();
+    let reply = h.reply().await;
+    assert_eq!(reply.content, "The word is lantern.");
+    let (a, b, c) = (id("a"), id("b"), id("c"));
+    let b_task = TaskRef::new(b.clone(), 1);
+    let c_task = TaskRef::new(c.clone(), 1);
+    // c answered in one call; b delegated in one call and resumed in another.
+    assert_eq!(h.org.task_usage(&c_task).await.unwrap().total_tokens, 10);
+    assert_eq!(
+        h.org
+            .task(&b_task)
+            .await
+            .unwrap()
+            .unwrap()
+            .metadata
+            .usage
+            .total_tokens,
+        20
+    );
+    assert_eq!(h.org.task_usage(&b_task).await.unwrap().total_tokens, 30);
+    assert_eq!(h.org.usage(&a).total_tokens, 20);
+    assert_eq!(h.org.usage(&c).total_tokens, 10);
+    // The turn's event carries the turn's usage.
+    let per_turn: Vec<u32> = h
+        .events
+        .events()
+        .iter()
+        .filter(|e| e.agent == a && matches!(e.kind, EventKind::TurnFinished { .. }))
+        .filter_map(|e| e.usage.map(|u| u.total_tokens))
+        .collect();
+    assert_eq!(per_turn, vec![10, 10]);
+}

@@ -154,7 +154,10 @@ macro_rules! conversation_store_conformance {
 
 /// Generates the whole suite (every store's tests, one `#[tokio::test]` each) given an expression
 /// evaluating to a future of a fresh [`Stores`](crate::Stores) bundle, built anew for every test.
-/// See the [module docs](crate::conformance).
+/// It includes the checks that need two stores of the bundle at once (`stores_*`, such as
+/// [`stores_commit_appends_records_in_order`](crate::conformance::stores_commit_appends_records_in_order):
+/// a delivery store's commit writes to the bundle's channel store). See the
+/// [module docs](crate::conformance).
 ///
 /// The calling crate needs `tokio` (features `macros`, `rt-multi-thread`) as a dev-dependency.
 #[macro_export]
@@ -169,6 +172,7 @@ macro_rules! all_store_conformance {
             $crate::__delivery_store_tests!(deliveries, $make, |stores| &*stores.deliveries);
             $crate::__conversation_store_tests!(conversations, $make, |stores| &*stores
                 .conversations);
+            $crate::__turn_commit_tests!(commits, $make, |stores| &stores);
         }
     };
     ($make:expr) => {

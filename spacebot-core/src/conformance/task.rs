@@ -42,6 +42,9 @@ macro_rules! __task_store_tests {
                 task_store_outbox_mark_sent_idempotent,
                 task_store_outbox_in_write_order,
                 task_store_round_trip,
+                task_store_create_with_key_is_idempotent,
+                task_store_concurrent_creates_with_one_key,
+                task_store_idempotency_keys_are_per_agent,
             ]
         );
     };
@@ -1240,6 +1243,11 @@ pub async fn task_store_round_trip(store: &dyn TaskStore) -> Result<(), Conforma
             children: Vec::new(),
             round: 7,
             cause: Some(crate::ids::EnvelopeId::new(UNUSUAL_TEXT)),
+            usage: crate::llm::Usage {
+                prompt_tokens: u32::MAX,
+                completion_tokens: 1,
+                total_tokens: 0,
+            },
             extra,
         },
         max_attempts: u32::MAX,
@@ -1297,6 +1305,244 @@ pub async fn task_store_round_trip(store: &dyn TaskStore) -> Result<(), Conforma
         plain.metadata,
         TaskMetadata::default(),
         "empty metadata stays empty"
+    );
+    Ok(())
+}
+
+/// `create` with a key already used on the board returns the task created the first time, as
+/// stored now, and changes nothing (no second task, no number used, the rest of the input
+/// ignored); without a key, or with another key, it creates; a refused create does not use its key.
+pub async fn task_store_create_with_key_is_idempotent(
+    store: &dyn TaskStore,
+) -> Result<(), ConformanceError> {
+    let (a, boss) = (agent("alpha")?, agent("boss")?);
+    ensure_empty(store, &[&a]).await?;
+    let first = ok!(store.create(
+        &a,
+        delegated("first", &boss).with_idempotency_key("turn:e1:call-1"),
+        T0
+    ));
+    ensure_eq!(first.number, 1, "the first keyed create makes task 1");
+    let again = ok!(store.create(
+        &a,
+        NewTask {
+            priority: Priority::Urgent,
+            ..NewTask::new("a different title", "").with_idempotency_key("turn:e1:call-1")
+        },
+        T0.plus(LEASE)
+    ));
+    ensure_eq!(
+        &again,
+        &first,
+        "a create with a used key returns the first task, unchanged"
+    );
+    let invalid_again = ok!(store.create(
+        &a,
+        NewTask {
+            max_attempts: 0,
+            ..NewTask::new("   ", "").with_idempotency_key("turn:e1:call-1")
+        },
+        T0
+    ));
+    ensure_eq!(
+        &invalid_again,
+        &first,
+        "a create with a used key returns the first task even if the rest would be refused"
+    );
+    let plain = ok!(store.create(&a, NewTask::new("no key", ""), T0));
+    ensure_eq!(plain.number, 2, "a create without a key makes a new task");
+    let plain_again = ok!(store.create(&a, NewTask::new("no key", ""), T0));
+    ensure_eq!(plain_again.number, 3, "without a key, every create is new");
+    ensure_err!(
+        store
+            .create(
+                &a,
+                NewTask::new("  ", "").with_idempotency_key(UNUSUAL_TEXT),
+                T0
+            )
+            .await,
+        StoreError::Invalid(_),
+        "a refused keyed create"
+    );
+    let unusual = ok!(store.create(
+        &a,
+        NewTask::new("unusual key", "").with_idempotency_key(UNUSUAL_TEXT),
+        T0
+    ));
+    ensure_eq!(
+        unusual.number,
+        4,
+        "a refused create neither used a number nor its key"
+    );
+    let empty = ok!(store.create(
+        &a,
+        NewTask::new("empty key", "").with_idempotency_key(""),
+        T0
+    ));
+    ensure_eq!(empty.number, 5, "the empty key is a key like any other");
+    ensure_eq!(
+        ok!(store.create(
+            &a,
+            NewTask::new("empty key again", "").with_idempotency_key(""),
+            T0
+        )),
+        empty,
+        "the empty key, again"
+    );
+    ensure_eq!(
+        ok!(store.create(
+            &a,
+            NewTask::new("unusual again", "").with_idempotency_key(UNUSUAL_TEXT),
+            T0
+        )),
+        unusual,
+        "the unusual key, again"
+    );
+    // The key names the task as it is now, after it moved on.
+    let claimed = ok!(store.claim_next(&a, "worker", LEASE, T0.plus(LEASE)));
+    ensure_eq!(
+        claimed.as_ref().map(|t| t.number),
+        Some(1),
+        "the first task is claimed"
+    );
+    let after_claim = ok!(store.create(
+        &a,
+        NewTask::new("first", "").with_idempotency_key("turn:e1:call-1"),
+        T0
+    ));
+    ensure_eq!(
+        Some(&after_claim),
+        claimed.as_ref(),
+        "a create with a used key returns the task as it is stored now"
+    );
+    let numbers: Vec<u64> = ok!(store.list(&a, &TaskFilter::default()))
+        .iter()
+        .map(|t| t.number)
+        .collect();
+    ensure_eq!(numbers, vec![1, 2, 3, 4, 5], "no task was created twice");
+    ensure_eq!(
+        get(store, &a, 1).await?.title,
+        "first".to_string(),
+        "the first task keeps its title"
+    );
+    Ok(())
+}
+
+/// Concurrent creates with one key make exactly one task and all return it; keyless creates run
+/// beside them keep numbering without gaps.
+pub async fn task_store_concurrent_creates_with_one_key(
+    store: &dyn TaskStore,
+) -> Result<(), ConformanceError> {
+    const KEYED: usize = 16;
+    const PLAIN: usize = 4;
+    let a = agent("alpha")?;
+    ensure_empty(store, &[&a]).await?;
+    let creates = (0..KEYED + PLAIN).map(|i| {
+        let new = NewTask::new(format!("create {i}"), "");
+        let new = if i < KEYED {
+            new.with_idempotency_key("contended")
+        } else {
+            new
+        };
+        store.create(&a, new, T0)
+    });
+    let mut keyed = Vec::new();
+    let mut plain = Vec::new();
+    for (i, created) in join_all(creates).await.into_iter().enumerate() {
+        let task = match created {
+            Ok(t) => t,
+            Err(e) => {
+                return Err(ConformanceError::Store {
+                    op: "concurrent create".into(),
+                    location: concat!(file!(), ":", line!()),
+                    source: e,
+                });
+            }
+        };
+        if i < KEYED {
+            keyed.push(task);
+        } else {
+            plain.push(task.number);
+        }
+    }
+    let distinct: BTreeSet<u64> = keyed.iter().map(|t| t.number).collect();
+    ensure_eq!(
+        distinct.len(),
+        1,
+        "every concurrent create with one key returns one task: {distinct:?}"
+    );
+    ensure!(
+        keyed.windows(2).all(|w| w[0] == w[1]),
+        "every concurrent create with one key returns the same task"
+    );
+    let tasks = ok!(store.list(&a, &TaskFilter::default()));
+    let numbers: Vec<u64> = tasks.iter().map(|t| t.number).collect();
+    let expected: Vec<u64> = (1..=(PLAIN as u64 + 1)).collect();
+    ensure_eq!(
+        numbers,
+        expected,
+        "one keyed task and every keyless one, numbered without gaps"
+    );
+    ensure_eq!(
+        tasks
+            .iter()
+            .filter(|t| t.title.starts_with("create "))
+            .count(),
+        PLAIN + 1,
+        "the stored tasks"
+    );
+    ensure!(
+        !plain.contains(&keyed[0].number),
+        "the keyed task's number is its own"
+    );
+    Ok(())
+}
+
+/// Idempotency keys are per agent: one key on two boards makes two tasks, each numbered on its own
+/// board, and each board then returns its own.
+pub async fn task_store_idempotency_keys_are_per_agent(
+    store: &dyn TaskStore,
+) -> Result<(), ConformanceError> {
+    let (a, b) = (agent("alpha")?, agent("beta")?);
+    ensure_empty(store, &[&a, &b]).await?;
+    ok!(store.create(&a, NewTask::new("unkeyed", ""), T0));
+    let on_a = ok!(store.create(
+        &a,
+        NewTask::new("on alpha", "").with_idempotency_key("shared"),
+        T0
+    ));
+    let on_b = ok!(store.create(
+        &b,
+        NewTask::new("on beta", "").with_idempotency_key("shared"),
+        T0
+    ));
+    ensure_eq!(on_a.number, 2, "the key on one board");
+    ensure_eq!(
+        on_b.number,
+        1,
+        "the same key on another board makes a task there"
+    );
+    ensure_eq!(on_b.agent, b, "on the other agent's board");
+    ensure_eq!(on_b.title, "on beta".to_string(), "its own task");
+    ensure_eq!(
+        ok!(store.create(&a, NewTask::new("x", "").with_idempotency_key("shared"), T0)),
+        on_a,
+        "each board returns its own task for the key"
+    );
+    ensure_eq!(
+        ok!(store.create(&b, NewTask::new("x", "").with_idempotency_key("shared"), T0)),
+        on_b,
+        "each board returns its own task for the key (other board)"
+    );
+    ensure_eq!(
+        ok!(store.list(&b, &TaskFilter::default())).len(),
+        1,
+        "one task on the other board"
+    );
+    ensure_eq!(
+        ok!(store.list(&a, &TaskFilter::default())).len(),
+        2,
+        "two tasks on the first board"
     );
     Ok(())
 }

@@ -161,10 +161,14 @@ impl Tool for ConcludeLink {
     ) -> Result<ToolOutput, ToolError> {
         let args: ConcludeArgs = parse_args(CONCLUDE_LINK, args)?;
         non_empty(CONCLUDE_LINK, "summary", &args.summary)?;
-        let conversation =
-            super::find_for(ctx.org.organization(), &ctx.agent, &ctx.channel, args.target.as_deref())
-                .await
-                .map_err(|e| tool_error(CONCLUDE_LINK, e))?;
+        let conversation = super::find_for(
+            ctx.org.organization(),
+            &ctx.agent,
+            &ctx.channel,
+            args.target.as_deref(),
+        )
+        .await
+        .map_err(|e| tool_error(CONCLUDE_LINK, e))?;
         if conversation.mode == ConversationMode::Group {
             return Err(ToolError::failed(
                 CONCLUDE_LINK,
@@ -301,10 +305,14 @@ impl Tool for CloseLink {
     ) -> Result<ToolOutput, ToolError> {
         let args: CloseArgs = parse_args(CLOSE_LINK, args)?;
         non_empty(CLOSE_LINK, "message", &args.message)?;
-        let conversation =
-            super::find_for(ctx.org.organization(), &ctx.agent, &ctx.channel, args.target.as_deref())
-                .await
-                .map_err(|e| tool_error(CLOSE_LINK, e))?;
+        let conversation = super::find_for(
+            ctx.org.organization(),
+            &ctx.agent,
+            &ctx.channel,
+            args.target.as_deref(),
+        )
+        .await
+        .map_err(|e| tool_error(CLOSE_LINK, e))?;
         if conversation.initiator != ctx.agent
             || conversation
                 .member(&ctx.agent)
@@ -373,14 +381,23 @@ impl Tool for SeverLink {
         args: serde_json::Value,
     ) -> Result<ToolOutput, ToolError> {
         let args: SeverArgs = parse_args(SEVER_LINK, args)?;
-        let conversation =
-            super::find_for(ctx.org.organization(), &ctx.agent, &ctx.channel, args.target.as_deref())
-                .await
-                .map_err(|e| tool_error(SEVER_LINK, e))?;
+        let conversation = super::find_for(
+            ctx.org.organization(),
+            &ctx.agent,
+            &ctx.channel,
+            args.target.as_deref(),
+        )
+        .await
+        .map_err(|e| tool_error(SEVER_LINK, e))?;
         let reason = format!("{} severed it", ctx.org.display_name(&ctx.agent));
-        let severed = super::sever(ctx.org.organization(), &conversation.id, Some(&ctx.agent), &reason)
-            .await
-            .map_err(|e| tool_error(SEVER_LINK, e))?;
+        let severed = super::sever(
+            ctx.org.organization(),
+            &conversation.id,
+            Some(&ctx.agent),
+            &reason,
+        )
+        .await
+        .map_err(|e| tool_error(SEVER_LINK, e))?;
         debug_assert_eq!(severed.status, ConversationStatus::Severed);
         Ok(ToolOutput::end_turn(format!(
             "Conversation {} severed for every member.",

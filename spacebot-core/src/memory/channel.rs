@@ -30,6 +30,36 @@ impl MemoryChannelStore {
     pub fn new() -> Self {
         Self::default()
     }
+
+    /// Appends `records` to `agent`'s channels in order, under one hold of the lock: no reader
+    /// sees some of them without the others.
+    pub(crate) fn append_all(&self, agent: &AgentId, records: &[NewRecord]) {
+        if records.is_empty() {
+            return;
+        }
+        let mut agents = lock(&self.agents);
+        let state = agents.entry(agent.clone()).or_default();
+        for record in records {
+            state.append(agent, record.clone());
+        }
+    }
+}
+
+impl AgentChannels {
+    /// Appends one record with the next sequence number and returns it as stored.
+    fn append(&mut self, agent: &AgentId, record: NewRecord) -> ChannelRecord {
+        self.last_seq += 1;
+        let stored = ChannelRecord {
+            seq: self.last_seq,
+            agent: agent.clone(),
+            record,
+        };
+        self.channels
+            .entry(stored.record.channel.clone())
+            .or_default()
+            .push(stored.clone());
+        stored
+    }
 }
 
 #[async_trait]
@@ -40,19 +70,10 @@ impl ChannelStore for MemoryChannelStore {
         record: NewRecord,
     ) -> Result<ChannelRecord, StoreError> {
         let mut agents = lock(&self.agents);
-        let state = agents.entry(agent.clone()).or_default();
-        state.last_seq += 1;
-        let stored = ChannelRecord {
-            seq: state.last_seq,
-            agent: agent.clone(),
-            record,
-        };
-        state
-            .channels
-            .entry(stored.record.channel.clone())
+        Ok(agents
+            .entry(agent.clone())
             .or_default()
-            .push(stored.clone());
-        Ok(stored)
+            .append(agent, record))
     }
 
     async fn history(

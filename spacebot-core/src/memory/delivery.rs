@@ -5,9 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 
-use super::MemoryChannelStore;
-use super::lock;
-use crate::channel::ChannelStore;
+use super::{MemoryChannelStore, lock};
 use crate::envelope::{DeliveryStore, Envelope, TurnCommit};
 use crate::error::StoreError;
 use crate::ids::{AgentId, EnvelopeId};
@@ -22,7 +20,15 @@ struct AgentDeliveries {
     applied: HashSet<String>,
 }
 
-/// A [`DeliveryStore`] in process memory. "Across restarts" holds for as long as the store lives.
+/// A [`DeliveryStore`] in process memory. "Across restarts" holds for as long as the store lives,
+/// and [`is_durable`](DeliveryStore::is_durable) is `false`.
+///
+/// [`commit`](DeliveryStore::commit) appends its records to a [`MemoryChannelStore`]: the one
+/// given to [`MemoryDeliveryStore::with_channels`] (as [`Stores::memory`](crate::Stores::memory)
+/// does, so that committed records show in the bundle's channel store), or, for a store made with
+/// [`MemoryDeliveryStore::new`], a private one that nothing else reads. A commit holds this store's
+/// lock while it appends, so no reader of this store sees part of it; records become visible in
+/// the channel store together, under one hold of its lock.
 #[derive(Debug, Default)]
 pub struct MemoryDeliveryStore {
     agents: Mutex<HashMap<AgentId, AgentDeliveries>>,
@@ -30,7 +36,8 @@ pub struct MemoryDeliveryStore {
 }
 
 impl MemoryDeliveryStore {
-    /// An empty store whose commits write records to a channel store of its own.
+    /// An empty store whose commits write records to a channel store of its own (which nothing
+    /// else reads: use [`MemoryDeliveryStore::with_channels`] to see them).
     pub fn new() -> Self {
         Self::default()
     }
@@ -101,17 +108,17 @@ impl DeliveryStore for MemoryDeliveryStore {
         commit: &TurnCommit,
         _now: Timestamp,
     ) -> Result<(), StoreError> {
-        for record in &commit.records {
-            self.channels.append(agent, record.clone()).await?;
+        if commit.is_empty() {
+            return Ok(());
         }
+        // Lock order: this store, then the channel store (which never takes this one's lock).
         let mut agents = lock(&self.agents);
         let state = agents.entry(agent.clone()).or_default();
         if !commit.consumed.is_empty() {
             state.pending.retain(|e| !commit.consumed.contains(&e.id));
         }
-        for key in &commit.applied {
-            state.applied.insert(key.clone());
-        }
+        state.applied.extend(commit.applied.iter().cloned());
+        self.channels.append_all(agent, &commit.records);
         Ok(())
     }
 }

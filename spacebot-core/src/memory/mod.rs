@@ -30,7 +30,8 @@ pub use task::MemoryTaskStore;
 
 impl Stores {
     /// Every store in memory: a fresh, empty [`MemoryLinkStore`], [`MemoryConversationStore`],
-    /// [`MemoryTaskStore`], [`MemoryChannelStore`] and [`MemoryDeliveryStore`].
+    /// [`MemoryTaskStore`], [`MemoryChannelStore`] and [`MemoryDeliveryStore`]. The delivery
+    /// store's commits append their records to the bundle's channel store.
     pub fn memory() -> Stores {
         let channels = Arc::new(MemoryChannelStore::new());
         Stores {

@@ -22,6 +22,8 @@ struct Board {
     /// The last number handed out.
     last_number: u64,
     tasks: BTreeMap<u64, Task>,
+    /// Idempotency key of a create -> the number of the task it created.
+    keys: HashMap<String, u64>,
     /// Unsent notices, in write order.
     outbox: Vec<CompletionNotice>,
 }
@@ -64,10 +66,21 @@ impl TaskStore for MemoryTaskStore {
     ) -> Result<Task, StoreError> {
         let mut boards = lock(&self.boards);
         let board = boards.entry(agent.clone()).or_default();
+        let key = task.idempotency_key.clone();
+        if let Some(existing) = key
+            .as_ref()
+            .and_then(|k| board.keys.get(k))
+            .and_then(|n| board.tasks.get(n))
+        {
+            return Ok(existing.clone());
+        }
         let number = board.last_number + 1;
         let task = task.into_task(agent.clone(), number, now)?;
         board.last_number = number;
         board.tasks.insert(number, task.clone());
+        if let Some(key) = key {
+            board.keys.insert(key, number);
+        }
         Ok(task)
     }
 

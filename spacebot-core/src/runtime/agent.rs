@@ -73,6 +73,8 @@ pub enum TurnOutcome {
 pub(crate) struct TurnLog {
     commit: TurnCommit,
     keys: HashSet<String>,
+    /// Tokens the turn's model calls spent, as the provider reported them.
+    pub(crate) usage: crate::llm::Usage,
 }
 
 impl TurnLog {
@@ -234,6 +236,9 @@ where
 
 /// Writes a turn's commit, retrying until it is stored.
 async fn commit(org: &OrgInner, agent: &AgentRuntime, log: TurnLog) {
+    if !log.usage.is_zero() {
+        org.add_usage(agent.id(), log.usage);
+    }
     if log.commit.is_empty() {
         return;
     }
@@ -528,7 +533,9 @@ async fn run_task(
     // The outcome is recorded first: a crash between the two runs the (finished) task envelope
     // again, which then finds its claim over and only lets it go.
     for behaviour in &org.behaviours {
-        behaviour.work_ended(&handle, &worker, &work, &result).await;
+        behaviour
+            .work_ended(&handle, &worker, &work, &result, turn_log.usage)
+            .await;
     }
     commit(org, agent, turn_log).await;
 }
@@ -763,10 +770,20 @@ pub(crate) async fn run_turn(
             envelope_kind: top.kind(),
             ..ChatRequest::default()
         };
-        let response = match inner.llm.complete(request).await {
+        let streams_to = frames
+            .last()
+            .filter(|f| agent.spec.outbound.wants_deltas() && answers_outbound(f));
+        let response = match streams_to {
+            Some(frame) => stream_model(org, agent, request, frame).await,
+            None => inner.llm.complete(request).await,
+        };
+        let response = match response {
             Ok(r) => r,
             Err(e) => return Err(failure(e, &frames)),
         };
+        if let Some(usage) = response.usage {
+            log.usage = log.usage.plus(usage);
+        }
         if response.tool_calls.is_empty() {
             let text = response.content.unwrap_or_default();
             let Some(frame) = frames.pop() else {
@@ -789,6 +806,7 @@ pub(crate) async fn run_turn(
             );
             event.channel = Some(reply_channel);
             event.task = options.task.clone();
+            event.usage = Some(log.usage);
             inner.emit(event);
             match frames.last() {
                 None => return Ok(TurnOutcome::Answer(text)),
@@ -855,6 +873,7 @@ pub(crate) async fn run_turn(
             );
             event.channel = Some(reply_channel);
             event.task = options.task.clone();
+            event.usage = Some(log.usage);
             inner.emit(event);
             // The frame that ended waits for a result (a retrigger answers it later).
             frames.pop();
@@ -947,6 +966,89 @@ pub(crate) async fn run_turn(
             rounds: 0,
         });
     }
+}
+
+/// Whether a frame's answer goes to the agent's outbound (not to a task's result, not to a
+/// conversation's members).
+fn answers_outbound(frame: &Frame) -> bool {
+    frame.envelopes.iter().all(|e| {
+        e.task.is_none()
+            && e.conversation.is_none()
+            && e.kind != EnvelopeKind::TaskAssigned
+            && !e.channel.as_str().starts_with("link:")
+            && !e.channel.as_str().starts_with("conversation:")
+    })
+}
+
+/// Calls the model with streaming, forwarding text to the outbound as it comes.
+async fn stream_model(
+    org: &Organization,
+    agent: &AgentRuntime,
+    request: ChatRequest,
+    frame: &Frame,
+) -> Result<crate::llm::ChatResponse, LlmError> {
+    use futures::StreamExt;
+    let inner = &org.inner;
+    let mut stream = inner.llm.stream(request).await?;
+    let channel = frame
+        .channel()
+        .cloned()
+        .unwrap_or_else(|| ChannelId::new(""));
+    let ids: Vec<EnvelopeId> = frame.envelopes.iter().map(|e| e.id.clone()).collect();
+    let mut seq = 0u64;
+    let mut calls_tools = false;
+    let delta = |text: String, seq: u64, discard: bool| crate::runtime::outbound::ReplyDelta {
+        agent: agent.id().clone(),
+        channel: channel.clone(),
+        in_reply_to: ids.clone(),
+        text,
+        seq,
+        discard,
+    };
+    while let Some(item) = stream.next().await {
+        match item? {
+            crate::llm::StreamEvent::TextDelta { text } if !calls_tools && !text.is_empty() => {
+                if let Err(e) = agent
+                    .spec
+                    .outbound
+                    .send_delta(delta(text, seq, false))
+                    .await
+                {
+                    report_error(
+                        inner,
+                        agent.id(),
+                        Some(&channel),
+                        format!("delta lost: {e}"),
+                    );
+                }
+                seq += 1;
+            }
+            crate::llm::StreamEvent::ToolCallDelta { .. } if !calls_tools => {
+                calls_tools = true;
+                if seq > 0 {
+                    let _ = agent
+                        .spec
+                        .outbound
+                        .send_delta(delta(String::new(), seq, true))
+                        .await;
+                }
+            }
+            crate::llm::StreamEvent::Done(response) => {
+                if !response.tool_calls.is_empty() && !calls_tools && seq > 0 {
+                    let _ = agent
+                        .spec
+                        .outbound
+                        .send_delta(delta(String::new(), seq, true))
+                        .await;
+                }
+                return Ok(response);
+            }
+            _ => {}
+        }
+    }
+    Err(LlmError::MalformedResponse(
+        "the stream ended without its final response".into(),
+    ))
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -169,13 +169,15 @@ pub trait Behaviour: Send + Sync + fmt::Debug {
         Ok(())
     }
 
-    /// Called when a turn running claimed `work` ended: its outcome, or why it failed.
+    /// Called when a turn running claimed `work` ended: its outcome, or why it failed, and the
+    /// tokens its model calls spent.
     async fn work_ended(
         &self,
         _org: &Organization,
         _agent: &AgentWorker,
         _work: &TaskWork,
         _outcome: &Result<TurnOutcome, String>,
+        _usage: crate::llm::Usage,
     ) {
     }
 

@@ -12,5 +12,8 @@ pub mod queue;
 pub mod steer;
 
 pub use agent::{TurnError, TurnOutcome};
-pub use outbound::{ChannelOutbound, Outbound, OutboundError, Reply, ReplyKind};
+pub use outbound::{
+    ChannelOutbound, Outbound, OutboundError, OutboundItem, Reply, ReplyDelta, ReplyKind,
+    StreamingOutbound,
+};
 pub use queue::{AgentQueue, BoundedQueue, QueueError, Recv};

@@ -93,16 +93,104 @@ pub enum OutboundError {
 ///   [`EventKind::Error`](crate::event::EventKind::Error) event and in the agent's channel history, so
 ///   a failed delivery is never silent.
 /// - `send` is called by the agent's loop only, one reply at a time, in the order the replies were made.
+/// - An outbound that [`wants_deltas`](Outbound::wants_deltas) gets the text of an answer to an
+///   external message as it streams from the model ([`send_delta`](Outbound::send_delta)), then the
+///   complete [`Reply`] as always. Deltas are a preview: the reply is the answer. A response that
+///   turns out to call tools after some text ends its deltas with one whose `discard` is set.
 #[async_trait]
 pub trait Outbound: Send + Sync + fmt::Debug {
     /// Delivers one reply.
     async fn send(&self, reply: Reply) -> Result<(), OutboundError>;
+
+    /// Whether this outbound wants answers streamed as they are generated (default `false`: the
+    /// runtime then never streams for it).
+    fn wants_deltas(&self) -> bool {
+        false
+    }
+
+    /// Delivers a piece of an answer being generated.
+    async fn send_delta(&self, delta: ReplyDelta) -> Result<(), OutboundError> {
+        let _ = delta;
+        Ok(())
+    }
 }
 
 #[async_trait]
 impl<T: Outbound + ?Sized> Outbound for std::sync::Arc<T> {
     async fn send(&self, reply: Reply) -> Result<(), OutboundError> {
         (**self).send(reply).await
+    }
+    fn wants_deltas(&self) -> bool {
+        (**self).wants_deltas()
+    }
+    async fn send_delta(&self, delta: ReplyDelta) -> Result<(), OutboundError> {
+        (**self).send_delta(delta).await
+    }
+}
+
+/// A piece of an answer as the model generates it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ReplyDelta {
+    /// The answering agent.
+    pub agent: AgentId,
+    /// The channel of the envelopes being answered.
+    pub channel: ChannelId,
+    /// The envelopes the answer will answer (as the coming [`Reply::in_reply_to`]).
+    pub in_reply_to: Vec<EnvelopeId>,
+    /// The new text.
+    pub text: String,
+    /// Position of this delta within the answer, from 0.
+    pub seq: u64,
+    /// Set on a last, empty delta when the response turned out to call tools: the text streamed so
+    /// far was not the answer (a UI clears it and waits).
+    pub discard: bool,
+}
+
+/// What a [`StreamingOutbound`] yields: pieces of an answer, then the reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OutboundItem {
+    /// A piece of an answer being generated.
+    Delta(ReplyDelta),
+    /// A complete reply.
+    Reply(Reply),
+}
+
+/// An [`Outbound`] that wants deltas: it forwards every [`ReplyDelta`] and every [`Reply`], in
+/// order, into an unbounded stream the application reads (a chat UI shows the text as it comes).
+///
+/// ```
+/// use spacebot_core::runtime::{Outbound, StreamingOutbound};
+/// let (outbound, _items) = StreamingOutbound::new();
+/// assert!(outbound.wants_deltas());
+/// ```
+#[derive(Debug, Clone)]
+pub struct StreamingOutbound {
+    tx: mpsc::UnboundedSender<OutboundItem>,
+}
+
+impl StreamingOutbound {
+    /// The outbound and the stream of items.
+    pub fn new() -> (Self, mpsc::UnboundedReceiver<OutboundItem>) {
+        let (tx, rx) = mpsc::unbounded();
+        (Self { tx }, rx)
+    }
+}
+
+#[async_trait]
+impl Outbound for StreamingOutbound {
+    async fn send(&self, reply: Reply) -> Result<(), OutboundError> {
+        self.tx
+            .unbounded_send(OutboundItem::Reply(reply))
+            .map_err(|_| OutboundError::Closed("the reply stream was dropped".into()))
+    }
+    fn wants_deltas(&self) -> bool {
+        true
+    }
+    async fn send_delta(&self, delta: ReplyDelta) -> Result<(), OutboundError> {
+        self.tx
+            .unbounded_send(OutboundItem::Delta(delta))
+            .map_err(|_| OutboundError::Closed("the reply stream was dropped".into()))
     }
 }
 

@@ -55,6 +55,7 @@ pub struct OrgHarnessBuilder {
     clock: Option<ManualClock>,
     tools: Vec<Arc<dyn Tool>>,
     executors: Vec<(AgentId, Arc<dyn TaskExecutor>)>,
+    outbound: Option<Arc<dyn crate::runtime::Outbound>>,
 }
 
 /// An organization wired for tests: its replies, its events, its stores, and waits that fail the
@@ -85,6 +86,7 @@ impl OrgHarness {
             clock: None,
             tools: Vec::new(),
             executors: Vec::new(),
+            outbound: None,
         }
     }
 
@@ -191,6 +193,13 @@ impl OrgHarnessBuilder {
         self
     }
 
+    /// Root agents answer to `outbound` instead of the harness's reply stream (which then stays
+    /// empty).
+    pub fn outbound(mut self, outbound: Arc<dyn crate::runtime::Outbound>) -> Self {
+        self.outbound = Some(outbound);
+        self
+    }
+
     /// Runs `agent`'s tasks with `executor`.
     pub fn executor(mut self, agent: &str, executor: Arc<dyn TaskExecutor>) -> Self {
         self.executors
@@ -219,8 +228,16 @@ impl OrgHarnessBuilder {
         for (agent, executor) in self.executors {
             builder = builder.task_executor(agent, executor);
         }
+        let custom_outbound = self.outbound.is_some();
+        if let Some(outbound) = self.outbound {
+            builder = builder.outbound(outbound);
+        }
         let org = builder.build().await.expect("the organization builds");
-        let replies = org.take_replies().expect("replies not taken yet");
+        let replies = if custom_outbound {
+            futures::channel::mpsc::unbounded().1
+        } else {
+            org.take_replies().expect("replies not taken yet")
+        };
         OrgHarness {
             org,
             replies,

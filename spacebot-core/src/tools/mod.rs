@@ -363,7 +363,10 @@ impl ToolRegistry {
 
     /// Every tool's definition as offered to the agent `scope` runs for, sorted by name.
     pub fn definitions_for(&self, scope: &ToolCapability) -> Vec<ToolDefinition> {
-        self.tools.values().map(|t| t.definition_for(scope)).collect()
+        self.tools
+            .values()
+            .map(|t| t.definition_for(scope))
+            .collect()
     }
 
     /// Tool names, sorted.
