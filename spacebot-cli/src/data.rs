@@ -56,7 +56,11 @@ fn ensure_stopped(dir: &Path) -> Result<(), CliError> {
             Err(failed(format!(
                 "{} is in use by a running organization{}; stop it first (or use its HTTP API)",
                 dir.display(),
-                if pid.is_empty() { String::new() } else { format!(" (pid {pid})") }
+                if pid.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (pid {pid})")
+                }
             )))
         }
         Err(std::fs::TryLockError::Error(e)) => Err(failed(format!(
@@ -68,7 +72,8 @@ fn ensure_stopped(dir: &Path) -> Result<(), CliError> {
 
 fn copy_dir(from: &Path, to: &Path) -> Result<(), CliError> {
     std::fs::create_dir_all(to).map_err(|e| failed(format!("{}: {e}", to.display())))?;
-    let entries = std::fs::read_dir(from).map_err(|e| failed(format!("{}: {e}", from.display())))?;
+    let entries =
+        std::fs::read_dir(from).map_err(|e| failed(format!("{}: {e}", from.display())))?;
     for entry in entries {
         let entry = entry.map_err(|e| failed(format!("{}: {e}", from.display())))?;
         let name = entry.file_name();
@@ -199,7 +204,10 @@ pub(crate) async fn tasks(
         println!("no tasks");
         return Ok(());
     }
-    println!("{:<28} {:<17} {:<8} {:<22} TITLE", "TASK", "STATUS", "PRIORITY", "CREATED BY");
+    println!(
+        "{:<28} {:<17} {:<8} {:<22} TITLE",
+        "TASK", "STATUS", "PRIORITY", "CREATED BY"
+    );
     for t in all {
         println!(
             "{:<28} {:<17} {:<8} {:<22} {}",
@@ -217,7 +225,11 @@ fn list(agents: &[AgentId]) -> String {
     if agents.is_empty() {
         "none".into()
     } else {
-        agents.iter().map(AgentId::as_str).collect::<Vec<_>>().join(", ")
+        agents
+            .iter()
+            .map(AgentId::as_str)
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 }
 
@@ -271,7 +283,11 @@ pub(crate) async fn channel(
         let names: Vec<String> = known.iter().map(|c| c.to_string()).collect();
         println!(
             "{owner}'s channel {channel} is empty (its channels: {})",
-            if names.is_empty() { "none".into() } else { names.join(", ") }
+            if names.is_empty() {
+                "none".into()
+            } else {
+                names.join(", ")
+            }
         );
         return Ok(());
     }

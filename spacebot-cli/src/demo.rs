@@ -15,7 +15,11 @@ use spacebot_core::testing::ScriptedLlm;
 use spacebot_core::{AgentId, EnvelopeKind, LinkRelationship, OrgConfig, Timestamp};
 
 fn excerpt(text: &str, max: usize) -> String {
-    let line = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("").trim();
+    let line = text
+        .lines()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+        .trim();
     if line.chars().count() <= max {
         line.to_string()
     } else {
@@ -52,19 +56,24 @@ pub(crate) fn model(config: &OrgConfig) -> ScriptedLlm {
         });
         let text = match (request.envelope_kind, last) {
             (_, Some(ChatMessage::Tool { content, .. })) => {
-                format!("{name}: I could not hand this on ({})", excerpt(content, 160))
+                format!(
+                    "{name}: I could not hand this on ({})",
+                    excerpt(content, 160)
+                )
             }
             (Some(EnvelopeKind::UserMessage), _) => {
                 let target = agent.as_ref().and_then(|a| subordinate.get(a));
                 match (target, last_user) {
                     (Some(target), Some(message)) => {
-                        return Ok(ChatResponse::tool_calls(vec![spacebot_core::testing::tool_call(
-                            "send_agent_message",
-                            serde_json::json!({
-                                "target": target.as_str(),
-                                "message": excerpt(message, 400),
-                            }),
-                        )]));
+                        return Ok(ChatResponse::tool_calls(vec![
+                            spacebot_core::testing::tool_call(
+                                "send_agent_message",
+                                serde_json::json!({
+                                    "target": target.as_str(),
+                                    "message": excerpt(message, 400),
+                                }),
+                            ),
+                        ]));
                     }
                     _ => format!(
                         "{name} here. You said: {}",

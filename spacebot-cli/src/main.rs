@@ -146,7 +146,9 @@ fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
 
 fn run(cli: Cli) -> Result<ExitCode, CliError> {
     match cli.command {
-        Command::Serve(args) => runtime()?.block_on(serve::serve(args)).map(|()| ExitCode::SUCCESS),
+        Command::Serve(args) => runtime()?
+            .block_on(serve::serve(args))
+            .map(|()| ExitCode::SUCCESS),
         Command::Check { config } => Ok(check(&config)),
         Command::Topology { config, format } => {
             let config = OrgConfig::load(&config)?;

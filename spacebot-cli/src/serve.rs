@@ -35,7 +35,10 @@ fn provider(config: &OrgConfig) -> Result<(Arc<dyn LlmProvider>, String), CliErr
             .map_err(|e| failed(format!("provider: {e}")))?;
         return Ok((Arc::new(provider), "the OpenAI-compatible provider".into()));
     }
-    Ok((Arc::new(crate::demo::model(config)), "the scripted demo model".into()))
+    Ok((
+        Arc::new(crate::demo::model(config)),
+        "the scripted demo model".into(),
+    ))
 }
 
 #[cfg(not(feature = "openai"))]
@@ -45,7 +48,10 @@ fn provider(config: &OrgConfig) -> Result<(Arc<dyn LlmProvider>, String), CliErr
             "note: OPENAI_API_KEY is set but this build has no provider; build with --features openai"
         );
     }
-    Ok((Arc::new(crate::demo::model(config)), "the scripted demo model".into()))
+    Ok((
+        Arc::new(crate::demo::model(config)),
+        "the scripted demo model".into(),
+    ))
 }
 
 pub(crate) async fn serve(args: ServeArgs) -> Result<(), CliError> {

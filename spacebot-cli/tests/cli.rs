@@ -1,5 +1,7 @@
 //! The `spacebot` command: every subcommand, exit codes, read-only access to data directories.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -78,7 +80,9 @@ enum Opened {
 impl Opened {
     async fn open(backend: Backend, dir: &Path) -> Self {
         match backend {
-            Backend::Sqlite => Self::Sqlite(spacebot_sqlite::SqliteStores::open(dir).await.unwrap()),
+            Backend::Sqlite => {
+                Self::Sqlite(spacebot_sqlite::SqliteStores::open(dir).await.unwrap())
+            }
             Backend::Redb => Self::Redb(
                 spacebot_redb::RedbStore::open_async(dir, spacebot_redb::RedbOptions::default())
                     .await
@@ -131,11 +135,19 @@ async fn populate(backend: Backend, dir: &Path, keep_running: bool) -> Option<Ru
     org.start_all().await.unwrap();
     let chief = AgentId::parse("chief").unwrap();
     let task = org
-        .delegate(&chief, "lead", "Write the weekly report", DelegationOrigin::new(ChannelId::new("web:cli")))
+        .delegate(
+            &chief,
+            "lead",
+            "Write the weekly report",
+            DelegationOrigin::new(ChannelId::new("web:cli")),
+        )
         .await
         .unwrap();
     let task = TaskRef::new(task.agent, task.number);
-    tokio::time::timeout(Duration::from_secs(10), org.wait_task_ended(&task)).await.unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(10), org.wait_task_ended(&task))
+        .await
+        .unwrap()
+        .unwrap();
     let running = Running { org, opened };
     if keep_running {
         return Some(running);
@@ -145,9 +157,17 @@ async fn populate(backend: Backend, dir: &Path, keep_running: bool) -> Option<Ru
 }
 
 /// Asserts two snapshots are equal without printing megabytes of bytes.
-fn assert_same(after: &BTreeMap<PathBuf, Vec<u8>>, before: &BTreeMap<PathBuf, Vec<u8>>, what: &str) {
+fn assert_same(
+    after: &BTreeMap<PathBuf, Vec<u8>>,
+    before: &BTreeMap<PathBuf, Vec<u8>>,
+    what: &str,
+) {
     let names = |m: &BTreeMap<PathBuf, Vec<u8>>| m.keys().cloned().collect::<Vec<_>>();
-    assert_eq!(names(after), names(before), "{what}: files were added or removed");
+    assert_eq!(
+        names(after),
+        names(before),
+        "{what}: files were added or removed"
+    );
     for (path, bytes) in after {
         assert!(bytes == &before[path], "{what}: {} changed", path.display());
     }
@@ -158,12 +178,25 @@ fn help_everywhere_and_usage_errors_exit_2() {
     let out = spacebot().arg("--help").output().unwrap();
     assert!(out.status.success());
     for command in ["serve", "check", "topology", "tasks", "channel"] {
-        assert!(stdout(&out).contains(command), "{command} missing from --help");
+        assert!(
+            stdout(&out).contains(command),
+            "{command} missing from --help"
+        );
         let sub = spacebot().args([command, "--help"]).output().unwrap();
         assert!(sub.status.success(), "{command} --help");
-        assert!(stdout(&sub).contains("Usage: spacebot"), "{command}: {}", stdout(&sub));
+        assert!(
+            stdout(&sub).contains("Usage: spacebot"),
+            "{command}: {}",
+            stdout(&sub)
+        );
     }
-    for args in [&[][..], &["frobnicate"], &["tasks"], &["topology", "x.toml", "--format", "png"], &["serve", "--config", "x"]] {
+    for args in [
+        &[][..],
+        &["frobnicate"],
+        &["tasks"],
+        &["topology", "x.toml", "--format", "png"],
+        &["serve", "--config", "x"],
+    ] {
         let out = spacebot().args(args).output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
     }
@@ -176,7 +209,11 @@ fn check_lists_every_problem() {
     let good = write_config(dir.path(), ORG);
     let out = spacebot().arg("check").arg(&good).output().unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
-    assert!(stdout(&out).contains("ok (2 agents, 1 links)"), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains("ok (2 agents, 1 links)"),
+        "{}",
+        stdout(&out)
+    );
 
     let bad = write_config(
         dir.path(),
@@ -189,9 +226,16 @@ fn check_lists_every_problem() {
     for needle in ["sideways", "itself", "ghost"] {
         assert!(err.contains(needle), "{needle} not in {err}");
     }
-    let out = spacebot().args(["check", "/nonexistent/org.toml"]).output().unwrap();
+    let out = spacebot()
+        .args(["check", "/nonexistent/org.toml"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
-    assert!(stderr(&out).contains("/nonexistent/org.toml"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("/nonexistent/org.toml"),
+        "{}",
+        stderr(&out)
+    );
     std::fs::write(&bad, "[[agents]\n").unwrap();
     let out = spacebot().arg("check").arg(&bad).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
@@ -207,11 +251,28 @@ fn topology_in_three_formats() {
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(json["agents"][1]["name"], "Tech Lead");
     assert_eq!(json["links"][0]["relationship"], "superior");
-    let out = spacebot().arg("topology").arg(&config).args(["--format", "dot"]).output().unwrap();
-    assert!(stdout(&out).contains("\"chief\" -> \"lead\" [label=\"superior\", dir=both];"), "{}", stdout(&out));
-    let out = spacebot().arg("topology").arg(&config).args(["--format", "mermaid"]).output().unwrap();
+    let out = spacebot()
+        .arg("topology")
+        .arg(&config)
+        .args(["--format", "dot"])
+        .output()
+        .unwrap();
+    assert!(
+        stdout(&out).contains("\"chief\" -> \"lead\" [label=\"superior\", dir=both];"),
+        "{}",
+        stdout(&out)
+    );
+    let out = spacebot()
+        .arg("topology")
+        .arg(&config)
+        .args(["--format", "mermaid"])
+        .output()
+        .unwrap();
     assert!(stdout(&out).starts_with("flowchart TD"), "{}", stdout(&out));
-    let out = spacebot().args(["topology", "/nonexistent.toml"]).output().unwrap();
+    let out = spacebot()
+        .args(["topology", "/nonexistent.toml"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
 }
 
@@ -223,35 +284,87 @@ async fn reads_a_stopped_organization(backend: Backend) {
     let out = spacebot().arg("tasks").arg(dir.path()).output().unwrap();
     assert!(out.status.success(), "{backend:?}: {}", stderr(&out));
     let text = stdout(&out);
-    assert!(text.contains("lead#1") && text.contains("done") && text.contains("Write the weekly report"), "{text}");
-    let out = spacebot().arg("tasks").arg(dir.path()).args(["--agent", "lead", "--json"]).output().unwrap();
+    assert!(
+        text.contains("lead#1")
+            && text.contains("done")
+            && text.contains("Write the weekly report"),
+        "{text}"
+    );
+    let out = spacebot()
+        .arg("tasks")
+        .arg(dir.path())
+        .args(["--agent", "lead", "--json"])
+        .output()
+        .unwrap();
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(json[0]["reference"], "lead#1");
     assert_eq!(json[0]["result"], "report written");
-    let out = spacebot().arg("tasks").arg(dir.path()).args(["--status", "ready"]).output().unwrap();
+    let out = spacebot()
+        .arg("tasks")
+        .arg(dir.path())
+        .args(["--status", "ready"])
+        .output()
+        .unwrap();
     assert!(stdout(&out).contains("no tasks"), "{}", stdout(&out));
-    let out = spacebot().arg("tasks").arg(dir.path()).args(["--status", "sleeping"]).output().unwrap();
+    let out = spacebot()
+        .arg("tasks")
+        .arg(dir.path())
+        .args(["--status", "sleeping"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("--status"), "{}", stderr(&out));
-    let out = spacebot().arg("tasks").arg(dir.path()).args(["--agent", "ghost"]).output().unwrap();
+    let out = spacebot()
+        .arg("tasks")
+        .arg(dir.path())
+        .args(["--agent", "ghost"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("no agent ghost"), "{}", stderr(&out));
 
-    let out = spacebot().arg("channel").arg(dir.path()).arg("link:lead:chief").output().unwrap();
+    let out = spacebot()
+        .arg("channel")
+        .arg(dir.path())
+        .arg("link:lead:chief")
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     let text = stdout(&out);
-    assert!(text.contains("assigned task #1") && text.contains("completed task #1"), "{text}");
-    let out = spacebot().arg("channel").arg(dir.path()).args(["link:lead:chief", "--limit", "1", "--json"]).output().unwrap();
+    assert!(
+        text.contains("assigned task #1") && text.contains("completed task #1"),
+        "{text}"
+    );
+    let out = spacebot()
+        .arg("channel")
+        .arg(dir.path())
+        .args(["link:lead:chief", "--limit", "1", "--json"])
+        .output()
+        .unwrap();
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(json.as_array().unwrap().len(), 1);
-    let out = spacebot().arg("channel").arg(dir.path()).arg("web:cli").output().unwrap();
+    let out = spacebot()
+        .arg("channel")
+        .arg(dir.path())
+        .arg("web:cli")
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("--agent"), "{}", stderr(&out));
-    let out = spacebot().arg("channel").arg(dir.path()).args(["web:cli", "--agent", "chief"]).output().unwrap();
+    let out = spacebot()
+        .arg("channel")
+        .arg(dir.path())
+        .args(["web:cli", "--agent", "chief"])
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
 
     // Read-only: not one byte changed, no file added or removed.
-    assert_same(&snapshot(dir.path()), &before, &format!("{backend:?}: reading"));
+    assert_same(
+        &snapshot(dir.path()),
+        &before,
+        &format!("{backend:?}: reading"),
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -267,7 +380,11 @@ async fn tasks_and_channel_read_a_stopped_redb_organization() {
 async fn damaged(backend: Backend, file: &str) {
     let dir = tempfile::tempdir().unwrap();
     populate(backend, dir.path(), false).await;
-    std::fs::write(dir.path().join(file), b"this is not a database, it was overwritten by mistake").unwrap();
+    std::fs::write(
+        dir.path().join(file),
+        b"this is not a database, it was overwritten by mistake",
+    )
+    .unwrap();
     let before = snapshot(dir.path());
     for args in [&["tasks"][..], &["channel"]] {
         let mut cmd = spacebot();
@@ -276,13 +393,28 @@ async fn damaged(backend: Backend, file: &str) {
             cmd.arg("link:lead:chief");
         }
         let out = cmd.output().unwrap();
-        assert_eq!(out.status.code(), Some(1), "{backend:?} {args:?}: {}", stdout(&out));
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{backend:?} {args:?}: {}",
+            stdout(&out)
+        );
         let err = stderr(&out);
         assert!(err.to_lowercase().contains("corrupt"), "{backend:?}: {err}");
-        assert!(err.contains(&dir.path().display().to_string()), "{backend:?}: the error should name the directory: {err}");
-        assert!(!err.contains("spacebot-read-"), "{backend:?}: the error names the private copy: {err}");
+        assert!(
+            err.contains(&dir.path().display().to_string()),
+            "{backend:?}: the error should name the directory: {err}"
+        );
+        assert!(
+            !err.contains("spacebot-read-"),
+            "{backend:?}: the error names the private copy: {err}"
+        );
     }
-    assert_same(&snapshot(dir.path()), &before, &format!("{backend:?}: a damaged directory"));
+    assert_same(
+        &snapshot(dir.path()),
+        &before,
+        &format!("{backend:?}: a damaged directory"),
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -301,7 +433,11 @@ async fn a_running_organization_or_a_foreign_directory_is_refused() {
     let running = populate(Backend::Sqlite, dir.path(), true).await.unwrap();
     let out = spacebot().arg("tasks").arg(dir.path()).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
-    assert!(stderr(&out).contains("in use by a running organization"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("in use by a running organization"),
+        "{}",
+        stderr(&out)
+    );
     running.stop().await;
     let out = spacebot().arg("tasks").arg(dir.path()).output().unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
@@ -309,8 +445,15 @@ async fn a_running_organization_or_a_foreign_directory_is_refused() {
     let empty = tempfile::tempdir().unwrap();
     let out = spacebot().arg("tasks").arg(empty.path()).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
-    assert!(stderr(&out).contains("not a spacebot data directory"), "{}", stderr(&out));
-    assert!(std::fs::read_dir(empty.path()).unwrap().next().is_none(), "files were created");
+    assert!(
+        stderr(&out).contains("not a spacebot data directory"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(
+        std::fs::read_dir(empty.path()).unwrap().next().is_none(),
+        "files were created"
+    );
 }
 
 struct Child(std::process::Child);
@@ -364,27 +507,62 @@ async fn serve_prints_the_url_and_token_and_serves_the_api() {
                 }
             }
         });
-        let (url, token) = tokio::time::timeout(Duration::from_secs(30), found_rx).await.unwrap().expect("no dashboard and token lines");
+        let (url, token) = tokio::time::timeout(Duration::from_secs(30), found_rx)
+            .await
+            .unwrap()
+            .expect("no dashboard and token lines");
         assert!(url.starts_with("http://127.0.0.1:"), "{url}");
         assert_eq!(token.len(), 64);
         let http = reqwest::Client::new();
         let r = http.get(format!("{url}/api/agents")).send().await.unwrap();
         assert_eq!(r.status(), 401);
-        let agents: serde_json::Value = http.get(format!("{url}/api/agents")).bearer_auth(&token).send().await.unwrap().json().await.unwrap();
+        let agents: serde_json::Value = http
+            .get(format!("{url}/api/agents"))
+            .bearer_auth(&token)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
         assert_eq!(agents.as_array().unwrap().len(), 2, "{agents}");
-        let page = http.get(format!("{url}/")).send().await.unwrap().text().await.unwrap();
+        let page = http
+            .get(format!("{url}/"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
         assert!(page.contains("cytoscape"), "{page}");
         // A chat message to the chief is delegated to the lead by the demo model.
-        let r = http.post(format!("{url}/api/agents/chief/messages")).bearer_auth(&token).json(&serde_json::json!({"content": "Draft the plan"})).send().await.unwrap();
+        let r = http
+            .post(format!("{url}/api/agents/chief/messages"))
+            .bearer_auth(&token)
+            .json(&serde_json::json!({"content": "Draft the plan"}))
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), 202);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         loop {
-            let tasks: serde_json::Value = http.get(format!("{url}/api/agents/lead/tasks?status=done")).bearer_auth(&token).send().await.unwrap().json().await.unwrap();
+            let tasks: serde_json::Value = http
+                .get(format!("{url}/api/agents/lead/tasks?status=done"))
+                .bearer_auth(&token)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
             if tasks.as_array().is_some_and(|t| t.len() == 1) {
                 assert_eq!(tasks[0]["description"], "Draft the plan");
                 break;
             }
-            assert!(tokio::time::Instant::now() < deadline, "{store}: no task done within 10 s: {tasks}");
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{store}: no task done within 10 s: {tasks}"
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         drop(child);

@@ -5,11 +5,11 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 use futures::Stream;
 use spacebot_core::conversation::{ConversationFilter, ConversationStatus};
 use spacebot_core::delegation::DelegationOrigin;
@@ -96,7 +96,10 @@ pub(crate) async fn list_agents(State(st): St) -> Json<Vec<AgentView>> {
     responses((status = 200, body = AgentView), (status = 400, body = ErrorBody),
         (status = 404, body = ErrorBody)),
     security(("bearer" = [])))]
-pub(crate) async fn get_agent(State(st): St, Path(agent): Path<String>) -> ApiResult<Json<AgentView>> {
+pub(crate) async fn get_agent(
+    State(st): St,
+    Path(agent): Path<String>,
+) -> ApiResult<Json<AgentView>> {
     let id = known_agent(&st.org, &agent)?;
     Ok(Json(agent_view(&st.org, &id)))
 }
@@ -107,7 +110,10 @@ pub(crate) async fn get_agent(State(st): St, Path(agent): Path<String>) -> ApiRe
     responses((status = 200, body = AgentView), (status = 404, body = ErrorBody),
         (status = 409, body = ErrorBody)),
     security(("bearer" = [])))]
-pub(crate) async fn start_agent(State(st): St, Path(agent): Path<String>) -> ApiResult<Json<AgentView>> {
+pub(crate) async fn start_agent(
+    State(st): St,
+    Path(agent): Path<String>,
+) -> ApiResult<Json<AgentView>> {
     let id = known_agent(&st.org, &agent)?;
     st.org.start_agent(&id).await?;
     Ok(Json(agent_view(&st.org, &id)))
@@ -119,7 +125,10 @@ pub(crate) async fn start_agent(State(st): St, Path(agent): Path<String>) -> Api
     params(("agent" = String, Path, description = "Agent id")),
     responses((status = 200, body = AgentView), (status = 404, body = ErrorBody)),
     security(("bearer" = [])))]
-pub(crate) async fn stop_agent(State(st): St, Path(agent): Path<String>) -> ApiResult<Json<AgentView>> {
+pub(crate) async fn stop_agent(
+    State(st): St,
+    Path(agent): Path<String>,
+) -> ApiResult<Json<AgentView>> {
     let id = known_agent(&st.org, &agent)?;
     st.org.stop_agent(&id).await?;
     Ok(Json(agent_view(&st.org, &id)))
@@ -130,7 +139,10 @@ pub(crate) async fn stop_agent(State(st): St, Path(agent): Path<String>) -> ApiR
     params(("agent" = String, Path, description = "Agent id")),
     responses((status = 200, body = [LinkView]), (status = 404, body = ErrorBody)),
     security(("bearer" = [])))]
-pub(crate) async fn agent_links(State(st): St, Path(agent): Path<String>) -> ApiResult<Json<Vec<LinkView>>> {
+pub(crate) async fn agent_links(
+    State(st): St,
+    Path(agent): Path<String>,
+) -> ApiResult<Json<Vec<LinkView>>> {
     let id = known_agent(&st.org, &agent)?;
     Ok(Json(
         st.org
@@ -200,7 +212,12 @@ pub(crate) async fn delegate(
     );
     let task = st
         .org
-        .delegate(&from, &body.target, &body.message, DelegationOrigin::new(channel))
+        .delegate(
+            &from,
+            &body.target,
+            &body.message,
+            DelegationOrigin::new(channel),
+        )
         .await?;
     Ok((StatusCode::CREATED, Json(task.into())))
 }
@@ -209,11 +226,16 @@ fn parse_statuses<T: std::str::FromStr>(raw: Option<&str>, field: &str) -> ApiRe
 where
     T::Err: std::fmt::Display,
 {
-    let Some(raw) = raw else { return Ok(Vec::new()) };
+    let Some(raw) = raw else {
+        return Ok(Vec::new());
+    };
     raw.split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
-        .map(|s| s.parse::<T>().map_err(|e| ApiError::invalid(field, e.to_string())))
+        .map(|s| {
+            s.parse::<T>()
+                .map_err(|e| ApiError::invalid(field, e.to_string()))
+        })
         .collect()
 }
 
@@ -229,9 +251,11 @@ pub(crate) async fn list_tasks(
     ApiQuery(query): ApiQuery<TaskQuery>,
 ) -> ApiResult<Json<Vec<TaskView>>> {
     let id = known_agent(&st.org, &agent)?;
-    let mut filter = TaskFilter::default();
-    filter.statuses = parse_statuses::<TaskStatus>(query.status.as_deref(), "status")?;
-    filter.limit = query.limit;
+    let filter = TaskFilter {
+        statuses: parse_statuses::<TaskStatus>(query.status.as_deref(), "status")?,
+        limit: query.limit,
+        ..TaskFilter::default()
+    };
     let tasks = st.org.stores().tasks.list(&id, &filter).await?;
     Ok(Json(tasks.into_iter().map(TaskView::from).collect()))
 }
@@ -249,15 +273,17 @@ pub(crate) async fn get_task(
 ) -> ApiResult<Json<TaskView>> {
     known_agent(&st.org, &agent)?;
     let task = task_ref(&agent, &number)?;
-    let found = st
-        .org
-        .task(&task)
-        .await?
-        .ok_or_else(|| ApiError::not_found(format!("task {task} not found")).with_field("number"))?;
+    let found = st.org.task(&task).await?.ok_or_else(|| {
+        ApiError::not_found(format!("task {task} not found")).with_field("number")
+    })?;
     Ok(Json(found.into()))
 }
 
-async fn existing_task(st: &AppState, agent: &str, number: &str) -> ApiResult<spacebot_core::TaskRef> {
+async fn existing_task(
+    st: &AppState,
+    agent: &str,
+    number: &str,
+) -> ApiResult<spacebot_core::TaskRef> {
     known_agent(&st.org, agent)?;
     let task = task_ref(agent, number)?;
     if st.org.task(&task).await?.is_none() {
@@ -333,7 +359,10 @@ fn optional_reason(body: &[u8]) -> ApiResult<String> {
     params(("agent" = String, Path, description = "Agent id")),
     responses((status = 200, body = [String]), (status = 404, body = ErrorBody)),
     security(("bearer" = [])))]
-pub(crate) async fn list_channels(State(st): St, Path(agent): Path<String>) -> ApiResult<Json<Vec<String>>> {
+pub(crate) async fn list_channels(
+    State(st): St,
+    Path(agent): Path<String>,
+) -> ApiResult<Json<Vec<String>>> {
     let id = known_agent(&st.org, &agent)?;
     let channels = st.org.stores().channels.channels(&id).await?;
     Ok(Json(channels.into_iter().map(|c| c.to_string()).collect()))
@@ -391,7 +420,10 @@ pub(crate) async fn create_link(
         }
     }
     if from == to {
-        return Err(ApiError::invalid("to", format!("{from} cannot be linked to itself")));
+        return Err(ApiError::invalid(
+            "to",
+            format!("{from} cannot be linked to itself"),
+        ));
     }
     if st.org.link(&from, &to).is_some() || st.org.link(&to, &from).is_some() {
         return Err(ApiError::new(
@@ -438,7 +470,10 @@ pub(crate) async fn update_link(
     change.direction = body.direction.map(Into::into);
     change.relationship = body.relationship.map(Into::into);
     change.enabled = body.enabled;
-    let updated = st.org.update_link(&current.from, &current.to, change).await?;
+    let updated = st
+        .org
+        .update_link(&current.from, &current.to, change)
+        .await?;
     Ok(Json(updated.into()))
 }
 
@@ -467,11 +502,19 @@ pub(crate) async fn link_timeline(
     let link = find_link(&st.org, &link)?;
     let channels = &st.org.stores().channels;
     let mut records = channels
-        .history(&link.from, &ChannelId::link(&link.from, &link.to), query.limit)
+        .history(
+            &link.from,
+            &ChannelId::link(&link.from, &link.to),
+            query.limit,
+        )
         .await?;
     records.extend(
         channels
-            .history(&link.to, &ChannelId::link(&link.to, &link.from), query.limit)
+            .history(
+                &link.to,
+                &ChannelId::link(&link.to, &link.from),
+                query.limit,
+            )
             .await?,
     );
     records.sort_by(|a, b| {
@@ -494,7 +537,10 @@ pub(crate) async fn link_timeline(
             description = "JSON; with `format=dot` or `format=mermaid` the text as `text/plain`"),
         (status = 400, body = ErrorBody)),
     security(("bearer" = [])))]
-pub(crate) async fn topology(State(st): St, ApiQuery(query): ApiQuery<TopologyQuery>) -> ApiResult<Response> {
+pub(crate) async fn topology(
+    State(st): St,
+    ApiQuery(query): ApiQuery<TopologyQuery>,
+) -> ApiResult<Response> {
     let topology = st.org.topology();
     let text = |body: String| {
         ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], body).into_response()
@@ -562,8 +608,9 @@ pub(crate) async fn sever_conversation(
     let reason = optional_reason(&body)?;
     let cid = ConversationId::new(id.clone());
     if st.org.conversation(&cid).await?.is_none() {
-        return Err(ApiError::not_found(format!("conversation {id} not found"))
-            .with_field("conversation"));
+        return Err(
+            ApiError::not_found(format!("conversation {id} not found")).with_field("conversation")
+        );
     }
     Ok(Json(st.org.sever_conversation(&cid, &reason).await?.into()))
 }
@@ -618,9 +665,8 @@ pub(crate) async fn events(
         last,
         pending: VecDeque::new(),
     };
-    Ok(Sse::new(futures::stream::unfold(stream, EventStream::next)).keep_alive(
-        KeepAlive::new().interval(Duration::from_secs(15)),
-    ))
+    Ok(Sse::new(futures::stream::unfold(stream, EventStream::next))
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
 }
 
 struct EventStream {
@@ -640,8 +686,11 @@ impl EventStream {
             let catchup = self.hub.since(self.last);
             if catchup.missed > 0 {
                 let data = serde_json::json!({ "missed": catchup.missed }).to_string();
-                self.pending
-                    .push_back(SseEvent::default().event(EntryKind::Missed.as_str()).data(data));
+                self.pending.push_back(
+                    SseEvent::default()
+                        .event(EntryKind::Missed.as_str())
+                        .data(data),
+                );
             }
             for entry in catchup.entries {
                 self.last = entry.id;

@@ -23,7 +23,10 @@ fn asset(content_type: &'static str, body: &'static str) -> impl IntoResponse + 
 
 pub(crate) fn routes<S: Clone + Send + Sync + 'static>() -> Router<S> {
     Router::new()
-        .route("/", get(|| async { asset("text/html; charset=utf-8", INDEX) }))
+        .route(
+            "/",
+            get(|| async { asset("text/html; charset=utf-8", INDEX) }),
+        )
         .route(
             "/assets/app.js",
             get(|| async { asset("text/javascript; charset=utf-8", APP_JS) }),

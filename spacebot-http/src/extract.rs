@@ -2,9 +2,9 @@
 
 use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::StatusCode;
 use axum::http::header::CONTENT_TYPE;
 use axum::http::request::Parts;
-use axum::http::StatusCode;
 use serde::de::DeserializeOwned;
 use spacebot_core::{AgentId, TaskRef};
 
@@ -26,7 +26,13 @@ where
             .headers()
             .get(CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
-            .map(|v| v.split(';').next().unwrap_or("").trim().to_ascii_lowercase());
+            .map(|v| {
+                v.split(';')
+                    .next()
+                    .unwrap_or("")
+                    .trim()
+                    .to_ascii_lowercase()
+            });
         match json.as_deref() {
             Some("application/json") => {}
             _ => {

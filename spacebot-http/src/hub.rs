@@ -245,7 +245,10 @@ mod tests {
         }
         let c = hub.since(0);
         assert_eq!(c.missed, 2);
-        assert_eq!(c.entries.iter().map(|e| e.id).collect::<Vec<_>>(), [3, 4, 5]);
+        assert_eq!(
+            c.entries.iter().map(|e| e.id).collect::<Vec<_>>(),
+            [3, 4, 5]
+        );
         let c = hub.since(3);
         assert_eq!(c.missed, 0);
         assert_eq!(c.entries.iter().map(|e| e.id).collect::<Vec<_>>(), [4, 5]);

@@ -120,7 +120,10 @@ pub struct LinkView {
 impl From<AgentLink> for LinkView {
     fn from(l: AgentLink) -> Self {
         Self {
-            channels: vec![format!("link:{}:{}", l.from, l.to), format!("link:{}:{}", l.to, l.from)],
+            channels: vec![
+                format!("link:{}:{}", l.from, l.to),
+                format!("link:{}:{}", l.to, l.from),
+            ],
             id: l.id.into_inner(),
             from: l.from.into_inner(),
             to: l.to.into_inner(),

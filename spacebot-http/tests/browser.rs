@@ -4,6 +4,8 @@
 //! chromium-driver`). Without them the test is skipped, except under CI (`CI` set), where it fails.
 //! Screenshots go to `target/browser/`.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod common;
 
 use std::path::{Path, PathBuf};
@@ -32,7 +34,11 @@ impl Drop for Driver {
 }
 
 async fn start_driver() -> Driver {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let child = Command::new(CHROMEDRIVER)
         .arg(format!("--port={port}"))
         .arg("--allowed-ips=127.0.0.1")
@@ -44,10 +50,10 @@ async fn start_driver() -> Driver {
     let status = format!("http://127.0.0.1:{port}/status");
     tokio::time::timeout(Duration::from_secs(20), async {
         loop {
-            if let Ok(r) = reqwest::get(&status).await {
-                if r.status().is_success() {
-                    return;
-                }
+            if let Ok(r) = reqwest::get(&status).await
+                && r.status().is_success()
+            {
+                return;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -146,10 +152,16 @@ async fn the_dashboard_delegates_through_the_chat_and_shows_it_live() {
             std::env::var_os("CI").is_none(),
             "{CHROMIUM} or {CHROMEDRIVER} is missing; install them with: apt-get install -y chromium chromium-driver"
         );
-        eprintln!("skipped: {CHROMIUM} or {CHROMEDRIVER} is missing (the test fails instead under CI)");
+        eprintln!(
+            "skipped: {CHROMIUM} or {CHROMEDRIVER} is missing (the test fails instead under CI)"
+        );
         return;
     }
-    let s = serve_with(Options { llm: Some(model()), ..Options::default() }).await;
+    let s = serve_with(Options {
+        llm: Some(model()),
+        ..Options::default()
+    })
+    .await;
     let driver = start_driver().await;
     let profile = tempfile::tempdir().unwrap();
     let client = browser(&driver, profile.path()).await;
@@ -159,10 +171,18 @@ async fn the_dashboard_delegates_through_the_chat_and_shows_it_live() {
 }
 
 async fn run(s: &Server, client: &Client) {
-    client.goto(&format!("{}/#token={TOKEN}", s.base)).await.unwrap();
+    client
+        .goto(&format!("{}/#token={TOKEN}", s.base))
+        .await
+        .unwrap();
     // The graph: three agents, two links, the chief -> cm link one-way.
     wait_js(client, "the graph", "return !!window.cytoscape && document.querySelector('#graph canvas') !== null && document.querySelectorAll('#links tbody tr').length === 2;").await;
-    wait_js(client, "a live event stream", "return document.querySelector('#conn').textContent === 'live';").await;
+    wait_js(
+        client,
+        "a live event stream",
+        "return document.querySelector('#conn').textContent === 'live';",
+    )
+    .await;
     screenshot(client, "dashboard-start.png").await;
 
     select(client, "#board-agent", "lead").await;
@@ -170,27 +190,65 @@ async fn run(s: &Server, client: &Client) {
     select(client, "#timeline-link", &link).await;
     wait_js(client, "an empty board", "return document.querySelectorAll('#tasks .task').length === 0 && document.querySelector('#tasks .col') !== null;").await;
     let before: u64 = client
-        .execute("return document.querySelectorAll('#timeline .record').length;", vec![])
+        .execute(
+            "return document.querySelectorAll('#timeline .record').length;",
+            vec![],
+        )
         .await
         .unwrap()
         .as_u64()
         .unwrap();
 
     select(client, "#chat-agent", "chief").await;
-    client.find(Locator::Css("#chat-input")).await.unwrap().send_keys("Please get the release notes written.").await.unwrap();
-    client.find(Locator::Css("#chat-send")).await.unwrap().click().await.unwrap();
+    client
+        .find(Locator::Css("#chat-input"))
+        .await
+        .unwrap()
+        .send_keys("Please get the release notes written.")
+        .await
+        .unwrap();
+    client
+        .find(Locator::Css("#chat-send"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
 
-    wait_js(client, "the delegated task on the lead's board", "return document.querySelector('#tasks .task[data-task=\"lead#1\"]') !== null;").await;
-    wait_js(client, "the link timeline growing", &format!("return document.querySelectorAll('#timeline .record').length > {before};")).await;
+    wait_js(
+        client,
+        "the delegated task on the lead's board",
+        "return document.querySelector('#tasks .task[data-task=\"lead#1\"]') !== null;",
+    )
+    .await;
+    wait_js(
+        client,
+        "the link timeline growing",
+        &format!("return document.querySelectorAll('#timeline .record').length > {before};"),
+    )
+    .await;
     wait_js(client, "the reply in the chat", "return [...document.querySelectorAll('#chat-log .msg.agent')].some(m => m.textContent.includes('Done: the lead wrote the release notes.'));").await;
     wait_js(client, "the task done", "return document.querySelector('#tasks .task[data-task=\"lead#1\"]').dataset.status === 'done';").await;
     wait_js(client, "live activity", "return [...document.querySelectorAll('#activity li')].some(li => li.textContent.includes('task_created'));").await;
     screenshot(client, "dashboard-after-delegation.png").await;
 
     // Disabling a link from the dashboard takes effect at once and shows as a dashed edge.
-    client.find(Locator::Css(&format!("#links tr[data-link=\"{link}\"] input[type=checkbox]"))).await.unwrap().click().await.unwrap();
+    client
+        .find(Locator::Css(&format!(
+            "#links tr[data-link=\"{link}\"] input[type=checkbox]"
+        )))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
     wait_js(client, "the disabled link", &format!("return document.querySelector('#links tr[data-link=\"{link}\"]').className === 'disabled';")).await;
     assert!(!s.org.link(&id("chief"), &id("lead")).unwrap().enabled);
-    wait_js(client, "a dashed edge", &format!("return window.spacebotDashboard.edgeStyle('{link}') === 'dashed';")).await;
+    wait_js(
+        client,
+        "a dashed edge",
+        &format!("return window.spacebotDashboard.edgeStyle('{link}') === 'dashed';"),
+    )
+    .await;
     screenshot(client, "dashboard-link-disabled.png").await;
 }

@@ -130,12 +130,20 @@ impl Server {
     }
 
     pub async fn get(&self, path: &str) -> (u16, serde_json::Value) {
-        let r = self.authed(self.http.get(self.url(path))).send().await.unwrap();
+        let r = self
+            .authed(self.http.get(self.url(path)))
+            .send()
+            .await
+            .unwrap();
         decode(r).await
     }
 
     pub async fn get_text(&self, path: &str) -> (u16, String) {
-        let r = self.authed(self.http.get(self.url(path))).send().await.unwrap();
+        let r = self
+            .authed(self.http.get(self.url(path)))
+            .send()
+            .await
+            .unwrap();
         (r.status().as_u16(), r.text().await.unwrap())
     }
 
@@ -161,7 +169,11 @@ impl Server {
     }
 
     /// GETs `path` until `pred` holds (re-checking on every organization event, up to 10 s).
-    pub async fn get_until(&self, path: &str, pred: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    pub async fn get_until(
+        &self,
+        path: &str,
+        pred: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
         let mut events = self.org.subscribe();
         tokio::time::timeout(Duration::from_secs(10), async {
             loop {
@@ -212,8 +224,13 @@ async fn decode(r: reqwest::Response) -> (u16, serde_json::Value) {
 
 /// Asserts the stable error shape and returns (code, field).
 pub fn error_of(body: &serde_json::Value) -> (String, Option<String>) {
-    let error = body.get("error").unwrap_or_else(|| panic!("no error in {body}"));
-    assert!(error["message"].as_str().is_some_and(|m| !m.is_empty()), "{body}");
+    let error = body
+        .get("error")
+        .unwrap_or_else(|| panic!("no error in {body}"));
+    assert!(
+        error["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{body}"
+    );
     (
         error["code"].as_str().unwrap().to_string(),
         error["field"].as_str().map(str::to_string),
@@ -251,7 +268,11 @@ impl Events {
             .expect("stream ended")
             .expect("stream error");
         Sse {
-            id: if e.id.is_empty() { None } else { Some(e.id.parse().unwrap()) },
+            id: if e.id.is_empty() {
+                None
+            } else {
+                Some(e.id.parse().unwrap())
+            },
             event: e.event,
             data: serde_json::from_str(&e.data).unwrap(),
         }
