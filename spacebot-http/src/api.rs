@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -22,7 +22,7 @@ use tokio::sync::watch;
 
 use crate::WebChat;
 use crate::error::{ApiError, ErrorBody};
-use crate::extract::{ApiJson, ApiQuery, agent_id, task_ref};
+use crate::extract::{ApiJson, ApiPath as Path, ApiQuery, agent_id, body_rejection, task_ref};
 use crate::hub::{EntryKind, Hub};
 use crate::views::*;
 
@@ -318,9 +318,9 @@ pub(crate) async fn approve_task(
 pub(crate) async fn reject_task(
     State(st): St,
     Path((agent, number)): Path<(String, String)>,
-    body: axum::body::Bytes,
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
 ) -> ApiResult<Json<TaskView>> {
-    let reason = optional_reason(&body)?;
+    let reason = optional_reason(&body.map_err(body_rejection)?)?;
     let task = existing_task(&st, &agent, &number).await?;
     Ok(Json(st.org.reject_task(&task, &reason).await?.into()))
 }
@@ -336,9 +336,9 @@ pub(crate) async fn reject_task(
 pub(crate) async fn cancel_task(
     State(st): St,
     Path((agent, number)): Path<(String, String)>,
-    body: axum::body::Bytes,
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
 ) -> ApiResult<Json<TaskView>> {
-    let reason = optional_reason(&body)?;
+    let reason = optional_reason(&body.map_err(body_rejection)?)?;
     let task = existing_task(&st, &agent, &number).await?;
     Ok(Json(st.org.cancel_task(&task, &reason).await?.into()))
 }
@@ -603,9 +603,9 @@ pub(crate) async fn get_conversation(
 pub(crate) async fn sever_conversation(
     State(st): St,
     Path(id): Path<String>,
-    body: axum::body::Bytes,
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
 ) -> ApiResult<Json<ConversationView>> {
-    let reason = optional_reason(&body)?;
+    let reason = optional_reason(&body.map_err(body_rejection)?)?;
     let cid = ConversationId::new(id.clone());
     if st.org.conversation(&cid).await?.is_none() {
         return Err(
@@ -625,7 +625,8 @@ pub(crate) async fn sever_conversation(
 ///   after they left the replay window, or the router itself fell behind the organization).
 ///
 /// A client that reconnects with `Last-Event-ID` gets every event after that id still in the
-/// replay window, then live ones. `EventSource` cannot set headers: pass the token as
+/// replay window, then live ones; an id above the newest (the server restarted and numbers from 1
+/// again) replays the whole window. `EventSource` cannot set headers: pass the token as
 /// `access_token`.
 #[utoipa::path(get, path = "/api/events", tag = "events",
     params(EventsQuery,
@@ -657,7 +658,10 @@ pub(crate) async fn events(
     let now = hub.last_id();
     let last = match resume {
         Some(id) if id <= now => id,
-        _ => now,
+        // An id this stream never gave: the client saw an earlier run of the server, whose ids
+        // started again from 1. Everything still kept is new to it.
+        Some(_) => 0,
+        None => now,
     };
     let stream = EventStream {
         hub,

@@ -20,7 +20,8 @@ pub struct ErrorBody {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ErrorDetail {
     /// A stable machine-readable code: `unauthorized`, `invalid_input`, `not_found`, `conflict`,
-    /// `policy_denied`, `queue_full`, `agent_ended`, `unsupported_media_type`, `internal`.
+    /// `policy_denied`, `queue_full`, `agent_ended`, `unsupported_media_type`, `payload_too_large`,
+    /// `method_not_allowed`, `internal`.
     pub code: String,
     /// A sentence for people.
     pub message: String,

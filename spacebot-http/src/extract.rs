@@ -46,8 +46,38 @@ where
         }
         let bytes = Bytes::from_request(req, state)
             .await
-            .map_err(|e| ApiError::invalid("body", e.body_text()))?;
+            .map_err(body_rejection)?;
         parse_json(&bytes).map(ApiJson)
+    }
+}
+
+/// A body that could not be read (too large, a broken upload).
+pub(crate) fn body_rejection(e: axum::extract::rejection::BytesRejection) -> ApiError {
+    let status = e.status();
+    let code = if status == StatusCode::PAYLOAD_TOO_LARGE {
+        "payload_too_large"
+    } else {
+        "invalid_input"
+    };
+    ApiError::new(status, code, e.body_text()).with_field("body")
+}
+
+/// Path segments; a refusal (a segment that is not valid UTF-8) names the path.
+#[derive(Debug, Clone)]
+pub(crate) struct ApiPath<T>(pub(crate) T);
+
+impl<T, S> FromRequestParts<S> for ApiPath<T>
+where
+    T: DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(value)) => Ok(ApiPath(value)),
+            Err(e) => Err(ApiError::invalid("path", e.body_text())),
+        }
     }
 }
 

@@ -221,6 +221,7 @@ impl Api {
             .route("/api/events", get(api::events))
             .route("/events", get(api::events))
             .fallback(api_not_found)
+            .method_not_allowed_fallback(method_not_allowed)
             .route_layer(middleware::from_fn_with_state(self.state.clone(), auth))
             .with_state(self.state.clone());
         Router::new()
@@ -236,6 +237,18 @@ async fn api_not_found(request: Request) -> ApiError {
         request.method(),
         request.uri().path()
     ))
+}
+
+async fn method_not_allowed(request: Request) -> ApiError {
+    ApiError::new(
+        axum::http::StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!(
+            "{} is not allowed on {}",
+            request.method(),
+            request.uri().path()
+        ),
+    )
 }
 
 /// Checks the bearer token (or `access_token` on the event stream, for `EventSource`).

@@ -112,6 +112,22 @@ async fn unknown_endpoints_are_json_404() {
     let (status, body) = s.get("/api/nope").await;
     assert_eq!(status, 404);
     assert_eq!(error_of(&body).0, "not_found");
+    let (status, body) = s.send(Method::PUT, "/api/agents", None).await;
+    assert_eq!(
+        (status, error_of(&body).0.as_str()),
+        (405, "method_not_allowed")
+    );
+    // A path segment that is not UTF-8, and a body too large: 4xx in the same shape.
+    let (status, body) = s.get("/api/agents/%FF").await;
+    assert_eq!((status, error_of(&body).1.as_deref()), (400, Some("path")));
+    let big = "x".repeat(3 * 1024 * 1024);
+    let (status, body) = s
+        .post("/api/agents/lead/messages", json!({"content": big}))
+        .await;
+    assert_eq!(
+        (status, error_of(&body).0.as_str()),
+        (413, "payload_too_large")
+    );
 }
 
 #[tokio::test]

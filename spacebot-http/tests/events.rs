@@ -189,3 +189,20 @@ async fn a_client_beyond_the_replay_window_is_told_how_many_it_missed() {
         .unwrap();
     assert_eq!(r.status(), 200);
 }
+
+#[tokio::test]
+async fn an_id_from_an_earlier_run_replays_the_whole_window() {
+    let s = serve().await;
+    let mut watcher = s.events(None).await;
+    let envelope = chat(&s, "lead", "hello").await;
+    let happened = until_settled(&mut watcher, &envelope, "lead").await;
+    assert_eq!(happened[0].id, Some(1));
+    let mut again = s.events(Some(10_000)).await;
+    for e in &happened {
+        let replayed = again.next().await;
+        assert_eq!(
+            (replayed.id, &replayed.event, &replayed.data),
+            (e.id, &e.event, &e.data)
+        );
+    }
+}
