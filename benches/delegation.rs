@@ -71,11 +71,7 @@ async fn round_trips(iters: u64, custom_executor: bool) -> Duration {
         .await
         .unwrap_or_else(|e| panic!("start: {e}"));
     let chief = agent("chief");
-    let origin = DelegationOrigin {
-        channel: ChannelId::new("portal:bench"),
-        task: None,
-        round: 0,
-    };
+    let origin = DelegationOrigin::new(ChannelId::new("portal:bench"));
     let start = Instant::now();
     for _ in 0..iters {
         org.delegate(&chief, "worker", "Compute the answer.", origin.clone())

@@ -168,6 +168,12 @@ async fn main() -> Result<(), BoxError> {
         .await
         .map_err(|_| "no answer within 120 s")?
         .ok_or("the reply stream closed")?;
+    if reply.is_failure() {
+        // The turn failed (the model could not be reached, or it ran out of tool rounds): say why
+        // at once instead of waiting.
+        org.shutdown().await?;
+        return Err(format!("{} {}", org.display_name(&chief), reply.content).into());
+    }
     org.shutdown().await?;
 
     println!(

@@ -404,9 +404,16 @@ impl Organization {
     pub(crate) fn reachable_agents(&self, from: &AgentId) -> Vec<(AgentId, String)> {
         let graph = self.inner.graph();
         let max = self.inner.settings.max_delegation_depth;
-        graph
-            .agents()
-            .iter()
+        // Only the agent's own links can reach anyone: the cost is its degree, not the size of
+        // the organization.
+        let mut candidates: Vec<&AgentId> = graph
+            .links_of(from.as_str())
+            .filter_map(|l| l.other(from))
+            .collect();
+        candidates.sort();
+        candidates.dedup();
+        candidates
+            .into_iter()
             .filter(|a| policy::check_delegate(&graph, from, *a, &[], max).is_ok())
             .map(|a| (a.clone(), self.display_name(a)))
             .collect()

@@ -373,6 +373,50 @@ pub(crate) struct OrgInner {
     pub(crate) behaviours: Vec<Arc<dyn Behaviour>>,
     /// Tokens each agent's turns spent since the organization was built.
     pub(crate) usage: Mutex<HashMap<AgentId, crate::llm::Usage>>,
+    /// Renderings reused while the link graph is unchanged.
+    pub(crate) caches: RenderCache,
+    /// Bumped every time the link graph is replaced: what caches check.
+    pub(crate) graph_version: AtomicU64,
+}
+
+/// A rendering with the link-graph version it was made for.
+type Versioned<T> = (u64, T);
+
+/// A system prompt's cache key: the agent, and the peer when it answers in a link channel.
+type PromptKey = (AgentId, Option<AgentId>);
+
+/// System prompts and tool definitions per agent, reused while the link graph (their only input
+/// that changes at run time) is the same.
+#[derive(Debug, Default)]
+pub(crate) struct RenderCache {
+    prompts: Mutex<HashMap<PromptKey, Versioned<Arc<str>>>>,
+    definitions: Mutex<HashMap<AgentId, Versioned<Arc<Vec<crate::llm::ToolDefinition>>>>>,
+}
+
+impl RenderCache {
+    pub(crate) fn prompts(&self, key: &PromptKey) -> Option<Versioned<Arc<str>>> {
+        lock(&self.prompts).get(key).cloned()
+    }
+
+    pub(crate) fn set_prompt(&self, key: PromptKey, version: u64, text: Arc<str>) {
+        lock(&self.prompts).insert(key, (version, text));
+    }
+
+    pub(crate) fn definitions(
+        &self,
+        agent: &AgentId,
+    ) -> Option<Versioned<Arc<Vec<crate::llm::ToolDefinition>>>> {
+        lock(&self.definitions).get(agent).cloned()
+    }
+
+    pub(crate) fn set_definitions(
+        &self,
+        agent: AgentId,
+        version: u64,
+        defs: Arc<Vec<crate::llm::ToolDefinition>>,
+    ) {
+        lock(&self.definitions).insert(agent, (version, defs));
+    }
 }
 
 impl fmt::Debug for OrgInner {
@@ -397,6 +441,12 @@ impl OrgInner {
 
     fn write_agents(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<AgentId, Slot>> {
         self.agents.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Replaces the link graph (every later policy check and rendering sees the new one).
+    pub(crate) fn set_graph(&self, graph: LinkGraph) {
+        *self.graph.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(graph);
+        self.graph_version.fetch_add(1, Ordering::AcqRel);
     }
 
     pub(crate) fn graph(&self) -> Arc<LinkGraph> {
@@ -666,7 +716,7 @@ impl Organization {
             .map(|a| a.id.clone())
             .collect::<Vec<_>>();
         let graph = LinkGraph::new(agents, links);
-        *self.inner.graph.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(graph);
+        self.inner.set_graph(graph);
         Ok(())
     }
 

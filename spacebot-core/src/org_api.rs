@@ -48,7 +48,7 @@ impl Organization {
         let links: Vec<AgentLink> = self.inner.stores.links.list().await?;
         let agents = self.graph().agents().to_vec();
         let graph = LinkGraph::new(agents, links);
-        *self.inner.graph.write().unwrap_or_else(|e| e.into_inner()) = std::sync::Arc::new(graph);
+        self.inner.set_graph(graph);
         Ok(())
     }
 

@@ -197,6 +197,8 @@ impl OrganizationBuilder {
                 live_claims: Mutex::new(HashSet::new()),
                 behaviours,
                 usage: Mutex::new(HashMap::new()),
+                caches: crate::org::RenderCache::default(),
+                graph_version: AtomicU64::new(0),
             }),
         })
     }

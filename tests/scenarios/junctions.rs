@@ -1,6 +1,6 @@
 //! Scenarios at the junctions of the agent loop, delegation and conversations, through the public
-#![allow(unreachable_pub)]
 //! API only. Each takes the stores to run on, so every backend runs them all.
+#![allow(unreachable_pub)]
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -110,7 +110,7 @@ direction = "one_way"
 relationship = "superior"
 "#;
 
-/// 1. A model that reopens after every conclusion, with a slow tool so conclusions steer its turn,
+/// Junction 1: A model that reopens after every conclusion, with a slow tool so conclusions steer its turn,
 /// cannot escape the conversation budget: the exchange one user message caused is bounded.
 pub async fn conversation_budget_bounds_the_whole_exchange(stores: Stores) {
     let llm = Arc::new(FnLlm::new(|req| {
@@ -168,7 +168,7 @@ pub async fn conversation_budget_bounds_the_whole_exchange(stores: Stores) {
     );
 }
 
-/// 2. A task delegated to an agent while its user turn waits on the model is not merged into that
+/// Junction 2: A task delegated to an agent while its user turn waits on the model is not merged into that
 /// turn: the user gets the user's answer, the task gets its own turn and its own result.
 pub async fn a_task_arriving_mid_turn_gets_its_own_turn(stores: Stores) {
     let (llm, mut calls) = MockLlm::pair();
@@ -224,7 +224,7 @@ pub async fn a_task_arriving_mid_turn_gets_its_own_turn(stores: Stores) {
     assert_eq!(ended.result.as_deref(), Some("seven"));
 }
 
-/// 3. A user message that arrives while the agent works on a delegated task steers it: the user's
+/// Junction 3: A user message that arrives while the agent works on a delegated task steers it: the user's
 /// answer goes to the user, and the task's result is the answer to the task.
 pub async fn a_user_message_steering_a_task_is_answered_to_the_user(stores: Stores) {
     let (llm, mut calls) = MockLlm::pair();
@@ -274,7 +274,7 @@ pub async fn a_user_message_steering_a_task_is_answered_to_the_user(stores: Stor
     assert_eq!(ended.result.as_deref(), Some("the report"));
 }
 
-/// 4. On a one-way link a -> b, b may answer inside an exchange a started, but may not start one.
+/// Junction 4: On a one-way link a -> b, b may answer inside an exchange a started, but may not start one.
 pub async fn an_announce_cannot_open_an_exchange_over_a_one_way_link(stores: Stores) {
     let llm = Arc::new(FnLlm::new(|_| Ok(ChatResponse::text("ok"))));
     let h = OrgHarness::builder(ONE_WAY)
@@ -315,7 +315,7 @@ pub async fn an_announce_cannot_open_an_exchange_over_a_one_way_link(stores: Sto
         .unwrap();
 }
 
-/// 5. After a link is disabled, an open conversation over it carries nothing more: the peer's
+/// Junction 5: After a link is disabled, an open conversation over it carries nothing more: the peer's
 /// plain-text answer does not cross, and the conversation is severed.
 pub async fn a_disabled_link_carries_nothing(stores: Stores) {
     let (llm, mut calls) = MockLlm::pair();
@@ -366,7 +366,7 @@ pub async fn a_disabled_link_carries_nothing(stores: Stores) {
     );
 }
 
-/// 6. Deliveries racing `start_agent` are all answered by that start, none stranded.
+/// Junction 6: Deliveries racing `start_agent` are all answered by that start, none stranded.
 pub async fn deliveries_racing_a_start_are_all_answered(stores: Stores) {
     let llm = Arc::new(FnLlm::new(|req| {
         Ok(ChatResponse::text(format!(
@@ -427,7 +427,7 @@ impl TaskExecutor for HangsOnce {
     }
 }
 
-/// 7. A worker that never returns does not keep its slot once its lease expired: the requeued task
+/// Junction 7: A worker that never returns does not keep its slot once its lease expired: the requeued task
 /// runs again.
 pub async fn a_hung_worker_does_not_block_the_board(stores: Stores) {
     let clock = ManualClock::new(1_000);
@@ -457,19 +457,27 @@ pub async fn a_hung_worker_does_not_block_the_board(stores: Stores) {
         async move { n >= 1 }
     })
     .await;
-    // The lease (10 minutes) runs out; the loop's next check requeues and claims again.
-    clock.advance(Duration::from_secs(11 * 60));
-    let done = tokio::time::timeout(
-        Duration::from_secs(10),
-        h.org.wait_task_ended(&TaskRef::new(b.clone(), task.number)),
-    )
-    .await
-    .expect("the requeued task ran again")
-    .unwrap();
+    // The lease (10 minutes) runs out; the loop's next check requeues and claims again. The clock
+    // is moved on until that happened (the loop may not be waiting on its timer yet when it moves).
+    let task_ref = TaskRef::new(b.clone(), task.number);
+    h.wait_until("the requeued task ran again", || {
+        clock.advance(Duration::from_secs(11 * 60));
+        let org = h.org.clone();
+        let task_ref = task_ref.clone();
+        async move {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            org.task(&task_ref)
+                .await
+                .unwrap()
+                .is_some_and(|t| t.status.is_terminal())
+        }
+    })
+    .await;
+    let done = h.org.task(&task_ref).await.unwrap().unwrap();
     assert_eq!(done.result.as_deref(), Some("second attempt"));
 }
 
-/// 8. One response cannot fan out into thousands of effects: calls past the cap are answered as
+/// Junction 8: One response cannot fan out into thousands of effects: calls past the cap are answered as
 /// errors, not run.
 pub async fn tool_calls_per_response_are_capped(stores: Stores) {
     let llm = Arc::new(FnLlm::new(|req| {
@@ -667,6 +675,11 @@ pub async fn usage_is_summed_across_a_two_hop_delegation(stores: Stores) {
     let reply = h.reply().await;
     assert_eq!(reply.content, "The word is lantern.");
     let (a, b, c) = (id("a"), id("b"), id("c"));
+    // The reply leaves before its turn commits: wait for the turn to end.
+    tokio::time::timeout(Duration::from_secs(10), h.org.wait_idle(&a))
+        .await
+        .expect("a idle within 10 s")
+        .unwrap();
     let b_task = TaskRef::new(b.clone(), 1);
     let c_task = TaskRef::new(c.clone(), 1);
     // c answered in one call; b delegated in one call and resumed in another.

@@ -1,6 +1,6 @@
 //! The in-memory [`ConversationStore`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
 use async_trait::async_trait;
@@ -15,7 +15,32 @@ use crate::ids::ConversationId;
 /// A [`ConversationStore`] in process memory.
 #[derive(Debug, Default)]
 pub struct MemoryConversationStore {
-    conversations: Mutex<BTreeMap<ConversationId, Conversation>>,
+    conversations: Mutex<State>,
+}
+
+/// Every conversation, and the open one of each pair key (so a lookup by key does not scan).
+#[derive(Debug, Default)]
+struct State {
+    all: BTreeMap<ConversationId, Conversation>,
+    open: HashMap<String, ConversationId>,
+}
+
+impl State {
+    /// Stores `c`, keeping the open-by-key index in step.
+    fn put(&mut self, c: Conversation) {
+        if let Some(old) = self.all.get(&c.id)
+            && let Some(key) = old.pair_key.as_deref()
+            && self.open.get(key) == Some(&old.id)
+        {
+            self.open.remove(key);
+        }
+        if c.status == ConversationStatus::Open
+            && let Some(key) = c.pair_key.clone()
+        {
+            self.open.insert(key, c.id.clone());
+        }
+        self.all.insert(c.id.clone(), c);
+    }
 }
 
 impl MemoryConversationStore {
@@ -26,21 +51,19 @@ impl MemoryConversationStore {
 }
 
 /// `AlreadyExists` if `candidate` is open with a `pair_key` that another open conversation holds.
-fn key_taken(
-    all: &BTreeMap<ConversationId, Conversation>,
-    candidate: &Conversation,
-) -> Result<(), StoreError> {
+fn key_taken(state: &State, candidate: &Conversation) -> Result<(), StoreError> {
     let Some(key) = candidate.pair_key.as_deref() else {
         return Ok(());
     };
     if candidate.status != ConversationStatus::Open {
         return Ok(());
     }
-    match all.values().find(|c| {
-        c.id != candidate.id
-            && c.status == ConversationStatus::Open
-            && c.pair_key.as_deref() == Some(key)
-    }) {
+    match state
+        .open
+        .get(key)
+        .filter(|id| **id != candidate.id)
+        .and_then(|id| state.all.get(id))
+    {
         Some(holder) => Err(StoreError::already_exists(format!(
             "open conversation {} with pair key {key:?}",
             holder.id
@@ -52,20 +75,20 @@ fn key_taken(
 #[async_trait]
 impl ConversationStore for MemoryConversationStore {
     async fn create(&self, conversation: &Conversation) -> Result<(), StoreError> {
-        let mut all = lock(&self.conversations);
-        if all.contains_key(&conversation.id) {
+        let mut state = lock(&self.conversations);
+        if state.all.contains_key(&conversation.id) {
             return Err(StoreError::already_exists(format!(
                 "conversation {}",
                 conversation.id
             )));
         }
-        key_taken(&all, conversation)?;
-        all.insert(conversation.id.clone(), conversation.clone());
+        key_taken(&state, conversation)?;
+        state.put(conversation.clone());
         Ok(())
     }
 
     async fn get(&self, id: &ConversationId) -> Result<Option<Conversation>, StoreError> {
-        Ok(lock(&self.conversations).get(id).cloned())
+        Ok(lock(&self.conversations).all.get(id).cloned())
     }
 
     async fn update(
@@ -73,8 +96,9 @@ impl ConversationStore for MemoryConversationStore {
         next: &Conversation,
         expected_revision: u64,
     ) -> Result<Conversation, StoreError> {
-        let mut all = lock(&self.conversations);
-        let stored = all
+        let mut state = lock(&self.conversations);
+        let stored = state
+            .all
             .get(&next.id)
             .ok_or_else(|| StoreError::not_found(format!("conversation {}", next.id)))?;
         if stored.revision != expected_revision {
@@ -85,28 +109,28 @@ impl ConversationStore for MemoryConversationStore {
             });
         }
         stored.check_successor(next)?;
-        key_taken(&all, next)?;
+        key_taken(&state, next)?;
         let written = Conversation {
             revision: expected_revision + 1,
             ..next.clone()
         };
-        all.insert(written.id.clone(), written.clone());
+        state.put(written.clone());
         Ok(written)
     }
 
     async fn find_open(&self, pair_key: &str) -> Result<Option<Conversation>, StoreError> {
-        let all = lock(&self.conversations);
-        Ok(all
-            .values()
-            .find(|c| {
-                c.status == ConversationStatus::Open && c.pair_key.as_deref() == Some(pair_key)
-            })
+        let state = lock(&self.conversations);
+        Ok(state
+            .open
+            .get(pair_key)
+            .and_then(|id| state.all.get(id))
             .cloned())
     }
 
     async fn list(&self, filter: &ConversationFilter) -> Result<Vec<Conversation>, StoreError> {
-        let all = lock(&self.conversations);
-        let mut found: Vec<Conversation> = all
+        let state = lock(&self.conversations);
+        let mut found: Vec<Conversation> = state
+            .all
             .values()
             .filter(|c| filter.matches(c))
             .cloned()

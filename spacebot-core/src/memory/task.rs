@@ -1,7 +1,7 @@
 //! The in-memory [`TaskStore`].
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -11,8 +11,8 @@ use super::lock;
 use crate::error::StoreError;
 use crate::ids::{AgentId, TaskRef};
 use crate::task::{
-    CompletionNotice, Expect, NewTask, Task, TaskEvent, TaskFilter, TaskStatus, TaskStore,
-    Transition,
+    CompletionNotice, Expect, NewTask, Priority, Task, TaskEvent, TaskFilter, TaskStatus,
+    TaskStore, Transition,
 };
 use crate::time::Timestamp;
 
@@ -26,13 +26,50 @@ struct Board {
     keys: HashMap<String, u64>,
     /// Unsent notices, in write order.
     outbox: Vec<CompletionNotice>,
+    /// Ready tasks in claim order (highest priority, then lowest number): a claim does not scan
+    /// the board, however many tasks it accumulated.
+    ready: BTreeSet<(Reverse<Priority>, u64)>,
+    /// Tasks in progress (the ones a lease can expire on).
+    in_progress: BTreeSet<u64>,
 }
 
 impl Board {
+    fn unindex(&mut self, task: &Task) {
+        match task.status {
+            TaskStatus::Ready => {
+                self.ready.remove(&(Reverse(task.priority), task.number));
+            }
+            TaskStatus::InProgress => {
+                self.in_progress.remove(&task.number);
+            }
+            _ => {}
+        }
+    }
+
+    fn index(&mut self, task: &Task) {
+        match task.status {
+            TaskStatus::Ready => {
+                self.ready.insert((Reverse(task.priority), task.number));
+            }
+            TaskStatus::InProgress => {
+                self.in_progress.insert(task.number);
+            }
+            _ => {}
+        }
+    }
+
+    /// Stores a task, keeping the indexes in step.
+    fn put(&mut self, task: Task) {
+        if let Some(old) = self.tasks.get(&task.number).cloned() {
+            self.unindex(&old);
+        }
+        self.index(&task);
+        self.tasks.insert(task.number, task);
+    }
+
     /// Stores the outcome of an applied event: the task and its notice, together.
     fn commit(&mut self, transition: &Transition) {
-        self.tasks
-            .insert(transition.task.number, transition.task.clone());
+        self.put(transition.task.clone());
         if let Some(notice) = &transition.notice {
             self.outbox.push(notice.clone());
         }
@@ -77,7 +114,7 @@ impl TaskStore for MemoryTaskStore {
         let number = board.last_number + 1;
         let task = task.into_task(agent.clone(), number, now)?;
         board.last_number = number;
-        board.tasks.insert(number, task.clone());
+        board.put(task.clone());
         if let Some(key) = key {
             board.keys.insert(key, number);
         }
@@ -140,10 +177,9 @@ impl TaskStore for MemoryTaskStore {
             return Ok(None);
         };
         let Some(next) = board
-            .tasks
-            .values()
-            .filter(|t| t.status == TaskStatus::Ready)
-            .max_by_key(|t| (t.priority, Reverse(t.number)))
+            .ready
+            .first()
+            .and_then(|(_, number)| board.tasks.get(number))
         else {
             return Ok(None);
         };
@@ -167,8 +203,9 @@ impl TaskStore for MemoryTaskStore {
         };
         // Compute every transition first, then write them all: nothing is half-applied.
         let transitions = board
-            .tasks
-            .values()
+            .in_progress
+            .iter()
+            .filter_map(|n| board.tasks.get(n))
             .filter(|t| t.status == TaskStatus::InProgress && t.lease_expired(now))
             .map(|t| t.apply(TaskEvent::ExpireLease, now))
             .collect::<Result<Vec<_>, _>>()?;

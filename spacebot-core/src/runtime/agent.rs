@@ -594,6 +594,47 @@ fn reply_source(agent: &AgentRuntime, current: &[Envelope]) -> Source {
     }
 }
 
+/// The version of the link graph a cached rendering was made for (bumped whenever a link changes).
+fn graph_version(org: &OrgInner) -> u64 {
+    org.graph_version.load(Ordering::Acquire)
+}
+
+/// The system prompt of `agent` in `channel`, rendered once per link graph and link peer.
+fn cached_system_prompt(
+    org: &OrgInner,
+    agent: &AgentRuntime,
+    channel: &ChannelId,
+) -> Result<Arc<str>, PromptError> {
+    let peer = channel
+        .as_link()
+        .filter(|(owner, _)| owner == agent.id())
+        .map(|(_, peer)| peer);
+    let version = graph_version(org);
+    let key = (agent.id().clone(), peer);
+    if let Some((v, text)) = org.caches.prompts(&key)
+        && v == version
+    {
+        return Ok(text);
+    }
+    let text: Arc<str> = system_prompt(org, agent, channel)?.into();
+    org.caches.set_prompt(key, version, text.clone());
+    Ok(text)
+}
+
+/// The tool definitions offered to the agent of `scope`, rendered once per link graph.
+fn cached_definitions(org: &OrgInner, scope: &ToolCapability) -> Vec<crate::llm::ToolDefinition> {
+    let version = graph_version(org);
+    if let Some((v, defs)) = org.caches.definitions(scope.agent())
+        && v == version
+    {
+        return defs.as_ref().clone();
+    }
+    let defs = Arc::new(org.tools.definitions_for(scope));
+    org.caches
+        .set_definitions(scope.agent().clone(), version, defs.clone());
+    defs.as_ref().clone()
+}
+
 /// The system prompt of `agent` answering in `channel`.
 pub(crate) fn system_prompt(
     org: &OrgInner,
@@ -731,15 +772,15 @@ pub(crate) async fn run_turn(
     }
     remember_sources(agent, &frames[0].envelopes);
     log.flush_records(inner, &me).await;
-    let system = system_prompt(inner, agent, &channel).map_err(|e| failure(e, &frames))?;
+    let system = cached_system_prompt(inner, agent, &channel).map_err(|e| failure(e, &frames))?;
     let mut messages = Vec::with_capacity(history.len() + 4);
-    messages.push(ChatMessage::system(system));
+    messages.push(ChatMessage::system(system.to_string()));
     messages.extend(history::to_messages(&history));
     messages.push(ChatMessage::user(merge_backlog(&frames[0].envelopes)));
 
     let tools = &inner.tools;
     let scope = ToolCapability::new(org.clone(), me.clone());
-    let definitions = tools.definitions_for(&scope);
+    let definitions = cached_definitions(inner, &scope);
     let limit = inner.settings.max_tool_rounds;
     let call_cap =
         usize::try_from(inner.settings.max_tool_calls_per_response.max(1)).unwrap_or(usize::MAX);
@@ -920,7 +961,7 @@ pub(crate) async fn run_turn(
         }
         if !fresh.is_empty() && total_rounds >= limit.saturating_mul(STEER_ROUND_FACTOR) {
             // Steered too long: the fresh messages wait for their own turn.
-            wait.extend(fresh.drain(..));
+            wait.append(&mut fresh);
         }
         put_back(inner, agent, wait).await;
         if fresh.is_empty() {
