@@ -192,7 +192,16 @@
     if (!link) { $("#timeline").replaceChildren(el("div", "empty", "no links")); return; }
     const timeline = await api("GET", "/api/links/" + encodeURIComponent(link) + "/timeline?limit=100");
     if ($("#timeline-link").value !== link) return;
-    const records = timeline.records.map((r) => {
+    // A system record written to both sides of the link (an assignment, a completion) shows once.
+    const seen = new Set();
+    const unique = timeline.records.filter((r) => {
+      if (r.kind !== "system") return true;
+      const key = [r.at, r.author, r.content].join("\u0000");
+      if (seen.has(key)) return false;
+      seen.add(key);
+      return true;
+    });
+    const records = unique.map((r) => {
       const row = el("div", "record " + r.kind);
       row.append(el("span", "meta", new Date(r.at).toLocaleTimeString() + " · " + r.channel + " · " + r.kind + " · " + r.author));
       row.append(document.createTextNode(r.content));
