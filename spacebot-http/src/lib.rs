@@ -94,8 +94,8 @@ impl HttpConfig {
         }
     }
 
-    /// A fresh random token (256 bits from a cryptographic generator, hex); read it with
-    /// [`token`](Self::token).
+    /// A fresh random token (two version-4 UUIDs: 244 random bits from a cryptographically secure
+    /// generator, 64 hex digits); read it with [`token`](Self::token).
     pub fn random_token() -> Self {
         let token = format!(
             "{}{}",

@@ -1,7 +1,8 @@
 //! The dashboard in a real browser: headless Chromium driven through chromedriver.
 //!
 //! Needs `/usr/bin/chromium` and `/usr/bin/chromedriver` (Debian: `apt-get install chromium
-//! chromium-driver`). Without them the test is skipped, except under CI (`CI` set), where it fails.
+//! chromium-driver`; elsewhere set `SPACEBOT_CHROMIUM` and `SPACEBOT_CHROMEDRIVER`). Without them the
+//! test is skipped, except under CI (`CI` set), where it fails.
 //! Screenshots go to `target/browser/`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -18,8 +19,13 @@ use serde_json::json;
 use spacebot_core::llm::{ChatMessage, ChatResponse};
 use spacebot_core::testing::ScriptedLlm;
 
-const CHROMIUM: &str = "/usr/bin/chromium";
-const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
+fn chromium() -> String {
+    std::env::var("SPACEBOT_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into())
+}
+
+fn chromedriver() -> String {
+    std::env::var("SPACEBOT_CHROMEDRIVER").unwrap_or_else(|_| "/usr/bin/chromedriver".into())
+}
 
 struct Driver {
     child: Child,
@@ -39,9 +45,9 @@ async fn start_driver() -> Driver {
         .local_addr()
         .unwrap()
         .port();
-    let child = Command::new(CHROMEDRIVER)
+    let child = Command::new(chromedriver())
+        // Without --allowed-ips chromedriver listens on the loopback interface only.
         .arg(format!("--port={port}"))
-        .arg("--allowed-ips=127.0.0.1")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -68,7 +74,7 @@ async fn browser(driver: &Driver, profile: &Path) -> Client {
     caps.insert(
         "goog:chromeOptions".into(),
         json!({
-            "binary": CHROMIUM,
+            "binary": chromium(),
             "args": [
                 "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -147,13 +153,14 @@ fn model() -> ScriptedLlm {
 
 #[tokio::test]
 async fn the_dashboard_delegates_through_the_chat_and_shows_it_live() {
-    if !Path::new(CHROMIUM).exists() || !Path::new(CHROMEDRIVER).exists() {
+    let (browser_bin, driver_bin) = (chromium(), chromedriver());
+    if !Path::new(&browser_bin).exists() || !Path::new(&driver_bin).exists() {
         assert!(
             std::env::var_os("CI").is_none(),
-            "{CHROMIUM} or {CHROMEDRIVER} is missing; install them with: apt-get install -y chromium chromium-driver"
+            "{browser_bin} or {driver_bin} is missing; install them with: apt-get install -y chromium chromium-driver"
         );
         eprintln!(
-            "skipped: {CHROMIUM} or {CHROMEDRIVER} is missing (the test fails instead under CI)"
+            "skipped: {browser_bin} or {driver_bin} is missing (the test fails instead under CI)"
         );
         return;
     }
