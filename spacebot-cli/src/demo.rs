@@ -93,3 +93,111 @@ pub(crate) fn model(config: &OrgConfig) -> ScriptedLlm {
         Ok(ChatResponse::text(text))
     })
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use spacebot_core::llm::{ChatMessage, ChatRequest};
+    use spacebot_core::{AgentId, EnvelopeKind, LlmProvider, OrgConfig};
+
+    const ORG: &str = r#"
+[[agents]]
+id = "boss"
+name = "Boss"
+[[agents]]
+id = "worker"
+name = "Worker"
+[[links]]
+from = "worker"
+to = "boss"
+relationship = "subordinate"
+direction = "two_way"
+"#;
+
+    fn request(agent: &str, kind: EnvelopeKind, messages: Vec<ChatMessage>) -> ChatRequest {
+        ChatRequest {
+            agent: Some(AgentId::parse(agent).unwrap()),
+            envelope_kind: Some(kind),
+            messages,
+            ..ChatRequest::default()
+        }
+    }
+
+    fn user(text: &str) -> ChatMessage {
+        ChatMessage::User {
+            content: text.into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn delegates_chat_down_and_reports_back() {
+        let llm = super::model(&OrgConfig::from_toml_str(ORG).unwrap());
+        // A chat message to the superior (written bottom-up in the config) is delegated.
+        let answer = llm
+            .complete(request(
+                "boss",
+                EnvelopeKind::UserMessage,
+                vec![user("Plan the launch")],
+            ))
+            .await
+            .unwrap();
+        assert_eq!(answer.tool_calls[0].name, "send_agent_message");
+        let args: serde_json::Value =
+            serde_json::from_str(&answer.tool_calls[0].arguments).unwrap();
+        assert_eq!(args["target"], "worker");
+        assert_eq!(args["message"], "Plan the launch");
+        // A refused delegation comes back as a tool result, and is said.
+        let refused = ChatMessage::Tool {
+            tool_call_id: answer.tool_calls[0].id.clone(),
+            content: "their link is disabled".into(),
+        };
+        let answer = llm
+            .complete(request(
+                "boss",
+                EnvelopeKind::UserMessage,
+                vec![user("Plan the launch"), refused],
+            ))
+            .await
+            .unwrap();
+        assert!(
+            answer
+                .content
+                .unwrap()
+                .contains("could not hand this on (their link is disabled)")
+        );
+        // The subordinate has nobody to delegate to: it answers its task, and a chat message.
+        let answer = llm
+            .complete(request(
+                "worker",
+                EnvelopeKind::TaskAssigned,
+                vec![user("Plan the launch")],
+            ))
+            .await
+            .unwrap();
+        assert!(answer.content.unwrap().starts_with("Worker: done."));
+        let answer = llm
+            .complete(request(
+                "worker",
+                EnvelopeKind::UserMessage,
+                vec![user("hi")],
+            ))
+            .await
+            .unwrap();
+        assert!(answer.tool_calls.is_empty());
+        assert_eq!(answer.content.as_deref(), Some("Worker here. You said: hi"));
+        // A result coming back is reported.
+        let answer = llm
+            .complete(request(
+                "boss",
+                EnvelopeKind::Retrigger,
+                vec![user("worker completed task #1: planned")],
+            ))
+            .await
+            .unwrap();
+        assert_eq!(
+            answer.content.as_deref(),
+            Some("Boss reporting back: worker completed task #1: planned")
+        );
+    }
+}
