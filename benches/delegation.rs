@@ -39,7 +39,11 @@ struct Instant42;
 
 #[async_trait]
 impl TaskExecutor for Instant42 {
-    async fn execute(&self, _ctx: TaskContext, _task: Task) -> Result<TaskOutcome, String> {
+    async fn execute(
+        &self,
+        _ctx: TaskContext,
+        _task: Task,
+    ) -> Result<TaskOutcome, spacebot_core::delegation::TaskError> {
         Ok(TaskOutcome::Done("42".into()))
     }
 }

@@ -72,4 +72,5 @@ on_every_backend!(
     tool_calls_per_response_are_capped,
     a_streaming_outbound_gets_deltas_then_the_reply,
     usage_is_summed_across_a_two_hop_delegation,
+    an_executor_that_gives_up_fails_the_task_at_once,
 );

@@ -198,7 +198,41 @@ impl TaskContext {
 #[async_trait]
 pub trait TaskExecutor: Send + Sync + fmt::Debug {
     /// Runs the task.
-    async fn execute(&self, ctx: TaskContext, task: Task) -> Result<TaskOutcome, String>;
+    async fn execute(&self, ctx: TaskContext, task: Task) -> Result<TaskOutcome, TaskError>;
+}
+
+/// Why a [`TaskExecutor`] attempt failed, and whether trying again can help.
+///
+/// A `String` converts into [`TaskError::Retry`], so `Err(format!(...).into())` keeps the old
+/// behaviour.
+///
+/// ```
+/// use spacebot_core::delegation::TaskError;
+/// let e: TaskError = "timeout".to_string().into();
+/// assert_eq!(e, TaskError::Retry("timeout".into()));
+/// assert!(TaskError::GiveUp("bad input".into()).to_string().contains("bad input"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TaskError {
+    /// The attempt failed; the task is requeued until its `max_attempts`, then fails.
+    #[error("{0}")]
+    Retry(String),
+    /// Retrying cannot help (bad input, a permanent refusal): the task fails now.
+    #[error("{0} (not retried)")]
+    GiveUp(String),
+}
+
+impl From<String> for TaskError {
+    fn from(error: String) -> Self {
+        Self::Retry(error)
+    }
+}
+
+impl From<&str> for TaskError {
+    fn from(error: &str) -> Self {
+        Self::Retry(error.to_string())
+    }
 }
 
 /// The text a task is worked on with: its description, and the results of its children once they
@@ -913,7 +947,7 @@ async fn dispatch_to_queue(org: &Organization, agent: &AgentWorker, task: &Task,
     envelope.cause = task.metadata.cause.clone();
     if let Err(e) = org.inner.enqueue(agent.id(), envelope, true).await {
         // The agent is gone: give the attempt back.
-        finish_task(org, agent, task.number, holder, Err(e.to_string())).await;
+        finish_task(org, agent, task.number, holder, Err(e.to_string().into())).await;
     }
 }
 
@@ -923,7 +957,7 @@ async fn finish_task(
     agent: &AgentWorker,
     number: u64,
     holder: &str,
-    result: Result<TaskOutcome, String>,
+    result: Result<TaskOutcome, TaskError>,
 ) {
     record_outcome(org, agent.id(), number, holder, result).await;
     agent.claim_ended(number, holder);
@@ -939,7 +973,7 @@ async fn record_outcome(
     me: &AgentId,
     number: u64,
     holder: &str,
-    result: Result<TaskOutcome, String>,
+    result: Result<TaskOutcome, TaskError>,
 ) {
     let event = match result {
         Ok(TaskOutcome::Done(result)) => TaskEvent::Complete {
@@ -949,7 +983,11 @@ async fn record_outcome(
         Ok(TaskOutcome::Waiting) => TaskEvent::Wait {
             holder: holder.to_string(),
         },
-        Err(error) => TaskEvent::Fail {
+        Err(TaskError::GiveUp(error)) => TaskEvent::GiveUp {
+            holder: holder.to_string(),
+            error,
+        },
+        Err(TaskError::Retry(error)) => TaskEvent::Fail {
             holder: holder.to_string(),
             error,
         },
@@ -1118,7 +1156,7 @@ impl Behaviour for Delegation {
         let result = match outcome {
             Ok(TurnOutcome::Answer(text)) => Ok(TaskOutcome::Done(text.clone())),
             Ok(TurnOutcome::Ended(_)) => Ok(TaskOutcome::Waiting),
-            Err(e) => Err(e.clone()),
+            Err(e) => Err(TaskError::Retry(e.clone())),
         };
         finish_task(org, agent, work.number, &work.holder, result).await;
     }

@@ -365,6 +365,14 @@ pub enum TaskEvent {
         /// The worker.
         holder: String,
     },
+    /// in_progress -> failed for good, whatever attempts are left: the worker says retrying cannot
+    /// help.
+    GiveUp {
+        /// The worker.
+        holder: String,
+        /// Why.
+        error: String,
+    },
     /// A child ended (in_progress or waiting); a waiting task whose last child ended becomes ready.
     ChildEnded {
         /// The child task.
@@ -417,6 +425,7 @@ pub enum TaskEventKind {
     Resume,
     Complete,
     Fail,
+    GiveUp,
     ExpireLease,
     Cancel,
 }
@@ -424,7 +433,7 @@ pub enum TaskEventKind {
 text_enum!(TaskEventKind, "task event", [
     Approve => "approve", Schedule => "schedule", Park => "park", Claim => "claim", Renew => "renew",
     RecordUsage => "record_usage", AddChild => "add_child", Wait => "wait", ChildEnded => "child_ended", Resume => "resume",
-    Complete => "complete", Fail => "fail", ExpireLease => "expire_lease", Cancel => "cancel",
+    Complete => "complete", Fail => "fail", GiveUp => "give_up", ExpireLease => "expire_lease", Cancel => "cancel",
 ]);
 
 impl TaskEvent {
@@ -443,6 +452,7 @@ impl TaskEvent {
             Self::Resume => TaskEventKind::Resume,
             Self::Complete { .. } => TaskEventKind::Complete,
             Self::Fail { .. } => TaskEventKind::Fail,
+            Self::GiveUp { .. } => TaskEventKind::GiveUp,
             Self::ExpireLease => TaskEventKind::ExpireLease,
             Self::Cancel { .. } => TaskEventKind::Cancel,
         }
@@ -628,6 +638,13 @@ impl Task {
             (S::InProgress, TaskEvent::Fail { holder, error }) => {
                 self.check_holder(holder)?;
                 next.fail_attempt(error.clone());
+            }
+            (S::InProgress, TaskEvent::GiveUp { holder, error }) => {
+                self.check_holder(holder)?;
+                next.attempts += 1;
+                next.lease = None;
+                next.error = Some(error.clone());
+                next.status = S::Failed;
             }
             (S::InProgress, TaskEvent::ExpireLease) => {
                 if !self.lease_expired(now) {

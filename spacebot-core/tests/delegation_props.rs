@@ -21,11 +21,15 @@ struct ByDescription;
 
 #[async_trait]
 impl TaskExecutor for ByDescription {
-    async fn execute(&self, _ctx: TaskContext, task: Task) -> Result<TaskOutcome, String> {
+    async fn execute(
+        &self,
+        _ctx: TaskContext,
+        task: Task,
+    ) -> Result<TaskOutcome, spacebot_core::delegation::TaskError> {
         let (kind, rest) = task.description.split_once(':').unwrap_or(("ok", ""));
         match kind {
-            "fail" => Err(rest.to_string()),
-            "flaky" if task.attempts == 0 => Err(format!("first try of {rest}")),
+            "fail" => Err(rest.to_string().into()),
+            "flaky" if task.attempts == 0 => Err(format!("first try of {rest}").into()),
             _ => Ok(TaskOutcome::Done(rest.to_string())),
         }
     }

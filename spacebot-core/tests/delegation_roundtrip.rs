@@ -233,12 +233,16 @@ impl Scripted {
 
 #[async_trait]
 impl TaskExecutor for Scripted {
-    async fn execute(&self, _ctx: TaskContext, task: Task) -> Result<TaskOutcome, String> {
+    async fn execute(
+        &self,
+        _ctx: TaskContext,
+        task: Task,
+    ) -> Result<TaskOutcome, spacebot_core::delegation::TaskError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         let step = self.steps.lock().unwrap().pop();
         match step {
             Some(Step::Done(s)) => Ok(TaskOutcome::Done(format!("{s} ({})", task.title))),
-            Some(Step::Fail(e)) => Err(e),
+            Some(Step::Fail(e)) => Err(e.into()),
             Some(Step::Hang) => futures::future::pending().await,
             Some(Step::Panic) => panic!("the worker crashed"),
             None => Err("no more steps".into()),
@@ -412,10 +416,16 @@ struct Gated {
 
 #[async_trait]
 impl TaskExecutor for Gated {
-    async fn execute(&self, _ctx: TaskContext, _task: Task) -> Result<TaskOutcome, String> {
+    async fn execute(
+        &self,
+        _ctx: TaskContext,
+        _task: Task,
+    ) -> Result<TaskOutcome, spacebot_core::delegation::TaskError> {
         let (tx, rx) = futures::channel::oneshot::channel();
         self.gates.lock().unwrap().push(tx);
-        rx.await.unwrap_or_else(|_| Err("gate dropped".into()))
+        rx.await
+            .unwrap_or_else(|_| Err("gate dropped".into()))
+            .map_err(spacebot_core::delegation::TaskError::from)
     }
 }
 

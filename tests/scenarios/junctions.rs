@@ -419,7 +419,11 @@ struct HangsOnce(AtomicUsize);
 
 #[async_trait]
 impl TaskExecutor for HangsOnce {
-    async fn execute(&self, _ctx: TaskContext, _task: Task) -> Result<TaskOutcome, String> {
+    async fn execute(
+        &self,
+        _ctx: TaskContext,
+        _task: Task,
+    ) -> Result<TaskOutcome, spacebot::delegation::TaskError> {
         if self.0.fetch_add(1, Ordering::SeqCst) == 0 {
             futures::future::pending::<()>().await;
         }
@@ -707,4 +711,62 @@ pub async fn usage_is_summed_across_a_two_hop_delegation(stores: Stores) {
         .filter_map(|e| e.usage.map(|u| u.total_tokens))
         .collect();
     assert_eq!(per_turn, vec![10, 10]);
+}
+
+/// Refuses every task for good.
+#[derive(Debug, Default)]
+struct Refuses(AtomicUsize);
+
+#[async_trait]
+impl TaskExecutor for Refuses {
+    async fn execute(
+        &self,
+        _ctx: TaskContext,
+        _task: Task,
+    ) -> Result<TaskOutcome, spacebot::delegation::TaskError> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Err(spacebot::delegation::TaskError::GiveUp(
+            "the input cannot be parsed".into(),
+        ))
+    }
+}
+
+/// An executor error is typed: `GiveUp` fails the task at once, without the retries `Retry` gets.
+pub async fn an_executor_that_gives_up_fails_the_task_at_once(stores: Stores) {
+    let llm = Arc::new(FnLlm::new(|_| Ok(ChatResponse::text("ok"))));
+    let exec = Arc::new(Refuses::default());
+    let h = OrgHarness::builder(ONE_WAY)
+        .stores(stores)
+        .llm(llm)
+        .executor("b", exec.clone())
+        .build()
+        .await;
+    let (a, b) = (id("a"), id("b"));
+    h.org.start_agent(&b).await.unwrap();
+    let task = h
+        .org
+        .delegate(
+            &a,
+            "b",
+            "Parse this.",
+            DelegationOrigin::new(ChannelId::new("portal:a")),
+        )
+        .await
+        .unwrap();
+    let ended = tokio::time::timeout(
+        Duration::from_secs(10),
+        h.org.wait_task_ended(&TaskRef::new(b.clone(), task.number)),
+    )
+    .await
+    .expect("the task ended")
+    .unwrap();
+    assert_eq!(ended.status, TaskStatus::Failed);
+    assert_eq!(ended.attempts, 1, "not retried");
+    assert_eq!(exec.0.load(Ordering::SeqCst), 1);
+    assert!(
+        ended
+            .error
+            .as_deref()
+            .is_some_and(|e| e.contains("cannot be parsed"))
+    );
 }

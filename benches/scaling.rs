@@ -1,0 +1,206 @@
+//! Speed at organization scale (in-memory stores, one core):
+//!
+//! - `turn_scaling/agents/{10,1000,10000}`: one agent turn (deliver, the model answers at once, the
+//!   reply is out) in organizations of 10, 1,000 and 10,000 agents, each with 3 links. A turn costs
+//!   what the agent's own links cost, so the three should be within a few percent of each other.
+//! - `turn_scaling/history/{100,20000}`: one delegation round trip (delegate, the worker answers,
+//!   the delegator is woken and answers: 3 model calls) after 100 and after 20,000 earlier round
+//!   trips on the same boards. A round trip must not scan an agent's whole task history.
+//! - `org_throughput/{current_thread,multi_thread}`: 1,000 agents, messages delivered round-robin,
+//!   then all answered; messages per second.
+//!
+//! ```text
+//! cargo bench --bench scaling
+//! ```
+
+#![allow(clippy::expect_used, clippy::unwrap_used)] // A benchmark set-up that fails should stop the run.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group};
+use futures::StreamExt;
+use spacebot::config::OrgConfig;
+use spacebot::llm::ChatResponse;
+use spacebot::testing::{FnLlm, tool_call};
+use spacebot::{EnvelopeKind, InboundMessage, Organization, Stores};
+
+/// `n` agents in a ring of peers, each linked to the next three (3 links each on average out,
+/// 6 touching).
+fn ring(n: usize) -> OrgConfig {
+    let mut toml = String::from("[settings]\nqueue_capacity = 100000\n");
+    for i in 0..n {
+        toml.push_str(&format!(
+            "\n[[agents]]\nid = \"agent-{i}\"\nname = \"Agent {i}\"\n"
+        ));
+    }
+    for i in 0..n {
+        for step in 1..=3 {
+            let j = (i + step) % n;
+            if j == i || (n <= 3 && j < i) {
+                continue;
+            }
+            toml.push_str(&format!(
+                "\n[[links]]\nfrom = \"agent-{i}\"\nto = \"agent-{j}\"\nrelationship = \"peer\"\n"
+            ));
+        }
+    }
+    OrgConfig::from_toml_str(&toml).expect("valid config")
+}
+
+/// Answers every message at once.
+fn echo() -> Arc<FnLlm> {
+    Arc::new(FnLlm::new(|_| Ok(ChatResponse::text("ok"))))
+}
+
+/// The delegator (`agent-0`) delegates every user message to `agent-1` and answers the result.
+fn delegating() -> Arc<FnLlm> {
+    Arc::new(FnLlm::new(|req| {
+        let me = req.agent.as_ref().map(|a| a.as_str()).unwrap_or("");
+        Ok(match (me, req.envelope_kind) {
+            ("agent-0", Some(EnvelopeKind::UserMessage)) => {
+                ChatResponse::tool_calls(vec![tool_call(
+                    "send_agent_message",
+                    serde_json::json!({"target": "agent-1", "message": "Compute."}),
+                )])
+            }
+            ("agent-1", _) => ChatResponse::text("42"),
+            _ => ChatResponse::text("The answer is 42."),
+        })
+    }))
+}
+
+async fn organization(config: OrgConfig, llm: Arc<FnLlm>) -> Organization {
+    let org = Organization::builder(config)
+        .stores(Stores::memory())
+        .llm(llm)
+        .build()
+        .await
+        .expect("organization");
+    org.start_all().await.expect("start");
+    org
+}
+
+fn current_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+fn multi_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+fn turn_scaling(c: &mut Criterion) {
+    let mut group = c.benchmark_group("turn_scaling");
+    group
+        .sample_size(20)
+        .measurement_time(Duration::from_secs(4));
+    group.throughput(Throughput::Elements(1));
+    for n in [10usize, 1_000, 10_000] {
+        let rt = current_thread();
+        let (org, mut replies) = rt.block_on(async {
+            let org = organization(ring(n), echo()).await;
+            let replies = org.take_replies().expect("replies");
+            (org, replies)
+        });
+        group.bench_function(BenchmarkId::new("agents", n), |b| {
+            b.iter_custom(|iters| {
+                rt.block_on(async {
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        org.deliver("agent-0", InboundMessage::new("portal", "u", "hi"))
+                            .await
+                            .unwrap();
+                        replies.next().await.unwrap();
+                    }
+                    start.elapsed()
+                })
+            })
+        });
+    }
+    for earlier in [100usize, 20_000] {
+        let rt = current_thread();
+        let (org, mut replies) = rt.block_on(async {
+            let org = organization(ring(10), delegating()).await;
+            let mut replies = org.take_replies().expect("replies");
+            for _ in 0..earlier {
+                org.deliver("agent-0", InboundMessage::new("portal", "u", "go"))
+                    .await
+                    .unwrap();
+                replies.next().await.unwrap();
+            }
+            (org, replies)
+        });
+        group.bench_function(BenchmarkId::new("history", earlier), |b| {
+            b.iter_custom(|iters| {
+                rt.block_on(async {
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        org.deliver("agent-0", InboundMessage::new("portal", "u", "go"))
+                            .await
+                            .unwrap();
+                        replies.next().await.unwrap();
+                    }
+                    start.elapsed()
+                })
+            })
+        });
+    }
+    group.finish();
+}
+
+fn org_throughput(c: &mut Criterion) {
+    const AGENTS: usize = 1_000;
+    const MESSAGES: usize = 20_000;
+    let mut group = c.benchmark_group("org_throughput");
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(8));
+    group.throughput(Throughput::Elements(MESSAGES as u64));
+    for (name, rt) in [
+        ("current_thread", current_thread()),
+        ("multi_thread", multi_thread()),
+    ] {
+        let (org, mut replies) = rt.block_on(async {
+            let org = organization(ring(AGENTS), echo()).await;
+            let replies = org.take_replies().expect("replies");
+            (org, replies)
+        });
+        let names: Vec<String> = (0..AGENTS).map(|i| format!("agent-{i}")).collect();
+        group.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                rt.block_on(async {
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        for i in 0..MESSAGES {
+                            org.deliver(
+                                &names[i % AGENTS],
+                                InboundMessage::new("portal", "u", "hi"),
+                            )
+                            .await
+                            .unwrap();
+                        }
+                        for _ in 0..MESSAGES {
+                            replies.next().await.unwrap();
+                        }
+                    }
+                    start.elapsed()
+                })
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, turn_scaling, org_throughput);
+
+fn main() {
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}
