@@ -437,9 +437,12 @@ pub(crate) async fn create_link(
         .org
         .create_link(&from, &to, body.direction.into(), body.relationship.into())
         .await?;
-    if let Err(e) = st.org.ensure_link_channels().await {
-        tracing::warn!(error = %e, "link channels could not be registered");
-    }
+    st.org.ensure_link_channels().await.map_err(|e| {
+        ApiError::internal(format!(
+            "link {} was created, but its channels could not be registered: {e}",
+            link.id
+        ))
+    })?;
     Ok((StatusCode::CREATED, Json(link.into())))
 }
 
