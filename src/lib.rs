@@ -46,6 +46,7 @@
 //! | `sqlite` | the SQLite backends, as `spacebot::sqlite` (implies `tokio`) | yes |
 //! | `redb` | the redb backends, as `spacebot::redb` (implies `tokio`) | no |
 //! | `openai` | the OpenAI-compatible Chat Completions provider, as `spacebot::openai` (implies `tokio`) | no |
+//! | `http` | the HTTP API, event stream and dashboard, as `spacebot::http` (implies `tokio`; see `docs/http.md`) | no |
 //! | `testing` | the mock LLMs and a recording event sink, in `spacebot::testing` | no |
 //!
 //! See `docs/concepts.md` in the repository for agents, links, channels, tasks and conversations.
@@ -74,4 +75,11 @@ pub mod redb {
 #[cfg_attr(docsrs, doc(cfg(feature = "openai")))]
 pub mod openai {
     pub use spacebot_openai::*;
+}
+
+/// The HTTP API, event stream, web chat and dashboard (`spacebot-http`).
+#[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+pub mod http {
+    pub use spacebot_http::*;
 }

@@ -1,0 +1,124 @@
+//! `spacebot serve`.
+
+use std::sync::Arc;
+
+use spacebot_core::rt::{TokioClock, TokioSpawner};
+use spacebot_core::{LlmProvider, OrgConfig, Organization, Stores};
+use spacebot_http::{Api, HttpConfig, WebChat};
+
+use crate::{CliError, ServeArgs, Store};
+
+/// Prints a line; a closed stdout (the reader went away) does not stop the server.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, $($arg)*);
+        let _ = out.flush();
+    }};
+}
+
+fn failed(message: impl Into<String>) -> CliError {
+    CliError::Failed(message.into())
+}
+
+#[cfg(feature = "openai")]
+fn provider(config: &OrgConfig) -> Result<(Arc<dyn LlmProvider>, String), CliError> {
+    let configured = std::env::vars_os().any(|(k, _)| {
+        let k = k.to_string_lossy();
+        k == "OPENAI_API_KEY" || (k.starts_with("SPACEBOT_") && k != "SPACEBOT_TOKEN")
+    });
+    if configured {
+        let settings = spacebot_openai::OpenAiConfig::from_env()
+            .map_err(|e| failed(format!("provider settings: {e}")))?;
+        let provider = spacebot_openai::OpenAiProvider::new(settings, Arc::new(TokioClock))
+            .map_err(|e| failed(format!("provider: {e}")))?;
+        return Ok((Arc::new(provider), "the OpenAI-compatible provider".into()));
+    }
+    Ok((
+        Arc::new(crate::demo::model(config)),
+        "the scripted demo model".into(),
+    ))
+}
+
+#[cfg(not(feature = "openai"))]
+fn provider(config: &OrgConfig) -> Result<(Arc<dyn LlmProvider>, String), CliError> {
+    if std::env::var_os("OPENAI_API_KEY").is_some() {
+        eprintln!(
+            "note: OPENAI_API_KEY is set but this build has no provider; build with --features openai"
+        );
+    }
+    Ok((
+        Arc::new(crate::demo::model(config)),
+        "the scripted demo model".into(),
+    ))
+}
+
+pub(crate) async fn serve(args: ServeArgs) -> Result<(), CliError> {
+    let config = OrgConfig::load(&args.config)?;
+    std::fs::create_dir_all(&args.data_dir)
+        .map_err(|e| failed(format!("{}: {e}", args.data_dir.display())))?;
+    let stores: Stores = match args.store {
+        Store::Sqlite => spacebot_sqlite::open(&args.data_dir).await,
+        Store::Redb => spacebot_redb::open_async(&args.data_dir).await,
+    }
+    .map_err(|e| failed(e.to_string()))?;
+    let (llm, llm_name) = provider(&config)?;
+    let chat = WebChat::new();
+    let org = Organization::builder(config)
+        .stores(stores)
+        .llm(llm)
+        .spawner(Arc::new(TokioSpawner::current()))
+        .clock(Arc::new(TokioClock))
+        .outbound(Arc::new(chat.clone()))
+        .build()
+        .await
+        .map_err(|e| failed(e.to_string()))?;
+    org.start_all().await.map_err(|e| failed(e.to_string()))?;
+
+    let http = if args.insecure_no_auth {
+        HttpConfig::insecure_no_auth()
+    } else if let Some(token) = args.token {
+        HttpConfig::with_token(token)
+    } else {
+        HttpConfig::random_token()
+    };
+    let token = http.token().map(str::to_string);
+    let app = Api::new(org.clone(), chat, http)
+        .map_err(|e| failed(e.to_string()))?
+        .router();
+    let listener = tokio::net::TcpListener::bind(args.addr)
+        .await
+        .map_err(|e| failed(format!("cannot listen on {}: {e}", args.addr)))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| failed(format!("cannot read the bound address: {e}")))?;
+    say!(
+        "spacebot: {} agents, store {:?} in {}, {llm_name}",
+        org.agent_ids().len(),
+        args.store,
+        args.data_dir.display()
+    );
+    match &token {
+        Some(token) => {
+            say!("dashboard: http://{addr}/#token={token}");
+            say!("api:       http://{addr}/api (Authorization: Bearer {token})");
+            say!("token:     {token}");
+        }
+        None => {
+            say!("dashboard: http://{addr}/");
+            say!("api:       http://{addr}/api (no authentication)");
+        }
+    }
+    say!("press Ctrl-C to stop");
+    let served = axum::serve(listener, app)
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await;
+    let stopped = org.shutdown().await;
+    served.map_err(|e| failed(format!("server error: {e}")))?;
+    stopped.map_err(|e| failed(format!("shutdown: {e}")))?;
+    say!("stopped");
+    Ok(())
+}
