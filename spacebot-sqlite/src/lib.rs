@@ -51,6 +51,7 @@ mod links;
 mod lock;
 mod options;
 mod tasks;
+mod writer;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -68,6 +69,7 @@ pub use crate::links::SqliteLinkStore;
 use crate::lock::DirLock;
 pub use crate::options::{SqliteOptions, Synchronous};
 pub use crate::tasks::SqliteTaskStore;
+pub use crate::writer::WriteStats;
 
 /// The statements of a task cycle (create, claim, complete with its outbox row), for the benchmark
 /// that compares the stores with raw sqlx running the same SQL. Not a stable API.
@@ -261,6 +263,19 @@ impl SqliteStores {
     /// named the agent.
     pub fn agent_db_path(&self, agent: &AgentId) -> Option<PathBuf> {
         self.inner.dir.as_deref().map(|d| db::agent_path(d, agent))
+    }
+
+    /// Group-commit counters of the instance database's writer: transactions committed and the
+    /// write operations they carried. For tests and diagnostics.
+    pub fn instance_write_stats(&self) -> WriteStats {
+        self.inner.instance.writes.stats()
+    }
+
+    /// Group-commit counters of `agent`'s database writer (`None` until a store call has opened
+    /// that database). With concurrent writers, `commits` stays below `operations`.
+    pub fn agent_write_stats(&self, agent: &AgentId) -> Option<WriteStats> {
+        let cell = self.lock_agents().get(agent).cloned()?;
+        cell.get().map(|db| db.writes.stats())
     }
 
     /// Closes every database, waiting for operations in progress, then releases the data
