@@ -16,12 +16,16 @@
 //!   to `b-i` (`send_agent_message`), `b-i`'s model answers the task, `a-i` is woken by the
 //!   completion notice and answers the user: three model calls per round trip, 1 or 64 chains at
 //!   once;
+//! - `durable_store_persist/{backend}/64_concurrent`: the stores alone, 64 concurrent
+//!   `DeliveryStore::persist` calls to one agent's database (what group commit is for);
 //! - `raw_fsync/write_4k_sync_data`: write 4 KiB at the start of a temporary file and
 //!   `File::sync_data` it, in a loop.
 //!
 //! The model is `FnLlm`, answering at once. Backends: `sqlite_normal` (the default
 //! `synchronous = NORMAL`: WAL commits are not synced), `sqlite_full` (`synchronous = FULL`: one
-//! `fsync` per commit) and `redb` (the default `Durability::Immediate`: one `fsync` per commit).
+//! `fsync` per commit), each also with `_commit_each` (`SqliteOptions::commit_each()`: no group
+//! commit, one transaction per write, for comparison in the same run), and `redb` (the default
+//! `Durability::Immediate`: one `fsync` per commit, group commit).
 //! Each benchmark's organization is built once and serves its warm-up and every sample.
 #![allow(
     clippy::unwrap_used,
@@ -44,43 +48,58 @@ use serde_json::json;
 use spacebot::llm::ChatResponse;
 use spacebot::rt::{TokioClock, TokioSpawner};
 use spacebot::testing::{FnLlm, tool_call};
-use spacebot::{AgentId, EnvelopeKind, InboundMessage, OrgConfig, Organization, Reply, Stores};
+use spacebot::{
+    AgentId, ChannelId, Envelope, EnvelopeKind, InboundMessage, OrgConfig, Organization, Reply,
+    Source, Stores, Timestamp,
+};
 use tokio::runtime::Runtime;
 
 #[derive(Debug, Clone, Copy)]
 enum Backend {
     SqliteNormal,
+    SqliteNormalCommitEach,
     SqliteFull,
+    SqliteFullCommitEach,
     Redb,
 }
 
 impl Backend {
-    const ALL: [Self; 3] = [Self::SqliteNormal, Self::SqliteFull, Self::Redb];
+    const ALL: [Self; 5] = [
+        Self::SqliteNormal,
+        Self::SqliteNormalCommitEach,
+        Self::SqliteFull,
+        Self::SqliteFullCommitEach,
+        Self::Redb,
+    ];
 
     fn name(self) -> &'static str {
         match self {
             Self::SqliteNormal => "sqlite_normal",
+            Self::SqliteNormalCommitEach => "sqlite_normal_commit_each",
             Self::SqliteFull => "sqlite_full",
+            Self::SqliteFullCommitEach => "sqlite_full_commit_each",
             Self::Redb => "redb",
         }
     }
 
     async fn open(self, dir: &Path) -> Stores {
-        match self {
-            Self::SqliteNormal => spacebot::sqlite::SqliteOptions::new()
-                .synchronous(spacebot::sqlite::Synchronous::Normal)
-                .open(dir)
-                .await
-                .unwrap()
-                .stores(),
-            Self::SqliteFull => spacebot::sqlite::SqliteOptions::new()
-                .synchronous(spacebot::sqlite::Synchronous::Full)
-                .open(dir)
-                .await
-                .unwrap()
-                .stores(),
-            Self::Redb => spacebot::redb::open_async(dir).await.unwrap(),
-        }
+        use spacebot::sqlite::{SqliteOptions, Synchronous};
+        let sqlite = |synchronous, commit_each: bool| {
+            let options = SqliteOptions::new().synchronous(synchronous);
+            if commit_each {
+                options.commit_each()
+            } else {
+                options
+            }
+        };
+        let options = match self {
+            Self::SqliteNormal => sqlite(Synchronous::Normal, false),
+            Self::SqliteNormalCommitEach => sqlite(Synchronous::Normal, true),
+            Self::SqliteFull => sqlite(Synchronous::Full, false),
+            Self::SqliteFullCommitEach => sqlite(Synchronous::Full, true),
+            Self::Redb => return spacebot::redb::open_async(dir).await.unwrap(),
+        };
+        options.open(dir).await.unwrap().stores()
     }
 }
 
@@ -268,6 +287,56 @@ fn delegation(c: &mut Criterion) {
     group.finish();
 }
 
+/// The stores alone: 64 concurrent `DeliveryStore::persist` calls to one agent's database, until
+/// all are answered (what group commit is for: concurrent writers to one file).
+fn store_persists(c: &mut Criterion) {
+    let rt = runtime();
+    let mut group = c.benchmark_group("durable_store_persist");
+    configure(&mut group);
+    group.throughput(Throughput::Elements(64));
+    let agent = AgentId::parse("inbox").unwrap();
+    for backend in Backend::ALL {
+        let dir = tempfile::Builder::new()
+            .prefix("spacebot-bench-")
+            .tempdir()
+            .unwrap();
+        let stores = rt.block_on(backend.open(dir.path()));
+        group.bench_function(format!("{}/64_concurrent", backend.name()), |b| {
+            b.iter_custom(|iters| {
+                rt.block_on(async {
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        let envelopes: Vec<Envelope> = (0..64)
+                            .map(|i| {
+                                Envelope::new(
+                                    Source::External {
+                                        platform: "portal".into(),
+                                        reply_target: format!("u{i}"),
+                                    },
+                                    ChannelId::new("portal:u"),
+                                    EnvelopeKind::UserMessage,
+                                    "hello",
+                                    Timestamp(0),
+                                )
+                            })
+                            .collect();
+                        let done = futures::future::join_all(
+                            envelopes
+                                .iter()
+                                .map(|e| stores.deliveries.persist(&agent, e)),
+                        )
+                        .await;
+                        assert!(done.iter().all(Result::is_ok));
+                    }
+                    start.elapsed()
+                })
+            })
+        });
+        drop(stores);
+    }
+    group.finish();
+}
+
 fn raw_fsync(c: &mut Criterion) {
     let dir = tempfile::Builder::new()
         .prefix("spacebot-bench-fsync-")
@@ -288,7 +357,7 @@ fn raw_fsync(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, raw_fsync, deliveries, delegation);
+criterion_group!(benches, raw_fsync, store_persists, deliveries, delegation);
 
 fn main() {
     benches();

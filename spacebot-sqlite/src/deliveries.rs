@@ -11,8 +11,9 @@ use crate::error::{corrupt, db_error, encode_error};
 
 /// [`DeliveryStore`] on the agents' databases: pending deliveries and applied keys. Get one from [`SqliteStores::deliveries`].
 ///
-/// A [`commit`](DeliveryStore::commit) is one `BEGIN IMMEDIATE` transaction on the agent's
-/// database, which holds its pending deliveries, applied keys and channel history alike.
+/// A [`commit`](DeliveryStore::commit) is one operation of the agent database's writer (one
+/// savepoint in a `BEGIN IMMEDIATE` transaction it may share with other writes), on the database
+/// that holds the agent's pending deliveries, applied keys and channel history alike.
 /// [`is_durable`](DeliveryStore::is_durable) is `true` for stores in a directory and `false` for
 /// [`SqliteStores::in_memory`].
 #[derive(Debug, Clone)]

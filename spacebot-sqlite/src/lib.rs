@@ -28,6 +28,10 @@
 //!   tasks share a number and numbers have no gaps.
 //! - A terminal transition and its completion notice are written in one `BEGIN IMMEDIATE`
 //!   transaction.
+//! - Group commit: each database's writes go through one writer task, which runs every write
+//!   queued meanwhile (up to [`SqliteOptions::max_batch`]) in one transaction, each in its own
+//!   savepoint, commits once and only then answers the callers. A write refused by the store's
+//!   contract is rolled back alone; a failed commit fails every write of the batch.
 //! - A file that is not an SQLite database, another application's database, or a database whose
 //!   schema is newer than this build is refused with [`StoreError::Corrupt`] naming the file, and
 //!   left untouched: it is checked through a read-only, immutable connection, and a write-ahead
