@@ -253,7 +253,7 @@ async fn answered_writes_survive_sigkill() {
     eprintln!("group commit crash test seed {seed}");
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut answered_before = 0;
-    for round in 0..5 {
+    for round in 0..10 {
         let mut child = spawn_child(dir.path());
         // Let the writers get going (a fresh child first opens the stores), then kill at a random
         // point.
