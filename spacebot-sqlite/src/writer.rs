@@ -297,11 +297,18 @@ impl Task {
         }
         let mut jobs = batch.into_iter();
         let mut broken = None;
+        let mut unrun = None;
         for job in jobs.by_ref() {
             if let Err(e) = sqlx::query("SAVEPOINT spacebot_op").execute(&mut *tx).await {
-                broken = Some(fail("starting an operation's savepoint", e));
-                // This operation did not run: it goes to the next batch with the rest.
-                self.pending.push_back(job);
+                let e = fail("starting an operation's savepoint", e);
+                if answers.is_empty() {
+                    // The first operation: refuse it, so that every batch makes progress.
+                    job.refuse(&e);
+                } else {
+                    // This operation did not run: it goes to the next batch with the rest.
+                    unrun = Some(job);
+                }
+                broken = Some(e);
                 break;
             }
             let (ok, answer) = job.run(&mut tx).await;
@@ -324,8 +331,11 @@ impl Task {
                 break;
             }
         }
-        // Operations not run because the batch broke off go to the next batch.
-        self.pending.extend(jobs);
+        // Operations not run because the batch broke off go first into the next batch, in order.
+        let rest: Vec<Job> = unrun.into_iter().chain(jobs).collect();
+        for job in rest.into_iter().rev() {
+            self.pending.push_front(job);
+        }
         let outcome = match broken {
             Some(e) => {
                 let _ = tx.rollback().await;
