@@ -52,17 +52,33 @@ impl ChannelStore for SqliteChannelStore {
         let db = self.0.agent(agent).await?;
         let metadata = serde_json::to_string(&record.metadata)
             .map_err(|e| encode_error(&db.location, "record metadata", e))?;
-        // The `channel_records_known` trigger registers the channel in the same statement.
-        let seq: i64 = sqlx::query_scalar(APPEND_SQL)
-            .bind(record.channel.as_str())
-            .bind(record.kind.as_str())
-            .bind(&record.author)
-            .bind(&record.content)
-            .bind(metadata)
-            .bind(record.at.0)
-            .fetch_one(&db.writer)
-            .await
-            .map_err(|e| db_error(&db.location, "appending a channel record", e))?;
+        let (channel, kind, author, content, at) = (
+            record.channel.as_str().to_string(),
+            record.kind.as_str(),
+            record.author.clone(),
+            record.content.clone(),
+            record.at.0,
+        );
+        let location = db.location.clone();
+        let seq: i64 = db
+            .writes
+            .run(move |conn| {
+                Box::pin(async move {
+                    // The `channel_records_known` trigger registers the channel in the same
+                    // statement.
+                    sqlx::query_scalar(APPEND_SQL)
+                        .bind(channel)
+                        .bind(kind)
+                        .bind(author)
+                        .bind(content)
+                        .bind(metadata)
+                        .bind(at)
+                        .fetch_one(&mut *conn)
+                        .await
+                        .map_err(|e| db_error(&location, "appending a channel record", e))
+                })
+            })
+            .await?;
         Ok(ChannelRecord {
             seq: u64::try_from(seq)
                 .map_err(|_| corrupt(&db.location, format!("channel record seq {seq}")))?,
@@ -98,12 +114,19 @@ impl ChannelStore for SqliteChannelStore {
 
     async fn ensure_channel(&self, agent: &AgentId, channel: &ChannelId) -> Result<(), StoreError> {
         let db = self.0.agent(agent).await?;
-        sqlx::query("INSERT OR IGNORE INTO channels (id) VALUES (?)")
-            .bind(channel.as_str())
-            .execute(&db.writer)
+        let (channel, location) = (channel.as_str().to_string(), db.location.clone());
+        db.writes
+            .run(move |conn| {
+                Box::pin(async move {
+                    sqlx::query("INSERT OR IGNORE INTO channels (id) VALUES (?)")
+                        .bind(channel)
+                        .execute(&mut *conn)
+                        .await
+                        .map_err(|e| db_error(&location, "registering a channel", e))?;
+                    Ok(())
+                })
+            })
             .await
-            .map_err(|e| db_error(&db.location, "registering a channel", e))?;
-        Ok(())
     }
 
     async fn channels(&self, agent: &AgentId) -> Result<Vec<ChannelId>, StoreError> {

@@ -174,36 +174,38 @@ pub struct SqliteConversationStore(pub(crate) SqliteStores);
 impl ConversationStore for SqliteConversationStore {
     async fn create(&self, c: &Conversation) -> Result<(), StoreError> {
         let db = self.0.instance();
-        let loc = &*db.location;
-        let mut tx = db
-            .writer
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(|e| db_error(loc, "starting a transaction", e))?;
-        sqlx::query(
-            "INSERT INTO conversations (id, mode, initiator, initiated_from, status, \
+        let location = db.location.clone();
+        let c = c.clone();
+        // One operation of the instance database's writer (group commit).
+        db.writes
+            .run(move |tx| {
+                Box::pin(async move {
+                    let loc = &*location;
+                    let c = &c;
+                    sqlx::query(
+                        "INSERT INTO conversations (id, mode, initiator, initiated_from, status, \
              budget_remaining, pair_key, summary, revision, created_at, updated_at) \
              VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        )
-        .bind(c.id.as_str())
-        .bind(c.mode.as_str())
-        .bind(c.initiator.as_str())
-        .bind(c.initiated_from.as_ref().map(ChannelId::as_str))
-        .bind(c.status.as_str())
-        .bind(i64::from(c.budget_remaining))
-        .bind(c.pair_key.as_deref())
-        .bind(c.summary.as_deref())
-        .bind(to_sql(loc, "revision", c.revision)?)
-        .bind(c.created_at.0)
-        .bind(c.updated_at.0)
-        .execute(&mut *tx)
-        .await
-        .map_err(|e| write_error(loc, c, "creating a conversation", e))?;
-        write_members(&mut tx, loc, c).await?;
-        tx.commit()
+                    )
+                    .bind(c.id.as_str())
+                    .bind(c.mode.as_str())
+                    .bind(c.initiator.as_str())
+                    .bind(c.initiated_from.as_ref().map(ChannelId::as_str))
+                    .bind(c.status.as_str())
+                    .bind(i64::from(c.budget_remaining))
+                    .bind(c.pair_key.as_deref())
+                    .bind(c.summary.as_deref())
+                    .bind(to_sql(loc, "revision", c.revision)?)
+                    .bind(c.created_at.0)
+                    .bind(c.updated_at.0)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| write_error(loc, c, "creating a conversation", e))?;
+                    write_members(tx, loc, c).await?;
+                    Ok(())
+                })
+            })
             .await
-            .map_err(|e| db_error(loc, "committing a conversation", e))?;
-        Ok(())
     }
 
     async fn get(&self, id: &ConversationId) -> Result<Option<Conversation>, StoreError> {
@@ -225,29 +227,30 @@ impl ConversationStore for SqliteConversationStore {
         expected_revision: u64,
     ) -> Result<Conversation, StoreError> {
         let db = self.0.instance();
-        let loc = &*db.location;
-        let mut tx = db
-            .writer
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(|e| db_error(loc, "starting a transaction", e))?;
-        let mut q = select();
-        q.push(" WHERE id = ").push_bind(next.id.as_str());
-        let current = load(&mut tx, loc, q)
-            .await?
-            .pop()
-            .ok_or_else(|| StoreError::not_found(format!("conversation {}", next.id)))?;
-        if current.revision != expected_revision {
-            return Err(StoreError::Conflict {
-                what: format!("conversation {}", next.id),
-                expected: format!("revision {expected_revision}"),
-                actual: format!("revision {}", current.revision),
-            });
-        }
-        current.check_successor(next)?;
-        let mut stored = next.clone();
-        stored.revision = expected_revision + 1;
-        sqlx::query(
+        let location = db.location.clone();
+        let next = next.clone();
+        // One operation of the instance database's writer (group commit).
+        db.writes
+            .run(move |tx| {
+                Box::pin(async move {
+                    let loc = &*location;
+                    let next = &next;
+                    let mut q = select();
+                    q.push(" WHERE id = ").push_bind(next.id.as_str());
+                    let current = load(tx, loc, q).await?.pop().ok_or_else(|| {
+                        StoreError::not_found(format!("conversation {}", next.id))
+                    })?;
+                    if current.revision != expected_revision {
+                        return Err(StoreError::Conflict {
+                            what: format!("conversation {}", next.id),
+                            expected: format!("revision {expected_revision}"),
+                            actual: format!("revision {}", current.revision),
+                        });
+                    }
+                    current.check_successor(next)?;
+                    let mut stored = next.clone();
+                    stored.revision = expected_revision + 1;
+                    sqlx::query(
             "UPDATE conversations SET initiated_from = ?, status = ?, budget_remaining = ?, \
              pair_key = ?, summary = ?, revision = ?, created_at = ?, updated_at = ? \
              WHERE id = ? AND revision = ?",
@@ -265,11 +268,11 @@ impl ConversationStore for SqliteConversationStore {
         .execute(&mut *tx)
         .await
         .map_err(|e| write_error(loc, &stored, "updating a conversation", e))?;
-        write_members(&mut tx, loc, &stored).await?;
-        tx.commit()
+                    write_members(tx, loc, &stored).await?;
+                    Ok(stored)
+                })
+            })
             .await
-            .map_err(|e| db_error(loc, "committing a conversation", e))?;
-        Ok(stored)
     }
 
     async fn find_open(&self, pair_key: &str) -> Result<Option<Conversation>, StoreError> {

@@ -11,6 +11,7 @@ use sqlx::{Connection, Row, SqliteConnection};
 
 use crate::error::{BACKEND, corrupt, db_error, migrate_error};
 use crate::options::SqliteOptions;
+use crate::writer::Writer;
 
 /// Migrations of every agent's `spacebot.db`.
 pub(crate) static AGENT_MIGRATOR: Migrator = sqlx::migrate!("./migrations");
@@ -74,6 +75,15 @@ pub(crate) struct Db {
     pub(crate) reader: SqlitePool,
     /// The file (or `:memory:`), for error messages.
     pub(crate) location: Arc<str>,
+    /// The writer task: runs write operations in shared transactions (group commit).
+    pub(crate) writes: Writer,
+}
+
+/// A database's pools before its writer task starts.
+struct Pools {
+    writer: SqlitePool,
+    reader: SqlitePool,
+    location: Arc<str>,
 }
 
 impl Db {
@@ -104,10 +114,16 @@ impl Db {
         tx.commit()
             .await
             .map_err(|e| db_error(&db.location, "committing migrations", e))?;
-        Ok(db)
+        let writes = Writer::start(db.writer.clone(), db.location.clone(), options.max_batch)?;
+        Ok(Self {
+            writer: db.writer,
+            reader: db.reader,
+            location: db.location,
+            writes,
+        })
     }
 
-    async fn open_memory(kind: DbKind) -> Result<Self, StoreError> {
+    async fn open_memory(kind: DbKind) -> Result<Pools, StoreError> {
         let location: Arc<str> = Arc::from(match kind {
             DbKind::Instance => ":memory: (instance)",
             DbKind::Agent => ":memory: (agent)",
@@ -125,7 +141,7 @@ impl Db {
             .connect_with(connect)
             .await
             .map_err(|e| db_error(&location, "opening an in-memory database", e))?;
-        Ok(Self {
+        Ok(Pools {
             writer: pool.clone(),
             reader: pool,
             location,
@@ -136,7 +152,7 @@ impl Db {
         path: &Path,
         kind: DbKind,
         options: &SqliteOptions,
-    ) -> Result<Self, StoreError> {
+    ) -> Result<Pools, StoreError> {
         let location: Arc<str> = Arc::from(path.display().to_string());
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent).map_err(|e| {
@@ -176,15 +192,17 @@ impl Db {
             .idle_timeout(options.reader_idle_timeout)
             .test_before_acquire(false)
             .connect_lazy_with(base);
-        Ok(Self {
+        Ok(Pools {
             writer,
             reader,
             location,
         })
     }
 
-    /// Closes both pools, waiting for connections in use to be returned.
+    /// Finishes the queued writes, stops the writer task, then closes both pools, waiting for
+    /// connections in use to be returned.
     pub(crate) async fn close(&self) {
+        self.writes.close().await;
         self.reader.close().await;
         self.writer.close().await;
     }

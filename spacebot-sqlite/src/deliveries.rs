@@ -11,8 +11,9 @@ use crate::error::{corrupt, db_error, encode_error};
 
 /// [`DeliveryStore`] on the agents' databases: pending deliveries and applied keys. Get one from [`SqliteStores::deliveries`].
 ///
-/// A [`commit`](DeliveryStore::commit) is one `BEGIN IMMEDIATE` transaction on the agent's
-/// database, which holds its pending deliveries, applied keys and channel history alike.
+/// A [`commit`](DeliveryStore::commit) is one operation of the agent database's writer (one
+/// savepoint in a `BEGIN IMMEDIATE` transaction it may share with other writes), on the database
+/// that holds the agent's pending deliveries, applied keys and channel history alike.
 /// [`is_durable`](DeliveryStore::is_durable) is `true` for stores in a directory and `false` for
 /// [`SqliteStores::in_memory`].
 #[derive(Debug, Clone)]
@@ -24,18 +25,30 @@ impl DeliveryStore for SqliteDeliveryStore {
         let db = self.0.agent(agent).await?;
         let json = serde_json::to_string(envelope)
             .map_err(|e| encode_error(&db.location, "an envelope", e))?;
-        sqlx::query(
-            "INSERT INTO pending_deliveries (id, channel_id, kind, envelope) VALUES (?, ?, ?, ?) \
-             ON CONFLICT (id) DO NOTHING",
-        )
-        .bind(envelope.id.as_str())
-        .bind(envelope.channel.as_str())
-        .bind(envelope.kind.as_str())
-        .bind(json)
-        .execute(&db.writer)
-        .await
-        .map_err(|e| db_error(&db.location, "persisting a delivery", e))?;
-        Ok(())
+        let (id, channel, kind) = (
+            envelope.id.as_str().to_string(),
+            envelope.channel.as_str().to_string(),
+            envelope.kind.as_str(),
+        );
+        let location = db.location.clone();
+        db.writes
+            .run(move |conn| {
+                Box::pin(async move {
+                    sqlx::query(
+                        "INSERT INTO pending_deliveries (id, channel_id, kind, envelope) \
+                         VALUES (?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
+                    )
+                    .bind(id)
+                    .bind(channel)
+                    .bind(kind)
+                    .bind(json)
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(|e| db_error(&location, "persisting a delivery", e))?;
+                    Ok(())
+                })
+            })
+            .await
     }
 
     async fn pending(&self, agent: &AgentId) -> Result<Vec<Envelope>, StoreError> {
@@ -55,12 +68,20 @@ impl DeliveryStore for SqliteDeliveryStore {
 
     async fn remove(&self, agent: &AgentId, id: &EnvelopeId) -> Result<(), StoreError> {
         let db = self.0.agent(agent).await?;
-        sqlx::query("DELETE FROM pending_deliveries WHERE id = ?")
-            .bind(id.as_str())
-            .execute(&db.writer)
+        let id = id.as_str().to_string();
+        let location = db.location.clone();
+        db.writes
+            .run(move |conn| {
+                Box::pin(async move {
+                    sqlx::query("DELETE FROM pending_deliveries WHERE id = ?")
+                        .bind(id)
+                        .execute(&mut *conn)
+                        .await
+                        .map_err(|e| db_error(&location, "removing a delivery", e))?;
+                    Ok(())
+                })
+            })
             .await
-            .map_err(|e| db_error(&db.location, "removing a delivery", e))?;
-        Ok(())
     }
 
     async fn mark_applied(
@@ -70,15 +91,24 @@ impl DeliveryStore for SqliteDeliveryStore {
         now: Timestamp,
     ) -> Result<bool, StoreError> {
         let db = self.0.agent(agent).await?;
-        let done = sqlx::query(
-            "INSERT INTO applied_keys (key, applied_at) VALUES (?, ?) ON CONFLICT (key) DO NOTHING",
-        )
-        .bind(key)
-        .bind(now.0)
-        .execute(&db.writer)
-        .await
-        .map_err(|e| db_error(&db.location, "marking a key applied", e))?;
-        Ok(done.rows_affected() == 1)
+        let key = key.to_string();
+        let location = db.location.clone();
+        db.writes
+            .run(move |conn| {
+                Box::pin(async move {
+                    let done = sqlx::query(
+                        "INSERT INTO applied_keys (key, applied_at) VALUES (?, ?) \
+                         ON CONFLICT (key) DO NOTHING",
+                    )
+                    .bind(key)
+                    .bind(now.0)
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(|e| db_error(&location, "marking a key applied", e))?;
+                    Ok(done.rows_affected() == 1)
+                })
+            })
+            .await
     }
 
     fn is_durable(&self) -> bool {
@@ -105,7 +135,6 @@ impl DeliveryStore for SqliteDeliveryStore {
             return Ok(());
         }
         let db = self.0.agent(agent).await?;
-        let fail = |doing: &str, e| db_error(&db.location, doing, e);
         // Encode before the transaction: nothing can fail half-way for want of a value.
         let metadata = commit
             .records
@@ -115,41 +144,66 @@ impl DeliveryStore for SqliteDeliveryStore {
                     .map_err(|e| encode_error(&db.location, "record metadata", e))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let mut tx = db
-            .writer
-            .begin_with("BEGIN IMMEDIATE")
+        let consumed: Vec<String> = commit
+            .consumed
+            .iter()
+            .map(|id| id.as_str().to_string())
+            .collect();
+        let records: Vec<_> = commit
+            .records
+            .iter()
+            .zip(metadata)
+            .map(|(r, metadata)| {
+                (
+                    r.channel.as_str().to_string(),
+                    r.kind.as_str(),
+                    r.author.clone(),
+                    r.content.clone(),
+                    metadata,
+                    r.at.0,
+                )
+            })
+            .collect();
+        let applied = commit.applied.clone();
+        let location = db.location.clone();
+        // One operation of the writer: its savepoint keeps the whole turn together.
+        db.writes
+            .run(move |conn| {
+                Box::pin(async move {
+                    let fail = |doing: &str, e| db_error(&location, doing, e);
+                    for id in consumed {
+                        sqlx::query("DELETE FROM pending_deliveries WHERE id = ?")
+                            .bind(id)
+                            .execute(&mut *conn)
+                            .await
+                            .map_err(|e| fail("removing a consumed delivery", e))?;
+                    }
+                    for (channel, kind, author, content, metadata, at) in records {
+                        sqlx::query(APPEND_SQL)
+                            .bind(channel)
+                            .bind(kind)
+                            .bind(author)
+                            .bind(content)
+                            .bind(metadata)
+                            .bind(at)
+                            .fetch_one(&mut *conn)
+                            .await
+                            .map_err(|e| fail("appending a channel record", e))?;
+                    }
+                    for key in applied {
+                        sqlx::query(
+                            "INSERT INTO applied_keys (key, applied_at) VALUES (?, ?) \
+                             ON CONFLICT (key) DO NOTHING",
+                        )
+                        .bind(key)
+                        .bind(now.0)
+                        .execute(&mut *conn)
+                        .await
+                        .map_err(|e| fail("marking a key applied", e))?;
+                    }
+                    Ok(())
+                })
+            })
             .await
-            .map_err(|e| fail("starting a transaction", e))?;
-        for id in &commit.consumed {
-            sqlx::query("DELETE FROM pending_deliveries WHERE id = ?")
-                .bind(id.as_str())
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| fail("removing a consumed delivery", e))?;
-        }
-        for (record, metadata) in commit.records.iter().zip(metadata) {
-            sqlx::query(APPEND_SQL)
-                .bind(record.channel.as_str())
-                .bind(record.kind.as_str())
-                .bind(&record.author)
-                .bind(&record.content)
-                .bind(metadata)
-                .bind(record.at.0)
-                .fetch_one(&mut *tx)
-                .await
-                .map_err(|e| fail("appending a channel record", e))?;
-        }
-        for key in &commit.applied {
-            sqlx::query(
-                "INSERT INTO applied_keys (key, applied_at) VALUES (?, ?) \
-                 ON CONFLICT (key) DO NOTHING",
-            )
-            .bind(key)
-            .bind(now.0)
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| fail("marking a key applied", e))?;
-        }
-        tx.commit().await.map_err(|e| fail("committing a turn", e))
     }
 }

@@ -28,6 +28,10 @@
 //!   tasks share a number and numbers have no gaps.
 //! - A terminal transition and its completion notice are written in one `BEGIN IMMEDIATE`
 //!   transaction.
+//! - Group commit: each database's writes go through one writer task, which runs every write
+//!   queued meanwhile (up to [`SqliteOptions::max_batch`]) in one transaction, each in its own
+//!   savepoint, commits once and only then answers the callers. A write refused by the store's
+//!   contract is rolled back alone; a failed commit fails every write of the batch.
 //! - A file that is not an SQLite database, another application's database, or a database whose
 //!   schema is newer than this build is refused with [`StoreError::Corrupt`] naming the file, and
 //!   left untouched: it is checked through a read-only, immutable connection, and a write-ahead
@@ -51,6 +55,7 @@ mod links;
 mod lock;
 mod options;
 mod tasks;
+mod writer;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -68,6 +73,7 @@ pub use crate::links::SqliteLinkStore;
 use crate::lock::DirLock;
 pub use crate::options::{SqliteOptions, Synchronous};
 pub use crate::tasks::SqliteTaskStore;
+pub use crate::writer::WriteStats;
 
 /// The statements of a task cycle (create, claim, complete with its outbox row), for the benchmark
 /// that compares the stores with raw sqlx running the same SQL. Not a stable API.
@@ -261,6 +267,19 @@ impl SqliteStores {
     /// named the agent.
     pub fn agent_db_path(&self, agent: &AgentId) -> Option<PathBuf> {
         self.inner.dir.as_deref().map(|d| db::agent_path(d, agent))
+    }
+
+    /// Group-commit counters of the instance database's writer: transactions committed and the
+    /// write operations they carried. For tests and diagnostics.
+    pub fn instance_write_stats(&self) -> WriteStats {
+        self.inner.instance.writes.stats()
+    }
+
+    /// Group-commit counters of `agent`'s database writer (`None` until a store call has opened
+    /// that database). With concurrent writers, `commits` stays below `operations`.
+    pub fn agent_write_stats(&self, agent: &AgentId) -> Option<WriteStats> {
+        let cell = self.lock_agents().get(agent).cloned()?;
+        cell.get().map(|db| db.writes.stats())
     }
 
     /// Closes every database, waiting for operations in progress, then releases the data

@@ -51,7 +51,12 @@ pub struct SqliteLinkStore(pub(crate) SqliteStores);
 impl LinkStore for SqliteLinkStore {
     async fn create(&self, link: &AgentLink) -> Result<(), StoreError> {
         let db = self.0.instance();
-        sqlx::query(
+        let (link, location) = (link.clone(), db.location.clone());
+        db.writes
+            .run(move |conn| {
+                Box::pin(async move {
+                    let link = &link;
+                    sqlx::query(
             "INSERT INTO agent_links (id, from_agent_id, to_agent_id, direction, relationship, \
              enabled, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
         )
@@ -63,7 +68,7 @@ impl LinkStore for SqliteLinkStore {
         .bind(link.enabled)
         .bind(link.created_at.0)
         .bind(link.updated_at.0)
-        .execute(&db.writer)
+        .execute(&mut *conn)
         .await
         .map_err(|e| {
             if is_unique_violation(&e) {
@@ -72,15 +77,22 @@ impl LinkStore for SqliteLinkStore {
                     link.id, link.from, link.to
                 ))
             } else {
-                db_error(&db.location, "creating a link", e)
+                db_error(&location, "creating a link", e)
             }
         })?;
-        Ok(())
+                    Ok(())
+                })
+            })
+            .await
     }
 
     async fn update(&self, link: &AgentLink) -> Result<(), StoreError> {
         let db = self.0.instance();
-        let done = sqlx::query(
+        let (link, location) = (link.clone(), db.location.clone());
+        db.writes
+            .run(move |conn| {
+                Box::pin(async move {
+                    let done = sqlx::query(
             "UPDATE agent_links SET direction = ?, relationship = ?, enabled = ?, updated_at = ? \
              WHERE id = ?",
         )
@@ -89,26 +101,36 @@ impl LinkStore for SqliteLinkStore {
         .bind(link.enabled)
         .bind(link.updated_at.0)
         .bind(link.id.as_str())
-        .execute(&db.writer)
+        .execute(&mut *conn)
         .await
-        .map_err(|e| db_error(&db.location, "updating a link", e))?;
-        if done.rows_affected() == 0 {
-            return Err(StoreError::not_found(format!("link {}", link.id)));
-        }
-        Ok(())
+        .map_err(|e| db_error(&location, "updating a link", e))?;
+                    if done.rows_affected() == 0 {
+                        return Err(StoreError::not_found(format!("link {}", link.id)));
+                    }
+                    Ok(())
+                })
+            })
+            .await
     }
 
     async fn delete(&self, id: &LinkId) -> Result<(), StoreError> {
         let db = self.0.instance();
-        let done = sqlx::query("DELETE FROM agent_links WHERE id = ?")
-            .bind(id.as_str())
-            .execute(&db.writer)
+        let (id, location) = (id.clone(), db.location.clone());
+        db.writes
+            .run(move |conn| {
+                Box::pin(async move {
+                    let done = sqlx::query("DELETE FROM agent_links WHERE id = ?")
+                        .bind(id.as_str())
+                        .execute(&mut *conn)
+                        .await
+                        .map_err(|e| db_error(&location, "deleting a link", e))?;
+                    if done.rows_affected() == 0 {
+                        return Err(StoreError::not_found(format!("link {id}")));
+                    }
+                    Ok(())
+                })
+            })
             .await
-            .map_err(|e| db_error(&db.location, "deleting a link", e))?;
-        if done.rows_affected() == 0 {
-            return Err(StoreError::not_found(format!("link {id}")));
-        }
-        Ok(())
     }
 
     async fn get(&self, id: &LinkId) -> Result<Option<AgentLink>, StoreError> {
@@ -176,14 +198,14 @@ impl LinkStore for SqliteLinkStore {
             }
         }
         let db = self.0.instance();
-        let fail = |doing: &str, e| db_error(&db.location, doing, e);
-        let mut tx = db
-            .writer
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(|e| fail("starting a transaction", e))?;
-        for link in links {
-            sqlx::query(
+        let (links, location) = (links.to_vec(), db.location.clone());
+        // One operation of the writer: its savepoint makes the whole list atomic.
+        db.writes
+            .run(move |tx| {
+                Box::pin(async move {
+                    let fail = |doing: &str, e| db_error(&location, doing, e);
+                    for link in &links {
+                        sqlx::query(
                 "INSERT INTO agent_links (id, from_agent_id, to_agent_id, direction, relationship, \
                  enabled, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) \
                  ON CONFLICT (from_agent_id, to_agent_id) DO UPDATE SET \
@@ -210,8 +232,10 @@ impl LinkStore for SqliteLinkStore {
                     fail("writing links", e)
                 }
             })?;
-        }
-        tx.commit().await.map_err(|e| fail("committing links", e))?;
-        Ok(())
+                    }
+                    Ok(())
+                })
+            })
+            .await
     }
 }

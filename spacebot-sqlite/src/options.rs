@@ -59,6 +59,7 @@ pub struct SqliteOptions {
     pub(crate) synchronous: Synchronous,
     pub(crate) readers: u32,
     pub(crate) reader_idle_timeout: Option<Duration>,
+    pub(crate) max_batch: usize,
 }
 
 impl Default for SqliteOptions {
@@ -68,12 +69,14 @@ impl Default for SqliteOptions {
             synchronous: Synchronous::Normal,
             readers: 4,
             reader_idle_timeout: Some(Duration::from_secs(60)),
+            max_batch: 256,
         }
     }
 }
 
 impl SqliteOptions {
-    /// The defaults: 5 s busy timeout, `synchronous = NORMAL`, 4 readers per database.
+    /// The defaults: 5 s busy timeout, `synchronous = NORMAL`, 4 readers per database, group
+    /// commit of up to 256 write operations per transaction.
     pub fn new() -> Self {
         Self::default()
     }
@@ -102,6 +105,24 @@ impl SqliteOptions {
     pub fn reader_idle_timeout(mut self, timeout: Option<Duration>) -> Self {
         self.reader_idle_timeout = timeout;
         self
+    }
+
+    /// Group commit: the most write operations of one database that share a transaction (and its
+    /// `fsync`), at least 1; default 256.
+    ///
+    /// Each database has one writer task. It takes every operation queued while the previous
+    /// transaction committed (up to `max_batch`), runs them in one transaction, each inside its own
+    /// savepoint (an operation refused by the store's contract is rolled back alone), commits once,
+    /// and only then answers every caller: an acknowledged write is committed whatever the batch
+    /// size. A lone operation is never delayed.
+    pub fn max_batch(mut self, max_batch: usize) -> Self {
+        self.max_batch = max_batch.max(1);
+        self
+    }
+
+    /// One transaction per write operation (`max_batch(1)`): no group commit.
+    pub fn commit_each(self) -> Self {
+        self.max_batch(1)
     }
 
     /// Opens (creating if needed) the stores under `dir`. See [`SqliteStores::open_with`].

@@ -208,49 +208,67 @@ impl SqliteTaskStore {
         key: &str,
         now: Timestamp,
     ) -> Result<Task, StoreError> {
-        // A keyed create: look the key up and insert under one write lock, so that of concurrent
-        // creates with one key exactly one inserts and the others find its task.
+        // A keyed create: look the key up and insert in one operation of the writer, so that of
+        // concurrent creates with one key exactly one inserts and the others find its task.
         let db = self.0.agent(agent).await?;
-        let fail = |doing: &str, e| db_error(&db.location, doing, e);
-        let mut tx = db
-            .writer
-            .begin_with("BEGIN IMMEDIATE")
+        let (agent, key, location) = (agent.clone(), key.to_string(), db.location.clone());
+        db.writes
+            .run(move |conn| {
+                Box::pin(async move {
+                    let fail = |doing: &str, e| db_error(&location, doing, e);
+                    let existing = sqlx::query(SELECT_BY_KEY_SQL)
+                        .bind(&key)
+                        .fetch_optional(&mut *conn)
+                        .await
+                        .map_err(|e| fail("looking up a task by its idempotency key", e))?;
+                    if let Some(row) = existing {
+                        return decode(&location, &agent, &row);
+                    }
+                    let mut task = task.into_task(agent.clone(), 0, now)?;
+                    let number = insert(conn, &location, &task, Some(&key)).await?;
+                    task.number = u64::try_from(number).map_err(|_| {
+                        corrupt(&location, format!("task number {number} is negative"))
+                    })?;
+                    Ok(task)
+                })
+            })
             .await
-            .map_err(|e| fail("starting a transaction", e))?;
-        let existing = sqlx::query(SELECT_BY_KEY_SQL)
-            .bind(key)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(|e| fail("looking up a task by its idempotency key", e))?;
-        if let Some(row) = existing {
-            return decode(&db.location, agent, &row);
-        }
-        let mut task = task.into_task(agent.clone(), 0, now)?;
-        let metadata = encode_metadata(&db.location, &task.metadata)?;
-        let number: i64 = sqlx::query_scalar(INSERT_KEYED_SQL)
-            .bind(&task.title)
-            .bind(&task.description)
-            .bind(task.status.as_str())
-            .bind(task.priority.rank())
-            .bind(&task.created_by)
-            .bind(task.metadata.delegated_by.as_ref().map(AgentId::as_str))
-            .bind(metadata)
-            .bind(i64::from(task.attempts))
-            .bind(i64::from(task.max_attempts))
-            .bind(revision_to_sql(&db.location, task.revision)?)
-            .bind(task.created_at.0)
-            .bind(task.updated_at.0)
-            .bind(key)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(|e| fail("creating a task", e))?;
-        tx.commit()
-            .await
-            .map_err(|e| fail("committing a task creation", e))?;
-        task.number = u64::try_from(number)
-            .map_err(|_| corrupt(&db.location, format!("task number {number} is negative")))?;
-        Ok(task)
     }
+}
+
+/// Inserts `task` (with its create's idempotency key, if any) and returns its new number.
+async fn insert(
+    conn: &mut SqliteConnection,
+    location: &str,
+    task: &Task,
+    key: Option<&str>,
+) -> Result<i64, StoreError> {
+    let metadata = encode_metadata(location, &task.metadata)?;
+    let query = sqlx::query_scalar(if key.is_some() {
+        INSERT_KEYED_SQL
+    } else {
+        INSERT_SQL
+    })
+    .bind(&task.title)
+    .bind(&task.description)
+    .bind(task.status.as_str())
+    .bind(task.priority.rank())
+    .bind(&task.created_by)
+    .bind(task.metadata.delegated_by.as_ref().map(AgentId::as_str))
+    .bind(metadata)
+    .bind(i64::from(task.attempts))
+    .bind(i64::from(task.max_attempts))
+    .bind(revision_to_sql(location, task.revision)?)
+    .bind(task.created_at.0)
+    .bind(task.updated_at.0);
+    let query = match key {
+        Some(key) => query.bind(key),
+        None => query,
+    };
+    query
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(|e| db_error(location, "creating a task", e))
 }
 
 #[async_trait]
@@ -267,26 +285,18 @@ impl TaskStore for SqliteTaskStore {
         // Validate first (the number is not known yet and does not affect validation).
         let mut task = task.into_task(agent.clone(), 0, now)?;
         let db = self.0.agent(agent).await?;
-        let metadata = encode_metadata(&db.location, &task.metadata)?;
-        let number: i64 = sqlx::query_scalar(INSERT_SQL)
-            .bind(&task.title)
-            .bind(&task.description)
-            .bind(task.status.as_str())
-            .bind(task.priority.rank())
-            .bind(&task.created_by)
-            .bind(task.metadata.delegated_by.as_ref().map(AgentId::as_str))
-            .bind(metadata)
-            .bind(i64::from(task.attempts))
-            .bind(i64::from(task.max_attempts))
-            .bind(revision_to_sql(&db.location, task.revision)?)
-            .bind(task.created_at.0)
-            .bind(task.updated_at.0)
-            .fetch_one(&db.writer)
+        let location = db.location.clone();
+        db.writes
+            .run(move |conn| {
+                Box::pin(async move {
+                    let number = insert(conn, &location, &task, None).await?;
+                    task.number = u64::try_from(number).map_err(|_| {
+                        corrupt(&location, format!("task number {number} is negative"))
+                    })?;
+                    Ok(task)
+                })
+            })
             .await
-            .map_err(|e| db_error(&db.location, "creating a task", e))?;
-        task.number = u64::try_from(number)
-            .map_err(|_| corrupt(&db.location, format!("task number {number} is negative")))?;
-        Ok(task)
     }
 
     async fn get(&self, agent: &AgentId, number: u64) -> Result<Option<Task>, StoreError> {
@@ -343,29 +353,27 @@ impl TaskStore for SqliteTaskStore {
         event: TaskEvent,
         now: Timestamp,
     ) -> Result<Transition, StoreError> {
-        let not_found = || StoreError::not_found(format!("task {agent}#{number}"));
-        let n = number_to_sql(number).ok_or_else(not_found)?;
+        let missing = format!("task {agent}#{number}");
+        let n = number_to_sql(number).ok_or_else(|| StoreError::not_found(missing.clone()))?;
         let db = self.0.agent(agent).await?;
-        let fail = |doing: &str, e| db_error(&db.location, doing, e);
-        let mut tx = db
-            .writer
-            .begin_with("BEGIN IMMEDIATE")
+        let (agent, location) = (agent.clone(), db.location.clone());
+        db.writes
+            .run(move |conn| {
+                Box::pin(async move {
+                    let row = sqlx::query(SELECT_ONE_SQL)
+                        .bind(n)
+                        .fetch_optional(&mut *conn)
+                        .await
+                        .map_err(|e| db_error(&location, "reading a task", e))?
+                        .ok_or_else(|| StoreError::not_found(missing))?;
+                    let task = decode(&location, &agent, &row)?;
+                    expect.check(&task)?;
+                    let transition = task.apply(event, now)?;
+                    write_transition(conn, &location, task.revision, &transition).await?;
+                    Ok(transition)
+                })
+            })
             .await
-            .map_err(|e| fail("starting a transaction", e))?;
-        let row = sqlx::query(SELECT_ONE_SQL)
-            .bind(n)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(|e| fail("reading a task", e))?
-            .ok_or_else(not_found)?;
-        let task = decode(&db.location, agent, &row)?;
-        expect.check(&task)?;
-        let transition = task.apply(event, now)?;
-        write_transition(&mut tx, &db.location, task.revision, &transition).await?;
-        tx.commit()
-            .await
-            .map_err(|e| fail("committing a task transition", e))?;
-        Ok(transition)
     }
 
     async fn claim_next(
@@ -376,14 +384,21 @@ impl TaskStore for SqliteTaskStore {
         now: Timestamp,
     ) -> Result<Option<Task>, StoreError> {
         let db = self.0.agent(agent).await?;
-        let row = sqlx::query(CLAIM_SQL)
-            .bind(holder)
-            .bind(now.plus(lease).0)
-            .bind(now.0)
-            .fetch_optional(&db.writer)
+        let (agent, holder, location) = (agent.clone(), holder.to_string(), db.location.clone());
+        db.writes
+            .run(move |conn| {
+                Box::pin(async move {
+                    let row = sqlx::query(CLAIM_SQL)
+                        .bind(holder)
+                        .bind(now.plus(lease).0)
+                        .bind(now.0)
+                        .fetch_optional(&mut *conn)
+                        .await
+                        .map_err(|e| db_error(&location, "claiming a task", e))?;
+                    row.map(|r| decode(&location, &agent, &r)).transpose()
+                })
+            })
             .await
-            .map_err(|e| db_error(&db.location, "claiming a task", e))?;
-        row.map(|r| decode(&db.location, agent, &r)).transpose()
     }
 
     async fn requeue_expired(
@@ -392,28 +407,26 @@ impl TaskStore for SqliteTaskStore {
         now: Timestamp,
     ) -> Result<Vec<Transition>, StoreError> {
         let db = self.0.agent(agent).await?;
-        let fail = |doing: &str, e| db_error(&db.location, doing, e);
-        let mut tx = db
-            .writer
-            .begin_with("BEGIN IMMEDIATE")
+        let (agent, location) = (agent.clone(), db.location.clone());
+        db.writes
+            .run(move |conn| {
+                Box::pin(async move {
+                    let rows = sqlx::query(EXPIRED_SQL)
+                        .bind(now.0)
+                        .fetch_all(&mut *conn)
+                        .await
+                        .map_err(|e| db_error(&location, "finding expired leases", e))?;
+                    let mut out = Vec::with_capacity(rows.len());
+                    for row in &rows {
+                        let task = decode(&location, &agent, row)?;
+                        let transition = task.apply(TaskEvent::ExpireLease, now)?;
+                        write_transition(conn, &location, task.revision, &transition).await?;
+                        out.push(transition);
+                    }
+                    Ok(out)
+                })
+            })
             .await
-            .map_err(|e| fail("starting a transaction", e))?;
-        let rows = sqlx::query(EXPIRED_SQL)
-            .bind(now.0)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(|e| fail("finding expired leases", e))?;
-        let mut out = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let task = decode(&db.location, agent, row)?;
-            let transition = task.apply(TaskEvent::ExpireLease, now)?;
-            write_transition(&mut tx, &db.location, task.revision, &transition).await?;
-            out.push(transition);
-        }
-        tx.commit()
-            .await
-            .map_err(|e| fail("committing requeued tasks", e))?;
-        Ok(out)
     }
 
     async fn outbox_pending(&self, agent: &AgentId) -> Result<Vec<CompletionNotice>, StoreError> {
@@ -432,12 +445,19 @@ impl TaskStore for SqliteTaskStore {
 
     async fn outbox_mark_sent(&self, agent: &AgentId, key: &str) -> Result<(), StoreError> {
         let db = self.0.agent(agent).await?;
-        sqlx::query("UPDATE outbox SET sent = 1 WHERE key = ? AND sent = 0")
-            .bind(key)
-            .execute(&db.writer)
+        let (key, location) = (key.to_string(), db.location.clone());
+        db.writes
+            .run(move |conn| {
+                Box::pin(async move {
+                    sqlx::query("UPDATE outbox SET sent = 1 WHERE key = ? AND sent = 0")
+                        .bind(key)
+                        .execute(&mut *conn)
+                        .await
+                        .map_err(|e| db_error(&location, "marking a notice sent", e))?;
+                    Ok(())
+                })
+            })
             .await
-            .map_err(|e| db_error(&db.location, "marking a notice sent", e))?;
-        Ok(())
     }
 }
 

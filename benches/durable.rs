@@ -1,0 +1,365 @@
+//! Durable throughput of the whole organization on SQLite and redb, in a temporary directory on
+//! the machine's disk (real `fsync`), beside the raw `fsync` rate of the same disk in the same run.
+//!
+//! ```text
+//! cargo bench --all-features --bench durable
+//! ```
+//!
+//! - `durable_deliveries/{backend}/1_agent_sequential`: `Organization::deliver` to one running
+//!   agent, waiting for its reply before the next message (one delivery per iteration);
+//! - `durable_deliveries/{backend}/1_agent_64_in_flight`: 64 messages delivered at once to one
+//!   agent, the iteration ends when every one of them is answered (a reply answers every envelope
+//!   its turn merged);
+//! - `durable_deliveries/{backend}/64_agents`: one message to each of 64 running agents at once,
+//!   until all 64 are answered;
+//! - `durable_delegation/{backend}/{1,64}_chains`: a user message to `a-i`, whose model delegates
+//!   to `b-i` (`send_agent_message`), `b-i`'s model answers the task, `a-i` is woken by the
+//!   completion notice and answers the user: three model calls per round trip, 1 or 64 chains at
+//!   once;
+//! - `durable_store_persist/{backend}/64_concurrent`: the stores alone, 64 concurrent
+//!   `DeliveryStore::persist` calls to one agent's database (what group commit is for);
+//! - `raw_fsync/write_4k_sync_data`: write 4 KiB at the start of a temporary file and
+//!   `File::sync_data` it, in a loop.
+//!
+//! The model is `FnLlm`, answering at once. Backends: `sqlite_normal` (the default
+//! `synchronous = NORMAL`: WAL commits are not synced), `sqlite_full` (`synchronous = FULL`: one
+//! `fsync` per commit), each also with `_commit_each` (`SqliteOptions::commit_each()`: no group
+//! commit, one transaction per write, for comparison in the same run), and `redb` (the default
+//! `Durability::Immediate`: one `fsync` per commit, group commit).
+//! Each benchmark's organization is built once and serves its warm-up and every sample.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    missing_docs,
+    unreachable_pub
+)] // benchmark code: failing loudly is the point
+
+use std::collections::HashSet;
+use std::io::{Seek, SeekFrom, Write};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, measurement::WallTime};
+use futures::StreamExt;
+use futures::channel::mpsc::UnboundedReceiver;
+use serde_json::json;
+use spacebot::llm::ChatResponse;
+use spacebot::rt::{TokioClock, TokioSpawner};
+use spacebot::testing::{FnLlm, tool_call};
+use spacebot::{
+    AgentId, ChannelId, Envelope, EnvelopeKind, InboundMessage, OrgConfig, Organization, Reply,
+    Source, Stores, Timestamp,
+};
+use tokio::runtime::Runtime;
+
+#[derive(Debug, Clone, Copy)]
+enum Backend {
+    SqliteNormal,
+    SqliteNormalCommitEach,
+    SqliteFull,
+    SqliteFullCommitEach,
+    Redb,
+}
+
+impl Backend {
+    const ALL: [Self; 5] = [
+        Self::SqliteNormal,
+        Self::SqliteNormalCommitEach,
+        Self::SqliteFull,
+        Self::SqliteFullCommitEach,
+        Self::Redb,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::SqliteNormal => "sqlite_normal",
+            Self::SqliteNormalCommitEach => "sqlite_normal_commit_each",
+            Self::SqliteFull => "sqlite_full",
+            Self::SqliteFullCommitEach => "sqlite_full_commit_each",
+            Self::Redb => "redb",
+        }
+    }
+
+    async fn open(self, dir: &Path) -> Stores {
+        use spacebot::sqlite::{SqliteOptions, Synchronous};
+        let sqlite = |synchronous, commit_each: bool| {
+            let options = SqliteOptions::new().synchronous(synchronous);
+            if commit_each {
+                options.commit_each()
+            } else {
+                options
+            }
+        };
+        let options = match self {
+            Self::SqliteNormal => sqlite(Synchronous::Normal, false),
+            Self::SqliteNormalCommitEach => sqlite(Synchronous::Normal, true),
+            Self::SqliteFull => sqlite(Synchronous::Full, false),
+            Self::SqliteFullCommitEach => sqlite(Synchronous::Full, true),
+            Self::Redb => return spacebot::redb::open_async(dir).await.unwrap(),
+        };
+        options.open(dir).await.unwrap().stores()
+    }
+}
+
+/// A running organization in its own temporary directory.
+struct Running {
+    org: Organization,
+    replies: UnboundedReceiver<Reply>,
+    _dir: tempfile::TempDir,
+}
+
+impl Running {
+    async fn start(backend: Backend, toml: &str) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("spacebot-bench-")
+            .tempdir()
+            .unwrap();
+        let stores = backend.open(dir.path()).await;
+        let llm = FnLlm::new(|req| {
+            let me = req.agent.as_ref().map(AgentId::as_str).unwrap_or("");
+            Ok(match (me.split_once('-'), req.envelope_kind) {
+                (Some(("a", n)), Some(EnvelopeKind::UserMessage)) => {
+                    ChatResponse::tool_calls(vec![tool_call(
+                        "send_agent_message",
+                        json!({"target": format!("b-{n}"), "message": "Compute the answer."}),
+                    )])
+                }
+                (Some(("b", _)), _) => ChatResponse::text("42"),
+                (Some(("a", _)), _) => ChatResponse::text("42, relayed"),
+                _ => ChatResponse::text("ok"),
+            })
+        });
+        let org = Organization::builder(OrgConfig::from_toml_str(toml).unwrap())
+            .stores(stores)
+            .llm(Arc::new(llm))
+            .spawner(Arc::new(TokioSpawner::current()))
+            .clock(Arc::new(TokioClock))
+            .build()
+            .await
+            .unwrap();
+        let replies = org.take_replies().unwrap();
+        org.start_all().await.unwrap();
+        Self {
+            org,
+            replies,
+            _dir: dir,
+        }
+    }
+
+    /// Delivers one message to each agent in `to` at once and waits until every one is answered.
+    async fn deliver_and_wait(&mut self, to: &[String]) {
+        let ids = futures::future::join_all(to.iter().map(|agent| {
+            self.org
+                .deliver(agent, InboundMessage::new("portal", "u", "hello"))
+        }))
+        .await;
+        let mut waiting: HashSet<_> = ids.into_iter().map(Result::unwrap).collect();
+        while !waiting.is_empty() {
+            let reply = self.replies.next().await.unwrap();
+            for id in &reply.in_reply_to {
+                waiting.remove(id);
+            }
+        }
+    }
+
+    /// Starts one round trip on each chain `a-i` at once and waits for every delegator's answer.
+    async fn round_trips(&mut self, chains: usize) {
+        let org = &self.org;
+        futures::future::join_all((0..chains).map(|i| async move {
+            org.deliver(
+                &format!("a-{i}"),
+                InboundMessage::new("portal", format!("u{i}"), "What is the answer?"),
+            )
+            .await
+        }))
+        .await
+        .into_iter()
+        .for_each(|r| {
+            r.unwrap();
+        });
+        let mut answered = 0;
+        while answered < chains {
+            let reply = self.replies.next().await.unwrap();
+            if reply.content == "42, relayed" {
+                answered += 1;
+            }
+        }
+    }
+
+    async fn stop(self) {
+        self.org.shutdown().await.unwrap();
+    }
+}
+
+/// `n` unlinked agents `agent-0` .. `agent-{n-1}`.
+fn agents_config(n: usize) -> String {
+    (0..n)
+        .map(|i| format!("[[agents]]\nid = \"agent-{i}\"\n\n"))
+        .collect()
+}
+
+/// `n` chains `a-i` → `b-i` (superior).
+fn chains_config(n: usize) -> String {
+    let mut toml = String::new();
+    for i in 0..n {
+        toml.push_str(&format!(
+            "[[agents]]\nid = \"a-{i}\"\n\n[[agents]]\nid = \"b-{i}\"\n\n\
+             [[links]]\nfrom = \"a-{i}\"\nto = \"b-{i}\"\nrelationship = \"superior\"\n\n"
+        ));
+    }
+    toml
+}
+
+fn configure(group: &mut BenchmarkGroup<'_, WallTime>) {
+    group.sample_size(10);
+    group.warm_up_time(Duration::from_secs(1));
+    group.measurement_time(Duration::from_secs(5));
+}
+
+fn runtime() -> Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn deliveries(c: &mut Criterion) {
+    let rt = runtime();
+    let mut group = c.benchmark_group("durable_deliveries");
+    configure(&mut group);
+    // (name, agents in the organization, messages per iteration and to whom)
+    let one = vec!["agent-0".to_string()];
+    let cases: [(&str, usize, Vec<String>); 3] = [
+        ("1_agent_sequential", 1, one.clone()),
+        ("1_agent_64_in_flight", 1, vec!["agent-0".to_string(); 64]),
+        (
+            "64_agents",
+            64,
+            (0..64).map(|i| format!("agent-{i}")).collect(),
+        ),
+    ];
+    for backend in Backend::ALL {
+        for (name, agents, targets) in &cases {
+            let mut running = rt.block_on(Running::start(backend, &agents_config(*agents)));
+            group.throughput(Throughput::Elements(targets.len() as u64));
+            group.bench_function(format!("{}/{name}", backend.name()), |b| {
+                b.iter_custom(|iters| {
+                    rt.block_on(async {
+                        let start = Instant::now();
+                        for _ in 0..iters {
+                            running.deliver_and_wait(targets).await;
+                        }
+                        start.elapsed()
+                    })
+                })
+            });
+            rt.block_on(running.stop());
+        }
+    }
+    group.finish();
+}
+
+fn delegation(c: &mut Criterion) {
+    let rt = runtime();
+    let mut group = c.benchmark_group("durable_delegation");
+    configure(&mut group);
+    for backend in Backend::ALL {
+        for chains in [1usize, 64] {
+            let mut running = rt.block_on(Running::start(backend, &chains_config(chains)));
+            group.throughput(Throughput::Elements(chains as u64));
+            group.bench_function(format!("{}/{chains}_chains", backend.name()), |b| {
+                b.iter_custom(|iters| {
+                    rt.block_on(async {
+                        let start = Instant::now();
+                        for _ in 0..iters {
+                            running.round_trips(chains).await;
+                        }
+                        start.elapsed()
+                    })
+                })
+            });
+            rt.block_on(running.stop());
+        }
+    }
+    group.finish();
+}
+
+/// The stores alone: 64 concurrent `DeliveryStore::persist` calls to one agent's database, until
+/// all are answered (what group commit is for: concurrent writers to one file).
+fn store_persists(c: &mut Criterion) {
+    let rt = runtime();
+    let mut group = c.benchmark_group("durable_store_persist");
+    configure(&mut group);
+    group.throughput(Throughput::Elements(64));
+    let agent = AgentId::parse("inbox").unwrap();
+    for backend in Backend::ALL {
+        let dir = tempfile::Builder::new()
+            .prefix("spacebot-bench-")
+            .tempdir()
+            .unwrap();
+        let stores = rt.block_on(backend.open(dir.path()));
+        group.bench_function(format!("{}/64_concurrent", backend.name()), |b| {
+            b.iter_custom(|iters| {
+                rt.block_on(async {
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        let envelopes: Vec<Envelope> = (0..64)
+                            .map(|i| {
+                                Envelope::new(
+                                    Source::External {
+                                        platform: "portal".into(),
+                                        reply_target: format!("u{i}"),
+                                    },
+                                    ChannelId::new("portal:u"),
+                                    EnvelopeKind::UserMessage,
+                                    "hello",
+                                    Timestamp(0),
+                                )
+                            })
+                            .collect();
+                        let done = futures::future::join_all(
+                            envelopes
+                                .iter()
+                                .map(|e| stores.deliveries.persist(&agent, e)),
+                        )
+                        .await;
+                        assert!(done.iter().all(Result::is_ok));
+                    }
+                    start.elapsed()
+                })
+            })
+        });
+        drop(stores);
+    }
+    group.finish();
+}
+
+fn raw_fsync(c: &mut Criterion) {
+    let dir = tempfile::Builder::new()
+        .prefix("spacebot-bench-fsync-")
+        .tempdir()
+        .unwrap();
+    let mut file = std::fs::File::create(dir.path().join("fsync.bin")).unwrap();
+    let block = vec![0x5au8; 4096];
+    let mut group = c.benchmark_group("raw_fsync");
+    configure(&mut group);
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("write_4k_sync_data", |b| {
+        b.iter(|| {
+            file.seek(SeekFrom::Start(0)).unwrap();
+            file.write_all(&block).unwrap();
+            file.sync_data().unwrap();
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, raw_fsync, store_persists, deliveries, delegation);
+
+fn main() {
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}
