@@ -993,12 +993,17 @@ async fn record_outcome(
         },
     };
     // A failed write is tried again (the result is kept meanwhile); a claim that is over (the
-    // lease expired and the task moved on) is refused for good and is not retried.
+    // lease expired and the task moved on, or another holder claimed it) is refused for good and
+    // is not retried.
     let mut attempt = 0u32;
     loop {
         match org.task_transition(me, number, event.clone()).await {
             Ok(_) => return,
-            Err(e @ (StoreError::InvalidTransition(_) | StoreError::NotFound { .. })) => {
+            Err(
+                e @ (StoreError::InvalidTransition(_)
+                | StoreError::NotFound { .. }
+                | StoreError::NotLeaseHolder { .. }),
+            ) => {
                 crate::runtime::agent::report_error(
                     &org.inner,
                     me,
@@ -1098,6 +1103,19 @@ impl Behaviour for Delegation {
         agent: &AgentId,
         work: &TaskWork,
     ) -> Option<Result<bool, StoreError>> {
+        // Only a claim this process's task loop made is worked on: the envelope of a claim made
+        // before a restart is handed over again, but that attempt is over (the task loop fails it
+        // and claims the task anew), and a turn run for it would race the new attempt.
+        let ours = match org.inner.slot(agent) {
+            Some(crate::org::Slot::Running(rt)) => rt
+                .running_claims()
+                .iter()
+                .any(|(number, holder)| *number == work.number && holder == &work.holder),
+            _ => false,
+        };
+        if !ours {
+            return Some(Ok(false));
+        }
         Some(
             org.inner
                 .stores

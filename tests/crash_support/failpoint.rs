@@ -1,0 +1,265 @@
+//! A [`Stores`] wrapper that counts every write call of the five stores and, in a child process
+//! started with a failpoint, stops the process exactly before the write with that number: it prints
+//! `CRASHPOINT <n> <call>` to stdout, flushes, and blocks the thread until the parent kills it.
+
+use std::io::Write;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use spacebot::conversation::ConversationFilter;
+use spacebot::task::{CompletionNotice, Expect, TaskEvent, TaskFilter, Transition};
+use spacebot::{
+    AgentId, AgentLink, ChannelId, ChannelRecord, ChannelStore, Conversation, ConversationId,
+    ConversationStore, DeliveryStore, Envelope, EnvelopeId, LinkId, LinkStore, NewRecord, NewTask,
+    StoreError, Stores, Task, TaskStore, Timestamp, TurnCommit,
+};
+
+/// The marker a child prints just before the write it stops at.
+pub const MARKER: &str = "CRASHPOINT";
+
+/// Counts writes; stops the process before write number `at`.
+#[derive(Debug)]
+pub struct Failpoint {
+    writes: AtomicU64,
+    at: Option<u64>,
+}
+
+impl Failpoint {
+    /// A counter that stops before write `at` (never, with `None`).
+    pub fn new(at: Option<u64>) -> Arc<Self> {
+        Arc::new(Self {
+            writes: AtomicU64::new(0),
+            at,
+        })
+    }
+
+    /// How many writes were started so far.
+    pub fn writes(&self) -> u64 {
+        self.writes.load(Ordering::SeqCst)
+    }
+
+    /// Called before every write: counts it, and blocks forever when it is the failpoint's.
+    fn write(&self, call: &str) {
+        let n = self.writes.fetch_add(1, Ordering::SeqCst) + 1;
+        if self.at == Some(n) {
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "{MARKER} {n} {call}");
+            let _ = out.flush();
+            drop(out);
+            // The parent kills this process now; nothing after this line runs.
+            loop {
+                std::thread::sleep(Duration::from_secs(3600));
+            }
+        }
+    }
+
+    /// Wraps each of the five stores of `stores`.
+    pub fn wrap(self: &Arc<Self>, stores: Stores) -> Stores {
+        Stores {
+            links: Arc::new(Links(stores.links, self.clone())),
+            conversations: Arc::new(Conversations(stores.conversations, self.clone())),
+            tasks: Arc::new(Tasks(stores.tasks, self.clone())),
+            channels: Arc::new(Channels(stores.channels, self.clone())),
+            deliveries: Arc::new(Deliveries(stores.deliveries, self.clone())),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Links(Arc<dyn LinkStore>, Arc<Failpoint>);
+
+#[async_trait]
+impl LinkStore for Links {
+    async fn create(&self, link: &AgentLink) -> Result<(), StoreError> {
+        self.1.write("links.create");
+        self.0.create(link).await
+    }
+    async fn update(&self, link: &AgentLink) -> Result<(), StoreError> {
+        self.1.write("links.update");
+        self.0.update(link).await
+    }
+    async fn delete(&self, id: &LinkId) -> Result<(), StoreError> {
+        self.1.write("links.delete");
+        self.0.delete(id).await
+    }
+    async fn get(&self, id: &LinkId) -> Result<Option<AgentLink>, StoreError> {
+        self.0.get(id).await
+    }
+    async fn get_between(
+        &self,
+        from: &AgentId,
+        to: &AgentId,
+    ) -> Result<Option<AgentLink>, StoreError> {
+        self.0.get_between(from, to).await
+    }
+    async fn links_for_agent(&self, agent: &AgentId) -> Result<Vec<AgentLink>, StoreError> {
+        self.0.links_for_agent(agent).await
+    }
+    async fn list(&self) -> Result<Vec<AgentLink>, StoreError> {
+        self.0.list().await
+    }
+    async fn upsert_all(&self, links: &[AgentLink]) -> Result<(), StoreError> {
+        self.1.write("links.upsert_all");
+        self.0.upsert_all(links).await
+    }
+}
+
+#[derive(Debug)]
+struct Conversations(Arc<dyn ConversationStore>, Arc<Failpoint>);
+
+#[async_trait]
+impl ConversationStore for Conversations {
+    async fn create(&self, conversation: &Conversation) -> Result<(), StoreError> {
+        self.1.write("conversations.create");
+        self.0.create(conversation).await
+    }
+    async fn get(&self, id: &ConversationId) -> Result<Option<Conversation>, StoreError> {
+        self.0.get(id).await
+    }
+    async fn update(
+        &self,
+        next: &Conversation,
+        expected_revision: u64,
+    ) -> Result<Conversation, StoreError> {
+        self.1.write("conversations.update");
+        self.0.update(next, expected_revision).await
+    }
+    async fn find_open(&self, pair_key: &str) -> Result<Option<Conversation>, StoreError> {
+        self.0.find_open(pair_key).await
+    }
+    async fn list(&self, filter: &ConversationFilter) -> Result<Vec<Conversation>, StoreError> {
+        self.0.list(filter).await
+    }
+}
+
+#[derive(Debug)]
+struct Tasks(Arc<dyn TaskStore>, Arc<Failpoint>);
+
+#[async_trait]
+impl TaskStore for Tasks {
+    async fn create(
+        &self,
+        agent: &AgentId,
+        task: NewTask,
+        now: Timestamp,
+    ) -> Result<Task, StoreError> {
+        self.1.write("tasks.create");
+        self.0.create(agent, task, now).await
+    }
+    async fn get(&self, agent: &AgentId, number: u64) -> Result<Option<Task>, StoreError> {
+        self.0.get(agent, number).await
+    }
+    async fn list(&self, agent: &AgentId, filter: &TaskFilter) -> Result<Vec<Task>, StoreError> {
+        self.0.list(agent, filter).await
+    }
+    async fn transition(
+        &self,
+        agent: &AgentId,
+        number: u64,
+        expect: Expect,
+        event: TaskEvent,
+        now: Timestamp,
+    ) -> Result<Transition, StoreError> {
+        self.1.write("tasks.transition");
+        self.0.transition(agent, number, expect, event, now).await
+    }
+    async fn claim_next(
+        &self,
+        agent: &AgentId,
+        holder: &str,
+        lease: Duration,
+        now: Timestamp,
+    ) -> Result<Option<Task>, StoreError> {
+        self.1.write("tasks.claim_next");
+        self.0.claim_next(agent, holder, lease, now).await
+    }
+    async fn requeue_expired(
+        &self,
+        agent: &AgentId,
+        now: Timestamp,
+    ) -> Result<Vec<Transition>, StoreError> {
+        self.1.write("tasks.requeue_expired");
+        self.0.requeue_expired(agent, now).await
+    }
+    async fn outbox_pending(&self, agent: &AgentId) -> Result<Vec<CompletionNotice>, StoreError> {
+        self.0.outbox_pending(agent).await
+    }
+    async fn outbox_mark_sent(&self, agent: &AgentId, key: &str) -> Result<(), StoreError> {
+        self.1.write("tasks.outbox_mark_sent");
+        self.0.outbox_mark_sent(agent, key).await
+    }
+}
+
+#[derive(Debug)]
+struct Channels(Arc<dyn ChannelStore>, Arc<Failpoint>);
+
+#[async_trait]
+impl ChannelStore for Channels {
+    async fn append(
+        &self,
+        agent: &AgentId,
+        record: NewRecord,
+    ) -> Result<ChannelRecord, StoreError> {
+        self.1.write("channels.append");
+        self.0.append(agent, record).await
+    }
+    async fn history(
+        &self,
+        agent: &AgentId,
+        channel: &ChannelId,
+        limit: Option<usize>,
+    ) -> Result<Vec<ChannelRecord>, StoreError> {
+        self.0.history(agent, channel, limit).await
+    }
+    async fn ensure_channel(&self, agent: &AgentId, channel: &ChannelId) -> Result<(), StoreError> {
+        self.1.write("channels.ensure_channel");
+        self.0.ensure_channel(agent, channel).await
+    }
+    async fn channels(&self, agent: &AgentId) -> Result<Vec<ChannelId>, StoreError> {
+        self.0.channels(agent).await
+    }
+}
+
+#[derive(Debug)]
+struct Deliveries(Arc<dyn DeliveryStore>, Arc<Failpoint>);
+
+#[async_trait]
+impl DeliveryStore for Deliveries {
+    async fn persist(&self, agent: &AgentId, envelope: &Envelope) -> Result<(), StoreError> {
+        self.1.write("deliveries.persist");
+        self.0.persist(agent, envelope).await
+    }
+    async fn pending(&self, agent: &AgentId) -> Result<Vec<Envelope>, StoreError> {
+        self.0.pending(agent).await
+    }
+    async fn remove(&self, agent: &AgentId, id: &EnvelopeId) -> Result<(), StoreError> {
+        self.1.write("deliveries.remove");
+        self.0.remove(agent, id).await
+    }
+    async fn mark_applied(
+        &self,
+        agent: &AgentId,
+        key: &str,
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
+        self.1.write("deliveries.mark_applied");
+        self.0.mark_applied(agent, key, now).await
+    }
+    fn is_durable(&self) -> bool {
+        self.0.is_durable()
+    }
+    async fn is_applied(&self, agent: &AgentId, key: &str) -> Result<bool, StoreError> {
+        self.0.is_applied(agent, key).await
+    }
+    async fn commit(
+        &self,
+        agent: &AgentId,
+        commit: &TurnCommit,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        self.1.write("deliveries.commit");
+        self.0.commit(agent, commit, now).await
+    }
+}

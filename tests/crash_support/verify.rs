@@ -1,0 +1,286 @@
+//! What the parent checks in a run directory once the restarted child finished: the stores, the
+//! acknowledgements and the replies, counted.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use spacebot::task::TaskFilter;
+use spacebot::{ChannelId, ChannelRecord, RecordKind, StoreError, Stores, Task, TaskStatus};
+
+use super::workload::{JOBS, id, read_acks, read_replies, try_open};
+
+/// The counts of one run (or a sum of runs).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Counts {
+    /// Acknowledged envelopes never answered, never turned into a task, or still pending.
+    pub acked_lost: u64,
+    /// Tasks beyond the first for one cause on one board.
+    pub tasks_duplicated: u64,
+    /// Delegated tasks not ended, notices not delivered, or not answered by the delegator.
+    pub notices_lost: u64,
+    /// Notices answered (or recorded) more than once.
+    pub notices_twice: u64,
+    /// Jobs without a final answer.
+    pub never_answered: u64,
+    /// Restarted runs that did not finish (a timeout or a panic in the child).
+    pub restarts_failed: u64,
+    /// Runs whose stores could not be opened or read after the restart.
+    pub stores_refused: u64,
+    /// Replies delivered more than once (allowed: at-least-once outbound).
+    pub replies_repeated: u64,
+}
+
+impl Counts {
+    pub fn add(&mut self, o: &Counts) {
+        self.acked_lost += o.acked_lost;
+        self.tasks_duplicated += o.tasks_duplicated;
+        self.notices_lost += o.notices_lost;
+        self.notices_twice += o.notices_twice;
+        self.never_answered += o.never_answered;
+        self.restarts_failed += o.restarts_failed;
+        self.stores_refused += o.stores_refused;
+        self.replies_repeated += o.replies_repeated;
+    }
+
+    /// Everything that must be 0.
+    pub fn failures(&self) -> u64 {
+        self.acked_lost
+            + self.tasks_duplicated
+            + self.notices_lost
+            + self.notices_twice
+            + self.never_answered
+            + self.restarts_failed
+            + self.stores_refused
+    }
+}
+
+fn completed(record: &ChannelRecord, number: u64) -> bool {
+    record.record.kind == RecordKind::System
+        && record
+            .record
+            .content
+            .contains(&format!("completed task #{number}:"))
+}
+
+async fn history(
+    stores: &Stores,
+    owner: &str,
+    channel: ChannelId,
+) -> Result<Vec<ChannelRecord>, StoreError> {
+    stores.channels.history(&id(owner), &channel, None).await
+}
+
+async fn board(stores: &Stores, agent: &str) -> Result<Vec<Task>, StoreError> {
+    stores.tasks.list(&id(agent), &TaskFilter::default()).await
+}
+
+/// How many times task `number` of `target`, delegated by `delegator`, is recorded as completed in
+/// both link channels (each must show it exactly once).
+async fn link_records(
+    stores: &Stores,
+    delegator: &str,
+    target: &str,
+    number: u64,
+    counts: &mut Counts,
+    symptoms: &mut Vec<String>,
+) -> Result<(), StoreError> {
+    for (owner, peer) in [(delegator, target), (target, delegator)] {
+        let n = history(stores, owner, ChannelId::link(&id(owner), &id(peer)))
+            .await?
+            .iter()
+            .filter(|r| completed(r, number))
+            .count();
+        match n {
+            1 => {}
+            0 => {
+                counts.notices_lost += 1;
+                symptoms.push(format!(
+                    "the notice of {target}#{number} is not recorded in {owner}'s link channel"
+                ));
+            }
+            _ => {
+                counts.notices_twice += 1;
+                symptoms.push(format!(
+                    "the notice of {target}#{number} is recorded {n} times in {owner}'s link channel"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Tasks beyond the first for one cause on one board.
+fn duplicates(tasks: &[Task], board: &str, counts: &mut Counts, symptoms: &mut Vec<String>) {
+    let mut by_cause: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for t in tasks {
+        let cause = t
+            .metadata
+            .cause
+            .as_ref()
+            .map_or_else(|| format!("none-{}", t.number), |c| c.to_string());
+        by_cause.entry(cause).or_default().push(t.number);
+    }
+    for (cause, numbers) in by_cause {
+        if numbers.len() > 1 {
+            counts.tasks_duplicated += numbers.len() as u64 - 1;
+            symptoms.push(format!(
+                "{} tasks on {board}'s board for cause {cause}: {numbers:?}",
+                numbers.len()
+            ));
+        }
+    }
+}
+
+/// Checks the run directory `dir` (stores under `dir/data`).
+pub async fn verify(dir: &Path, backend: &str) -> (Counts, Vec<String>) {
+    let mut counts = Counts::default();
+    let mut symptoms = Vec::new();
+    if let Err(e) = check(dir, backend, &mut counts, &mut symptoms).await {
+        counts.stores_refused += 1;
+        symptoms.push(format!("the stores could not be opened or read: {e}"));
+    }
+    (counts, symptoms)
+}
+
+async fn check(
+    dir: &Path,
+    backend: &str,
+    counts: &mut Counts,
+    symptoms: &mut Vec<String>,
+) -> Result<(), StoreError> {
+    let replies = read_replies(dir);
+    let acks = read_acks(dir);
+    let stores = try_open(backend, &dir.join("data")).await?;
+
+    // Every job answered.
+    let finals: BTreeSet<String> = replies.iter().flat_map(|r| r.finals()).collect();
+    for job in JOBS {
+        if !finals.contains(job) {
+            counts.never_answered += 1;
+            symptoms.push(format!("{job} was never answered"));
+        }
+    }
+    // Replies repeated (reported).
+    let mut by_key: BTreeMap<String, u64> = BTreeMap::new();
+    for r in &replies {
+        *by_key.entry(r.key()).or_default() += 1;
+    }
+    counts.replies_repeated = by_key.values().map(|n| n - 1).sum();
+
+    let lead_board = board(&stores, "lead").await?;
+    let worker_board = board(&stores, "worker").await?;
+    duplicates(&lead_board, "lead", counts, symptoms);
+    duplicates(&worker_board, "worker", counts, symptoms);
+
+    // Acknowledged envelopes: answered or delegated, and not left pending.
+    let answered_ids: BTreeSet<&str> = replies
+        .iter()
+        .flat_map(|r| r.in_reply_to.iter().map(String::as_str))
+        .collect();
+    let causes: BTreeSet<String> = lead_board
+        .iter()
+        .filter_map(|t| t.metadata.cause.as_ref().map(ToString::to_string))
+        .collect();
+    let mut pending = BTreeSet::new();
+    for agent in ["chief", "lead", "worker", "ann", "bob", "late"] {
+        for e in stores.deliveries.pending(&id(agent)).await? {
+            pending.insert(e.id.to_string());
+        }
+    }
+    for (verb, job, envelope) in &acks {
+        if verb != "ack" {
+            continue;
+        }
+        let handled = answered_ids.contains(envelope.as_str()) || causes.contains(envelope);
+        if !handled || pending.contains(envelope) {
+            counts.acked_lost += 1;
+            symptoms.push(format!(
+                "acknowledged envelope {envelope} ({job}) {}",
+                if handled {
+                    "is still pending"
+                } else {
+                    "was neither answered nor delegated"
+                }
+            ));
+        }
+    }
+
+    // Notices of the lead's tasks: ended, recorded once per link side, answered once by the chief.
+    let chief_portal = history(&stores, "chief", ChannelId::new("portal:u1")).await?;
+    let chief_answered: BTreeSet<&str> = replies
+        .iter()
+        .filter(|r| r.agent == "chief")
+        .flat_map(|r| r.in_reply_to.iter().map(String::as_str))
+        .collect();
+    for t in &lead_board {
+        if t.status != TaskStatus::Done {
+            counts.notices_lost += 1;
+            symptoms.push(format!("lead#{} ended as {}", t.number, t.status));
+            continue;
+        }
+        link_records(&stores, "chief", "lead", t.number, counts, symptoms).await?;
+        let retriggers: BTreeSet<String> = chief_portal
+            .iter()
+            .filter(|r| completed(r, t.number))
+            .filter_map(|r| r.record.metadata.get("envelope"))
+            .filter_map(|v| v.as_str().map(str::to_string))
+            .collect();
+        let answers = retriggers
+            .iter()
+            .filter(|e| chief_answered.contains(e.as_str()))
+            .count();
+        match answers {
+            1 => {}
+            0 => {
+                counts.notices_lost += 1;
+                symptoms.push(format!(
+                    "the chief never answered the notice of lead#{}",
+                    t.number
+                ));
+            }
+            n => {
+                counts.notices_twice += 1;
+                symptoms.push(format!(
+                    "the chief answered the notice of lead#{} {n} times (envelopes {retriggers:?})",
+                    t.number
+                ));
+            }
+        }
+    }
+    // Notices of the worker's tasks: ended, recorded once per link side, applied to the parent.
+    for t in &worker_board {
+        if t.status != TaskStatus::Done {
+            counts.notices_lost += 1;
+            symptoms.push(format!("worker#{} ended as {}", t.number, t.status));
+            continue;
+        }
+        link_records(&stores, "lead", "worker", t.number, counts, symptoms).await?;
+        let applied = t.metadata.parent_task.as_ref().is_some_and(|p| {
+            lead_board.iter().any(|l| {
+                l.number == p.number
+                    && l.metadata
+                        .children
+                        .iter()
+                        .any(|c| c.task == t.task_ref() && c.ended.is_some())
+            })
+        });
+        if !applied {
+            counts.notices_lost += 1;
+            symptoms.push(format!(
+                "the end of worker#{} is not applied to its parent task",
+                t.number
+            ));
+        }
+    }
+    for agent in ["lead", "worker"] {
+        let outbox = stores.tasks.outbox_pending(&id(agent)).await?;
+        if !outbox.is_empty() {
+            counts.notices_lost += outbox.len() as u64;
+            symptoms.push(format!(
+                "{agent}'s outbox still holds {:?}",
+                outbox.iter().map(|n| &n.key).collect::<Vec<_>>()
+            ));
+        }
+    }
+    Ok(())
+}

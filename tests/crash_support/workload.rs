@@ -1,0 +1,446 @@
+//! The workload a child process runs: a whole organization on a durable backend, behind the
+//! failpoint wrapper, answering a fixed list of jobs. Killed and run again on the same directory, it
+//! delivers only the jobs not acknowledged yet and runs until every job is answered.
+//!
+//! - `job-1` to `chief`, delegated over two hops (chief -> lead -> worker) and answered when the
+//!   completion notice comes back;
+//! - `job-2` to `late`, an agent that is stopped when it arrives and started afterwards;
+//! - `job-3` to `ann`, who asks her peer `bob` in a mirrored conversation; bob concludes it and
+//!   the conclusion wakes ann, who answers;
+//! - `job-4`, a child agent of `ann` (`Organization::spawn_child`) whose result wakes ann;
+//! - `job-5` to `chief`, answered directly.
+//!
+//! Files in the run directory: `ack.log` (`ack <job> <envelope>` once `deliver` returned Ok,
+//! `spawn <job> <child>` once `spawn_child` did), `replies.jsonl` (every reply to the application's
+//! outbound). Both are appended with `sync_data`.
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::json;
+use spacebot::config::OrgConfig;
+use spacebot::llm::ChatResponse;
+use spacebot::runtime::OutboundError;
+use spacebot::testing::{FnLlm, tool_call};
+use spacebot::{
+    AgentId, ChatMessage, ChatRequest, ChildSpec, EnvelopeKind, InboundMessage, Organization,
+    Outbound, Reply, ReplyKind, Source, Stores,
+};
+use tokio::sync::watch;
+
+use super::failpoint::Failpoint;
+
+/// The environment variable that makes the test binary run the workload: the run directory.
+pub const CHILD_DIR: &str = "SPACEBOT_CRASH_CHILD_DIR";
+/// The backend the child opens: `sqlite` or `redb`.
+pub const CHILD_BACKEND: &str = "SPACEBOT_CRASH_BACKEND";
+/// The write to stop before (none: run to completion).
+pub const CHILD_AT: &str = "SPACEBOT_CRASH_AT";
+/// What a finished child prints last: `WRITES <n>`.
+pub const WRITES: &str = "WRITES";
+
+/// Every job of the workload; each is answered by a reply starting with `FINAL` naming it.
+pub const JOBS: [&str; 5] = ["job-1", "job-2", "job-3", "job-4", "job-5"];
+
+/// The job answered by a child agent (spawned, not delivered).
+pub const CHILD_JOB: &str = "job-4";
+
+/// How long a run may take to answer every job before it fails.
+const RUN_TIMEOUT: Duration = Duration::from_secs(30);
+
+pub const CONFIG: &str = r#"
+[settings]
+max_tool_rounds = 6
+
+[[agents]]
+id = "chief"
+name = "Chief"
+[[agents]]
+id = "lead"
+name = "Lead"
+[[agents]]
+id = "worker"
+name = "Worker"
+[[agents]]
+id = "ann"
+name = "Ann"
+[[agents]]
+id = "bob"
+name = "Bob"
+[[agents]]
+id = "late"
+name = "Late"
+
+[[links]]
+from = "chief"
+to = "lead"
+direction = "one_way"
+relationship = "superior"
+[[links]]
+from = "lead"
+to = "worker"
+direction = "one_way"
+relationship = "superior"
+[[links]]
+from = "ann"
+to = "bob"
+direction = "two_way"
+relationship = "peer"
+"#;
+
+pub fn id(s: &str) -> AgentId {
+    AgentId::parse(s).expect("a valid agent id")
+}
+
+/// The job ids named in `text`, in order, each once.
+pub fn job_ids(text: &str) -> Vec<String> {
+    let mut found: Vec<String> = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("job-") {
+        let digits: String = rest[at + 4..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        if !digits.is_empty() {
+            let job = format!("job-{digits}");
+            if !found.contains(&job) {
+                found.push(job);
+            }
+        }
+        rest = &rest[at + 4..];
+    }
+    found
+}
+
+fn last_user(messages: &[ChatMessage]) -> String {
+    messages
+        .iter()
+        .rev()
+        .find_map(|m| match m {
+            ChatMessage::User { content } => Some(content.clone()),
+            _ => None,
+        })
+        .unwrap_or_default()
+}
+
+/// The model: a deterministic function of the asking agent, the kind of envelope it answers, and
+/// the last user message (the job ids travel in the texts).
+pub fn model(req: &ChatRequest) -> ChatResponse {
+    let me = req.agent.as_ref().map(AgentId::as_str).unwrap_or("");
+    let text = last_user(&req.messages);
+    let jobs = job_ids(&text).join(" ");
+    let tool_round = req
+        .messages
+        .iter()
+        .any(|m| matches!(m, ChatMessage::Tool { .. }));
+    let kind = req.envelope_kind;
+    match me {
+        "chief" => match kind {
+            Some(EnvelopeKind::UserMessage) if text.contains("delegate") && !tool_round => {
+                ChatResponse::tool_calls(vec![tool_call(
+                    "send_agent_message",
+                    json!({"target": "lead", "message": format!("{jobs} for the lead")}),
+                )])
+            }
+            _ => ChatResponse::text(format!("FINAL {jobs} (chief)")),
+        },
+        "lead" if text.contains("have ended") => ChatResponse::text(format!("lead result {jobs}")),
+        "lead" => ChatResponse::tool_calls(vec![tool_call(
+            "send_agent_message",
+            json!({"target": "worker", "message": format!("{jobs} for the worker")}),
+        )]),
+        "worker" => ChatResponse::text(format!("worker result {jobs}")),
+        "ann" => match kind {
+            Some(EnvelopeKind::UserMessage) if text.contains("ask bob") && !tool_round => {
+                ChatResponse::tool_calls(vec![tool_call(
+                    "send_link_message",
+                    json!({"target": "bob", "message": format!("{jobs}: what is the answer?")}),
+                )])
+            }
+            Some(EnvelopeKind::UserMessage) => ChatResponse::text(format!("ACK {jobs} asked bob")),
+            _ => ChatResponse::text(format!("FINAL {jobs} (ann)")),
+        },
+        "bob" => ChatResponse::tool_calls(vec![tool_call(
+            "conclude_link",
+            json!({"summary": format!("{jobs} bob says 42")}),
+        )]),
+        "late" => ChatResponse::text(format!("FINAL {jobs} (late)")),
+        // A child of ann.
+        _ => ChatResponse::text(format!("child result {jobs}")),
+    }
+}
+
+/// One reply as the outbound wrote it.
+#[derive(Debug, Clone)]
+pub struct ReplyLine {
+    pub agent: String,
+    pub in_reply_to: Vec<String>,
+    pub content: String,
+    pub kind: ReplyKind,
+}
+
+impl ReplyLine {
+    /// The jobs this reply gives the final answer to.
+    pub fn finals(&self) -> Vec<String> {
+        if self.kind == ReplyKind::Answer && self.content.starts_with("FINAL") {
+            job_ids(&self.content)
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// One JSON line.
+    pub fn to_json(&self) -> String {
+        json!({
+            "agent": self.agent,
+            "in_reply_to": self.in_reply_to,
+            "content": self.content,
+            "kind": self.kind,
+        })
+        .to_string()
+    }
+
+    /// Parses a line written by [`ReplyLine::to_json`].
+    pub fn from_json(line: &str) -> Self {
+        let v: serde_json::Value = serde_json::from_str(line).expect("a reply line");
+        let text = |k: &str| v[k].as_str().expect("a string field").to_string();
+        Self {
+            agent: text("agent"),
+            in_reply_to: v["in_reply_to"]
+                .as_array()
+                .expect("in_reply_to")
+                .iter()
+                .map(|i| i.as_str().expect("an id").to_string())
+                .collect(),
+            content: text("content"),
+            kind: serde_json::from_value(v["kind"].clone()).expect("a reply kind"),
+        }
+    }
+
+    /// `in_reply_to` as one string.
+    pub fn key(&self) -> String {
+        self.in_reply_to.join("+")
+    }
+}
+
+fn append_synced(path: &Path, line: &str) {
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .expect("open for append");
+    file.write_all(format!("{line}\n").as_bytes())
+        .expect("append");
+    file.sync_data().expect("sync_data");
+}
+
+/// The complete lines of a file (a line cut by the kill is left out).
+pub fn complete_lines(path: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let complete = match text.rfind('\n') {
+        Some(end) => &text[..=end],
+        None => "",
+    };
+    complete.lines().map(str::to_string).collect()
+}
+
+pub fn read_replies(dir: &Path) -> Vec<ReplyLine> {
+    complete_lines(&dir.join("replies.jsonl"))
+        .iter()
+        .map(|l| ReplyLine::from_json(l))
+        .collect()
+}
+
+/// `(verb, job, id)` of every acknowledgement.
+pub fn read_acks(dir: &Path) -> Vec<(String, String, String)> {
+    complete_lines(&dir.join("ack.log"))
+        .iter()
+        .map(|l| {
+            let mut w = l.split(' ').map(str::to_string);
+            let verb = w.next().unwrap_or_default();
+            let job = w.next().unwrap_or_default();
+            let id = w.next().unwrap_or_default();
+            (verb, job, id)
+        })
+        .collect()
+}
+
+/// The application's outbound: every reply appended to `replies.jsonl`, synced; the set of jobs
+/// answered is published for the run's wait.
+#[derive(Debug)]
+struct FileOutbound {
+    path: PathBuf,
+    lock: Mutex<()>,
+    answered: watch::Sender<BTreeSet<String>>,
+}
+
+#[async_trait]
+impl Outbound for FileOutbound {
+    async fn send(&self, reply: Reply) -> Result<(), OutboundError> {
+        let line = ReplyLine {
+            agent: reply.agent.to_string(),
+            in_reply_to: reply.in_reply_to.iter().map(|i| i.to_string()).collect(),
+            content: reply.content.clone(),
+            kind: reply.kind,
+        };
+        {
+            let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+            append_synced(&self.path, &line.to_json());
+        }
+        let finals = line.finals();
+        self.answered.send_modify(|set| set.extend(finals));
+        Ok(())
+    }
+}
+
+/// Writes every `Error` event to stderr (the run's log), and every event with
+/// `SPACEBOT_CRASH_TRACE` set.
+#[derive(Debug)]
+struct LogSink(bool);
+
+impl spacebot::EventSink for LogSink {
+    fn emit(&self, event: spacebot::Event) {
+        if self.0 || matches!(event.kind, spacebot::EventKind::Error { .. }) {
+            eprintln!(
+                "event {} {:?} task={:?}",
+                event.agent, event.kind, event.task
+            );
+        }
+    }
+}
+
+/// Opens the backend named by `backend` in `dir`.
+pub async fn try_open(backend: &str, dir: &Path) -> Result<Stores, spacebot::StoreError> {
+    match backend {
+        "sqlite" => spacebot::sqlite::open(dir).await,
+        #[cfg(feature = "redb")]
+        "redb" => spacebot::redb::open(dir),
+        other => panic!("unknown backend {other}"),
+    }
+}
+
+/// Opens the backend named by `backend` in `dir`, or fails.
+pub async fn open(backend: &str, dir: &Path) -> Stores {
+    match try_open(backend, dir).await {
+        Ok(stores) => stores,
+        Err(e) => panic!("{backend} stores in {} do not open: {e}", dir.display()),
+    }
+}
+
+/// The child process: runs the workload in `dir` (stopping before write `at`, if set) until every
+/// job is answered, then prints `WRITES <n>`.
+pub fn child_main(dir: &Path, backend: &str, at: Option<u64>) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let writes = runtime.block_on(run(dir, backend, at));
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{WRITES} {writes}").expect("stdout");
+    out.flush().expect("stdout");
+}
+
+async fn run(dir: &Path, backend: &str, at: Option<u64>) -> u64 {
+    let failpoint = Failpoint::new(at);
+    let stores = failpoint.wrap(open(backend, &dir.join("data")).await);
+    let answered: BTreeSet<String> = read_replies(dir).iter().flat_map(|r| r.finals()).collect();
+    let acked: BTreeSet<String> = read_acks(dir).into_iter().map(|(_, job, _)| job).collect();
+    let (tx, mut rx) = watch::channel(answered.clone());
+    let outbound = Arc::new(FileOutbound {
+        path: dir.join("replies.jsonl"),
+        lock: Mutex::new(()),
+        answered: tx,
+    });
+    let llm = Arc::new(FnLlm::new(|req| Ok(model(req))));
+    let config = OrgConfig::from_toml_str(CONFIG).expect("the configuration");
+    let org = Organization::builder(config)
+        .stores(stores)
+        .llm(llm)
+        .outbound(outbound)
+        .events(Arc::new(LogSink(
+            std::env::var_os("SPACEBOT_CRASH_TRACE").is_some(),
+        )))
+        .build()
+        .await
+        .expect("the organization");
+    org.ensure_link_channels().await.expect("link channels");
+    for agent in ["chief", "lead", "worker", "ann", "bob"] {
+        org.start_agent(&id(agent)).await.expect("start");
+    }
+    let ack = |verb: &str, job: &str, what: &str| {
+        append_synced(&dir.join("ack.log"), &format!("{verb} {job} {what}"));
+    };
+    let deliveries = [
+        ("job-1", "chief", "job-1: delegate this to your team"),
+        ("job-2", "late", "job-2: hello, late agent"),
+        ("job-3", "ann", "job-3: ask bob for the answer"),
+        (CHILD_JOB, "ann", ""),
+        ("job-5", "chief", "job-5: answer this directly"),
+    ];
+    for (job, agent, text) in deliveries {
+        if job == CHILD_JOB {
+            // Children are not restarted by the runtime: like an application would, spawn the
+            // child again when its result was neither answered nor kept for ann.
+            let kept = org
+                .stores()
+                .deliveries
+                .pending(&id("ann"))
+                .await
+                .expect("ann's pending deliveries")
+                .iter()
+                .any(|e| {
+                    e.kind == EnvelopeKind::Announce
+                        && matches!(&e.source, Source::Internal { from_agent, .. }
+                            if from_agent.as_str().starts_with("ann.child-"))
+                });
+            // Read after the pending deliveries: a reply leaves before its turn commits.
+            let done = rx.borrow().contains(job);
+            if !done && !kept {
+                let child = org
+                    .spawn_child(
+                        &id("ann"),
+                        ChildSpec::new("helper", format!("{job}: count the stars")),
+                    )
+                    .await
+                    .expect("spawn the child");
+                ack("spawn", job, child.as_str());
+            }
+            continue;
+        }
+        if acked.contains(job) {
+            continue;
+        }
+        let envelope = org
+            .deliver(agent, InboundMessage::new("portal", "u1", text))
+            .await
+            .expect("deliver");
+        ack("ack", job, envelope.as_str());
+    }
+    org.start_agent(&id("late")).await.expect("start late");
+    let all = tokio::time::timeout(
+        RUN_TIMEOUT,
+        rx.wait_for(|set| JOBS.iter().all(|j| set.contains(*j))),
+    )
+    .await;
+    let ok = matches!(all, Ok(Ok(_)));
+    drop(all);
+    if !ok {
+        panic!(
+            "not every job was answered within {RUN_TIMEOUT:?}: answered {:?}",
+            *rx.borrow()
+        );
+    }
+    // The last replies leave before their turns commit: let every agent finish.
+    for agent in ["chief", "lead", "worker", "ann", "bob", "late"] {
+        tokio::time::timeout(RUN_TIMEOUT, org.wait_idle(&id(agent)))
+            .await
+            .unwrap_or_else(|_| panic!("{agent} not idle within {RUN_TIMEOUT:?}"))
+            .expect("wait_idle");
+    }
+    org.shutdown().await.expect("shutdown");
+    failpoint.writes()
+}
