@@ -526,6 +526,8 @@ impl Organization {
     /// Delivers every unsent completion notice in `agent`'s outbox, marking each sent once it was
     /// handed over. A failure leaves the notice in the outbox for the next flush.
     pub async fn flush_outbox(&self, agent: &AgentId) {
+        let gate = self.inner.flush_gate(agent);
+        let _serialized = gate.lock().await;
         let pending = match self.inner.stores.tasks.outbox_pending(agent).await {
             Ok(p) => p,
             Err(e) => {
@@ -582,16 +584,18 @@ impl Organization {
             TaskStatus::Failed => format!("{target}'s worker failed on task #{number}: {summary}"),
             _ => format!("task #{number} assigned to {target} was cancelled: {summary}"),
         };
-        // Passive records in both link channels, each written once per notice.
+        // Passive records in both link channels, each written once per notice: the record and its
+        // key in one commit (a crash cannot keep the key and lose the record), checked first (the
+        // outbox flushes of one agent are serialized, so no second delivery of the notice races).
         for (owner, peer) in [(target, delegator), (delegator, target)] {
             let key = format!("record:{}", notice.key);
-            let first = inner
+            let done = inner
                 .stores
                 .deliveries
-                .mark_applied(owner, &key, now)
+                .is_applied(owner, &key)
                 .await
                 .map_err(|e| e.to_string())?;
-            if first {
+            if !done {
                 let mut record = NewRecord::new(
                     ChannelId::link(owner, peer),
                     RecordKind::System,
@@ -603,10 +607,15 @@ impl Organization {
                     "task".into(),
                     serde_json::Value::String(notice.task.to_string()),
                 );
+                let commit = crate::envelope::TurnCommit {
+                    records: vec![record],
+                    applied: vec![key],
+                    ..Default::default()
+                };
                 inner
                     .stores
-                    .channels
-                    .append(owner, record)
+                    .deliveries
+                    .commit(owner, &commit, now)
                     .await
                     .map_err(|e| e.to_string())?;
             }
@@ -943,6 +952,14 @@ async fn dispatch_to_queue(org: &Organization, agent: &AgentWorker, task: &Task,
     envelope.task = Some(crate::envelope::TaskWork {
         number: task.number,
         holder: holder.to_string(),
+        generation: u32::try_from(
+            task.metadata
+                .children
+                .iter()
+                .filter(|c| c.ended.is_some())
+                .count(),
+        )
+        .unwrap_or(u32::MAX),
     });
     envelope.cause = task.metadata.cause.clone();
     if let Err(e) = org.inner.enqueue(agent.id(), envelope, true).await {

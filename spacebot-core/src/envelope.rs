@@ -125,6 +125,11 @@ pub struct TaskWork {
     pub number: u64,
     /// The lease holder of the claim this envelope runs.
     pub holder: String,
+    /// How many of the task's children had ended when it was claimed: an attempt run again after a
+    /// crash has the same generation (its effects get the same idempotency keys), a resumed task a
+    /// new one.
+    #[serde(default)]
+    pub generation: u32,
 }
 
 impl Envelope {

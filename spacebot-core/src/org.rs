@@ -377,6 +377,8 @@ pub(crate) struct OrgInner {
     pub(crate) caches: RenderCache,
     /// Bumped every time the link graph is replaced: what caches check.
     pub(crate) graph_version: AtomicU64,
+    /// One gate per agent serializing its outbox flushes (a notice is delivered by one at a time).
+    pub(crate) flush_gates: Mutex<HashMap<AgentId, Arc<futures::lock::Mutex<()>>>>,
 }
 
 /// A rendering with the link-graph version it was made for.
@@ -567,6 +569,14 @@ impl OrgInner {
 }
 
 impl OrgInner {
+    /// The gate serializing `agent`'s outbox flushes.
+    pub(crate) fn flush_gate(&self, agent: &AgentId) -> Arc<futures::lock::Mutex<()>> {
+        lock(&self.flush_gates)
+            .entry(agent.clone())
+            .or_default()
+            .clone()
+    }
+
     /// Adds to an agent's token count.
     pub(crate) fn add_usage(&self, agent: &AgentId, usage: crate::llm::Usage) {
         let mut all = lock(&self.usage);

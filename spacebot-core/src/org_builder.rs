@@ -199,6 +199,7 @@ impl OrganizationBuilder {
                 usage: Mutex::new(HashMap::new()),
                 caches: crate::org::RenderCache::default(),
                 graph_version: AtomicU64::new(0),
+                flush_gates: Mutex::new(HashMap::new()),
             }),
         })
     }

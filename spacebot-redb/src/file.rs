@@ -173,14 +173,17 @@ pub(crate) fn open_database(
         }
         Err(e) => return Err(Failure::backend(path, format!("cannot read metadata: {e}"))),
     };
-    if existing {
-        precheck(&builder, path, kind)?;
-        // The check above verified the checksums (and recovered the file, in memory); the
-        // directory's lock keeps anyone else from changing it since.
-        builder.set_check_integrity_on_open(false);
+    if !existing {
+        // A new file is made whole under a temporary name, then renamed into place: a process
+        // killed while creating it leaves no half-made file that a later open would refuse.
+        create_atomically(&builder, path, kind)?;
     }
-    let storage = FileStorage::open(path, !existing)
-        .map_err(|e| Failure::from_redb(path, "open", e.into()))?;
+    precheck(&builder, path, kind)?;
+    // The check above verified the checksums (and recovered the file, in memory); the directory's
+    // lock keeps anyone else from changing it since.
+    builder.set_check_integrity_on_open(false);
+    let storage =
+        FileStorage::open(path, false).map_err(|e| Failure::from_redb(path, "open", e.into()))?;
     // redb may panic on a file damaged outside it when not verifying; never let that take the
     // caller down.
     let opened = catch_unwind(AssertUnwindSafe(|| builder.create_with_backend(storage)));
@@ -193,6 +196,35 @@ pub(crate) fn open_database(
         init(&db, path, kind)?;
     }
     Ok(db)
+}
+
+/// Creates `path` as a new, initialized database: built at `{path}.creating`, synced, then renamed
+/// into place (and the directory synced).
+fn create_atomically(builder: &Builder, path: &Path, kind: &FileKind) -> Result<(), Failure> {
+    let tmp = path.with_extension("creating");
+    match fs::remove_file(&tmp) {
+        Ok(()) => {}
+        Err(e) if e.kind() == ErrorKind::NotFound => {}
+        Err(e) => return Err(Failure::backend(&tmp, format!("cannot remove: {e}"))),
+    }
+    {
+        let storage = FileStorage::open(&tmp, true)
+            .map_err(|e| Failure::from_redb(&tmp, "create", e.into()))?;
+        let db = match catch_unwind(AssertUnwindSafe(|| builder.create_with_backend(storage))) {
+            Ok(Ok(db)) => db,
+            Ok(Err(e)) => return Err(Failure::from_redb(&tmp, "create", e.into())),
+            Err(_) => return Err(Failure::corrupt(&tmp, "redb could not create the file")),
+        };
+        init(&db, &tmp, kind)?;
+    }
+    fs::rename(&tmp, path)
+        .map_err(|e| Failure::backend(path, format!("cannot move the new file into place: {e}")))?;
+    if let Some(parent) = path.parent()
+        && let Ok(dir) = fs::File::open(parent)
+    {
+        let _ = dir.sync_all();
+    }
+    Ok(())
 }
 
 /// Checks an existing file without ever writing to it, so that a file that is not ours, or is

@@ -211,6 +211,11 @@ impl Db {
 /// Refuses, without writing anything, a file that is not an SQLite database, another
 /// application's database, the other kind of spacebot database, or one with a schema newer than
 /// this build.
+/// Whether a non-empty write-ahead log lies beside the database file.
+fn has_wal(path: &Path) -> bool {
+    std::fs::metadata(wal_path(path)).is_ok_and(|m| m.len() > 0)
+}
+
 async fn check_existing(
     path: &Path,
     location: &str,
@@ -242,8 +247,12 @@ async fn check_existing(
             ));
         }
         // Read-only and immutable: SQLite neither replays nor creates a write-ahead log or its
-        // index beside the file, so a file that is refused is left exactly as it was found.
-        inspect_file(path, location, kind).await?;
+        // index beside the file, so a file that is refused is left exactly as it was found. With
+        // a non-empty log beside it, the file alone may be mid-checkpoint (a process killed while
+        // it closed): only the file as the log leaves it, checked on a copy below, tells.
+        if !has_wal(path) {
+            inspect_file(path, location, kind).await?;
+        }
     }
 
     // A write-ahead log left beside the file (a crash, or another program's database) may hold

@@ -283,6 +283,7 @@ pub async fn delivery_store_round_trip(store: &dyn DeliveryStore) -> Result<(), 
             task: (i % 2 == 1).then(|| crate::envelope::TaskWork {
                 number: u64::MAX - i as u64,
                 holder: UNUSUAL_TEXT.into(),
+                generation: i as u32,
             }),
             round: i as u32,
             conversation: (i % 3 == 2).then(|| crate::ids::ConversationId::new(UNUSUAL_TEXT)),

@@ -707,6 +707,8 @@ pub(crate) async fn conclude(
         && current.status == ConversationStatus::Open
     {
         check_links(org, &current, by).await?;
+        let name = org.display_name(by);
+        retrigger_conclusion(org, &current, id, &name, summary, exchange).await;
     }
     let (concluded, _) = modify(org, id, |c| {
         if c.status != ConversationStatus::Open {
@@ -757,8 +759,22 @@ pub(crate) async fn conclude(
             conversation: id.clone(),
         },
     );
-    if let Some(origin) = &concluded.initiated_from {
-        let others = other_names(&concluded, &concluded.initiator).join(", ");
+    Ok(concluded)
+}
+
+/// Wakes the initiator's `initiated_from` channel with a conversation's conclusion. Sent before
+/// the conversation is marked concluded: a turn killed in between concludes again under the same
+/// key (the receiver applies it once), instead of finding the conversation ended and waking nobody.
+async fn retrigger_conclusion(
+    org: &Organization,
+    conversation: &Conversation,
+    id: &ConversationId,
+    name: &str,
+    summary: &str,
+    exchange: Exchange<'_>,
+) {
+    if let Some(origin) = &conversation.initiated_from {
+        let others = other_names(conversation, &conversation.initiator).join(", ");
         let mut envelope = Envelope::new(
             Source::System,
             origin.clone(),
@@ -770,22 +786,21 @@ pub(crate) async fn conclude(
         .with_cause(exchange.cause.clone());
         envelope.idempotency_key = Some(match exchange.key {
             Some(key) => format!("{key}:result"),
-            None => format!("conclusion:{id}:{}", concluded.revision),
+            None => format!("conclusion:{id}:{}", conversation.revision + 1),
         });
         if let Err(e) = org
             .inner
-            .enqueue(&concluded.initiator, envelope, true)
+            .enqueue(&conversation.initiator, envelope, true)
             .await
         {
             report_error(
                 &org.inner,
-                &concluded.initiator,
+                &conversation.initiator,
                 Some(origin),
                 format!("result of conversation {id} not delivered: {e}"),
             );
         }
     }
-    Ok(concluded)
 }
 
 /// Opens or continues the mirrored conversation of `from` with `target` and sends `message`.

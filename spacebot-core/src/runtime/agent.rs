@@ -470,6 +470,7 @@ async fn run_task(
     let work = crate::envelope::TaskWork {
         number,
         holder: holder.clone(),
+        generation: envelope.task.as_ref().map_or(0, |w| w.generation),
     };
     let valid = retry_store(org, agent, "checking a claim", || async {
         for behaviour in &org.behaviours {
@@ -866,10 +867,16 @@ pub(crate) async fn run_turn(
         total_rounds += 1;
         let round_index = total_rounds;
         messages.push(response.to_message());
+        // The effects' keys come from what the frame answers: a task by its number and generation
+        // (stable across attempts: a task run again after a crash asks for the same effects under
+        // the same keys), anything else by its envelope id.
         let key_base = frames
             .last()
             .and_then(|f| f.envelopes.first())
-            .map(|e| e.id.to_string())
+            .map(|e| match &e.task {
+                Some(work) => format!("task{}g{}", work.number, work.generation),
+                None => e.id.to_string(),
+            })
             .unwrap_or_default();
         let mut ended: Option<String> = None;
         for (index, call) in response.tool_calls.iter().enumerate() {
