@@ -4,15 +4,13 @@
 // Helpers outside #[test] functions assert too.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod runtime_support;
-
 use std::sync::Arc;
 
-use runtime_support::*;
+use super::support::{agent::*, *};
 use serde_json::json;
-use spacebot_core::event::EventKind;
-use spacebot_core::testing::{MockLlm, ScriptedLlm, raw_tool_call, tool_call};
-use spacebot_core::{
+use spacebot::event::EventKind;
+use spacebot::testing::{MockLlm, ScriptedLlm, raw_tool_call, tool_call};
+use spacebot::{
     AgentId, ChannelId, ChannelStore, ChatMessage, ChatResponse, ChildSpec, DeliveryError,
     DeliveryStore, InboundMessage, InternalMessage, LlmError, RecordKind,
 };
@@ -21,32 +19,10 @@ fn msg(text: &str) -> InboundMessage {
     InboundMessage::new("portal", "u1", text)
 }
 
-fn last_user_text(req: &spacebot_core::ChatRequest) -> String {
-    req.messages
-        .iter()
-        .rev()
-        .find_map(|m| match m {
-            ChatMessage::User { content } => Some(content.clone()),
-            _ => None,
-        })
-        .unwrap_or_default()
-}
-
-fn tool_results(req: &spacebot_core::ChatRequest) -> Vec<String> {
-    req.messages
-        .iter()
-        .filter_map(|m| match m {
-            ChatMessage::Tool { content, .. } => Some(content.clone()),
-            _ => None,
-        })
-        .collect()
-}
-
-#[tokio::test]
-async fn delivery_to_a_stopped_agent_is_persisted_and_handed_over_once() {
+pub async fn delivery_to_a_stopped_agent_is_persisted_and_handed_over_once(stores: Stores) {
     let llm = Arc::new(ScriptedLlm::new());
     llm.push_text(&id("a"), "hello back");
-    let mut h = harness(llm.clone(), "", vec![]).await;
+    let mut h = harness(stores, llm.clone(), "", vec![]).await;
     let a = id("a");
     let envelope = h.org.deliver("a", msg("hello")).await.unwrap();
     assert_eq!(h.stores.deliveries.pending(&a).await.unwrap().len(), 1);
@@ -60,15 +36,23 @@ async fn delivery_to_a_stopped_agent_is_persisted_and_handed_over_once() {
     h.org.stop_agent(&a).await.unwrap();
     assert!(h.stores.deliveries.pending(&a).await.unwrap().is_empty());
     h.org.start_agent(&a).await.unwrap();
-    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    assert_eq!(llm.requests_for(&a).len(), 1, "handed over exactly once");
-    assert!(h.replies.try_recv().is_err(), "no second reply");
+    // A later message is answered after anything handed over at the start: once it is, and the
+    // agent is idle, whatever the restart handed over has been answered.
+    llm.push_text(&a, "pong");
+    let ping = h.org.deliver("a", msg("ping")).await.unwrap();
+    let reply = h.reply().await;
+    assert_eq!(
+        (reply.content.as_str(), reply.in_reply_to.clone()),
+        ("pong", vec![ping])
+    );
+    h.wait_idle("a").await;
+    assert_eq!(llm.requests_for(&a).len(), 2, "handed over exactly once");
+    assert!(h.replies_now().is_empty(), "no second reply");
 }
 
-#[tokio::test]
-async fn a_full_queue_refuses_with_queue_full() {
+pub async fn a_full_queue_refuses_with_queue_full(stores: Stores) {
     let (llm, mut calls) = MockLlm::pair();
-    let h = harness(Arc::new(llm), "queue_capacity = 2", vec![]).await;
+    let h = harness(stores, Arc::new(llm), "queue_capacity = 2", vec![]).await;
     let a = id("a");
     h.org.start_agent(&a).await.unwrap();
     h.org.deliver("a", msg("1")).await.unwrap();
@@ -88,10 +72,9 @@ async fn a_full_queue_refuses_with_queue_full() {
     call.respond_text("done");
 }
 
-#[tokio::test]
-async fn unknown_and_ended_targets_are_typed_errors() {
+pub async fn unknown_and_ended_targets_are_typed_errors(stores: Stores) {
     let llm = Arc::new(ScriptedLlm::new());
-    let h = harness(llm.clone(), "", vec![]).await;
+    let h = harness(stores, llm.clone(), "", vec![]).await;
     let a = id("a");
     let err = h.org.deliver("nobody", msg("hi")).await.unwrap_err();
     assert!(matches!(err, DeliveryError::UnknownAgent { ref agent } if agent == "nobody"));
@@ -113,9 +96,8 @@ async fn unknown_and_ended_targets_are_typed_errors() {
     llm.push_text(&a, "thanks");
     // the child's script was pushed after spawn: the first request may have failed; accept both
     h.wait_for("the child to stop", |ev| {
-        ev.events_for(&child)
-            .iter()
-            .any(|e| e.kind == EventKind::AgentStopped)
+        ev.iter()
+            .any(|e| e.agent == child && e.kind == EventKind::AgentStopped)
     })
     .await;
     let err = h
@@ -127,10 +109,9 @@ async fn unknown_and_ended_targets_are_typed_errors() {
     assert!(err.to_string().contains("has ended"));
 }
 
-#[tokio::test]
-async fn internal_messages_are_policy_checked_and_stamped() {
+pub async fn internal_messages_are_policy_checked_and_stamped(stores: Stores) {
     let (llm, mut calls) = MockLlm::pair();
-    let h = harness(Arc::new(llm), "", vec![]).await;
+    let h = harness(stores, Arc::new(llm), "", vec![]).await;
     let (a, b, c) = (id("a"), id("b"), id("c"));
     // a -> b one-way: a may start, b may not; c has no link.
     let err = h
@@ -175,10 +156,9 @@ async fn internal_messages_are_policy_checked_and_stamped() {
     );
 }
 
-#[tokio::test]
-async fn a_child_result_wakes_the_parent() {
+pub async fn a_child_result_wakes_the_parent(stores: Stores) {
     let (llm, mut calls) = MockLlm::pair();
-    let mut h = harness(Arc::new(llm), "", vec![]).await;
+    let mut h = harness(stores, Arc::new(llm), "", vec![]).await;
     let a = id("a");
     h.org.start_agent(&a).await.unwrap();
     let child = h
@@ -199,10 +179,9 @@ async fn a_child_result_wakes_the_parent() {
     assert_eq!(reply.content, "the child picked nebula");
 }
 
-#[tokio::test]
-async fn a_failed_child_and_an_undeliverable_result_are_reported() {
+pub async fn a_failed_child_and_an_undeliverable_result_are_reported(stores: Stores) {
     let (llm, mut calls) = MockLlm::pair();
-    let h = harness(Arc::new(llm), "", vec![]).await;
+    let h = harness(stores, Arc::new(llm), "", vec![]).await;
     let a = id("a");
     h.org.start_agent(&a).await.unwrap();
     // The child's model fails: the parent is told.
@@ -250,9 +229,8 @@ async fn a_failed_child_and_an_undeliverable_result_are_reported() {
     assert_eq!(parent_call.agent(), Some(&a));
     parent_call.respond_text("ok");
     h.wait_for("mid to end", |ev| {
-        ev.events_for(&mid)
-            .iter()
-            .any(|e| e.kind == EventKind::AgentStopped)
+        ev.iter()
+            .any(|e| e.agent == mid && e.kind == EventKind::AgentStopped)
     })
     .await;
     leaf_call
@@ -261,15 +239,14 @@ async fn a_failed_child_and_an_undeliverable_result_are_reported() {
         .unwrap()
         .respond_text("too late");
     h.wait_for("the undeliverable result to be reported", |ev| {
-        ev.events_for(&grandchild).iter().any(|e| {
+        ev.iter().any(|e| e.agent == grandchild && {
             matches!(&e.kind, EventKind::Error { message } if message.contains("reply not delivered") && message.contains("ended"))
         })
     })
     .await;
 }
 
-#[tokio::test]
-async fn tool_errors_go_back_to_the_model() {
+pub async fn tool_errors_go_back_to_the_model(stores: Stores) {
     let llm = Arc::new(ScriptedLlm::new());
     let a = id("a");
     llm.push(
@@ -286,6 +263,7 @@ async fn tool_errors_go_back_to_the_model() {
     );
     llm.push_text(&a, "recovered");
     let mut h = harness(
+        stores,
         llm.clone(),
         "",
         vec![Arc::new(EchoTool), Arc::new(BrokenTool), Arc::new(PingTool)],
@@ -330,10 +308,9 @@ async fn tool_errors_go_back_to_the_model() {
     assert_eq!(failed, 6);
 }
 
-#[tokio::test]
-async fn the_round_limit_stops_a_looping_model() {
+pub async fn the_round_limit_stops_a_looping_model(stores: Stores) {
     let a = id("a");
-    let llm = Arc::new(spacebot_core::testing::FnLlm::new(|req| {
+    let llm = Arc::new(spacebot::testing::FnLlm::new(|req| {
         if req
             .messages
             .iter()
@@ -346,12 +323,17 @@ async fn the_round_limit_stops_a_looping_model() {
             json!({"text": "again"}),
         )]))
     }));
-    let mut h = harness(llm.clone(), "max_tool_rounds = 3", vec![Arc::new(EchoTool)]).await;
+    let mut h = harness(
+        stores,
+        llm.clone(),
+        "max_tool_rounds = 3",
+        vec![Arc::new(EchoTool)],
+    )
+    .await;
     h.org.start_agent(&a).await.unwrap();
     h.org.deliver("a", msg("loop forever")).await.unwrap();
-    h.wait_for("the round limit", |ev| {
-        ev.kinds()
-            .contains(&EventKind::RoundLimitReached { limit: 3 })
+    h.wait_kinds("the round limit", |ev| {
+        ev.contains(&EventKind::RoundLimitReached { limit: 3 })
     })
     .await;
     // The user is told the turn failed, and why.
@@ -388,10 +370,9 @@ async fn the_round_limit_stops_a_looping_model() {
     );
 }
 
-#[tokio::test]
-async fn steering_answers_the_merged_backlog_then_the_interrupted_message() {
+pub async fn steering_answers_the_merged_backlog_then_the_interrupted_message(stores: Stores) {
     let (llm, mut calls) = MockLlm::pair();
-    let mut h = harness(Arc::new(llm), "", vec![Arc::new(EchoTool)]).await;
+    let mut h = harness(stores, Arc::new(llm), "", vec![Arc::new(EchoTool)]).await;
     let a = id("a");
     h.org.start_agent(&a).await.unwrap();
     let m1 = h
@@ -426,18 +407,17 @@ async fn steering_answers_the_merged_backlog_then_the_interrupted_message() {
     assert!(h.events.kinds().contains(&EventKind::Steered { merged: 2 }));
 }
 
-#[tokio::test]
-async fn cancelling_a_turn_keeps_what_is_queued() {
+pub async fn cancelling_a_turn_keeps_what_is_queued(stores: Stores) {
     let (llm, mut calls) = MockLlm::pair();
-    let mut h = harness(Arc::new(llm), "", vec![]).await;
+    let mut h = harness(stores, Arc::new(llm), "", vec![]).await;
     let (a, b) = (id("a"), id("b"));
     h.org.start_agent(&a).await.unwrap();
     h.org.deliver("a", msg("slow question")).await.unwrap();
     let slow = calls.next().await.unwrap();
     let m2 = h.org.deliver("a", msg("next question")).await.unwrap();
     assert!(h.org.cancel_turn(&a));
-    h.wait_for("the cancel event", |ev| {
-        ev.kinds().contains(&EventKind::TurnCancelled)
+    h.wait_kinds("the cancel event", |ev| {
+        ev.contains(&EventKind::TurnCancelled)
     })
     .await;
     drop(slow);
@@ -470,10 +450,9 @@ async fn cancelling_a_turn_keeps_what_is_queued() {
     call.respond_text("ok");
 }
 
-#[tokio::test]
-async fn stopping_an_agent_persists_its_queue_for_the_next_start() {
+pub async fn stopping_an_agent_persists_its_queue_for_the_next_start(stores: Stores) {
     let (llm, mut calls) = MockLlm::pair();
-    let mut h = harness(Arc::new(llm), "", vec![]).await;
+    let mut h = harness(stores, Arc::new(llm), "", vec![]).await;
     let a = id("a");
     h.org.start_agent(&a).await.unwrap();
     h.org.deliver("a", msg("first")).await.unwrap();
@@ -482,13 +461,11 @@ async fn stopping_an_agent_persists_its_queue_for_the_next_start() {
     let org = h.org.clone();
     let stopping = tokio::spawn(async move { org.stop_agent(&id("a")).await });
     // The stop closes the queue at once, while the first turn still waits on the model.
-    for _ in 0..2_000 {
-        if !h.org.is_running(&a) {
-            break;
-        }
-        tokio::task::yield_now().await;
-    }
-    assert!(!h.org.is_running(&a), "the stop did not begin");
+    h.wait_until("the stop to begin", || {
+        let running = h.org.is_running(&a);
+        async move { !running }
+    })
+    .await;
     first.respond_text("one");
     stopping.await.unwrap().unwrap();
     assert_eq!(h.reply().await.content, "one");
@@ -504,10 +481,9 @@ async fn stopping_an_agent_persists_its_queue_for_the_next_start() {
     assert_eq!(h.reply().await.in_reply_to, vec![m2]);
 }
 
-#[tokio::test]
-async fn after_a_steer_the_interrupted_message_waits_for_the_merged_answer() {
+pub async fn after_a_steer_the_interrupted_message_waits_for_the_merged_answer(stores: Stores) {
     let (llm, mut calls) = MockLlm::pair();
-    let mut h = harness(Arc::new(llm), "", vec![Arc::new(EchoTool)]).await;
+    let mut h = harness(stores, Arc::new(llm), "", vec![Arc::new(EchoTool)]).await;
     let a = id("a");
     h.org.start_agent(&a).await.unwrap();
     let m1 = h.org.deliver("a", msg("first")).await.unwrap();
@@ -538,10 +514,9 @@ async fn after_a_steer_the_interrupted_message_waits_for_the_merged_answer() {
     );
 }
 
-#[tokio::test]
-async fn a_parent_and_its_child_may_always_message_each_other() {
+pub async fn a_parent_and_its_child_may_always_message_each_other(stores: Stores) {
     let (llm, mut calls) = MockLlm::pair();
-    let h = harness(Arc::new(llm), "", vec![]).await;
+    let h = harness(stores, Arc::new(llm), "", vec![]).await;
     let (a, c) = (id("a"), id("c"));
     h.org.start_agent(&a).await.unwrap();
     let mut spec = ChildSpec::new("helper", "wait for instructions");
@@ -586,10 +561,9 @@ async fn a_parent_and_its_child_may_always_message_each_other() {
     }
 }
 
-#[tokio::test]
-async fn a_handed_over_delivery_stays_stored_until_it_was_processed() {
+pub async fn a_handed_over_delivery_stays_stored_until_it_was_processed(stores: Stores) {
     let (llm, mut calls) = MockLlm::pair();
-    let mut h = harness(Arc::new(llm), "", vec![]).await;
+    let mut h = harness(stores, Arc::new(llm), "", vec![]).await;
     let a = id("a");
     let envelope = h
         .org
@@ -606,13 +580,8 @@ async fn a_handed_over_delivery_stays_stored_until_it_was_processed() {
     );
     call.respond_text("answered");
     assert_eq!(h.reply().await.in_reply_to, vec![envelope]);
-    let mut removed = false;
-    for _ in 0..200 {
-        if h.stores.deliveries.pending(&a).await.unwrap().is_empty() {
-            removed = true;
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
-    assert!(removed, "the processed delivery is removed from the store");
+    h.wait_until("the processed delivery removed from the store", || async {
+        h.stores.deliveries.pending(&a).await.unwrap().is_empty()
+    })
+    .await;
 }
