@@ -115,6 +115,9 @@ on_every_backend!(agent:
     after_a_steer_the_interrupted_message_waits_for_the_merged_answer,
     a_parent_and_its_child_may_always_message_each_other,
     a_handed_over_delivery_stays_stored_until_it_was_processed,
+    deliveries_to_a_stopped_agent_are_handed_over_in_order,
+    a_parent_with_a_full_queue_gets_its_childrens_results_in_order,
+    a_turn_kept_steered_stops_at_four_times_the_round_limit,
 );
 
 on_every_backend!(delegation_roundtrip:

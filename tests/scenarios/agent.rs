@@ -420,13 +420,29 @@ pub async fn cancelling_a_turn_keeps_what_is_queued(stores: Stores) {
         ev.contains(&EventKind::TurnCancelled)
     })
     .await;
-    drop(slow);
+    // The model call is still unanswered: only the cancel can have freed the loop for the next
+    // message.
     let call = calls.next().await.unwrap();
+    drop(slow);
     assert_eq!(last_user_text(&call.request), "next question");
     call.respond_text("answer 2");
     let reply = h.reply().await;
     assert_eq!(reply.in_reply_to, vec![m2]);
+    h.wait_idle("a").await;
     assert!(!h.org.cancel_turn(&a), "nothing runs now");
+    // The channel says the cancelled message was not answered.
+    let portal = ChannelId::new("portal:u1");
+    assert!(
+        h.history("a", &portal)
+            .await
+            .iter()
+            .any(|r| r.record.kind == RecordKind::System
+                && r.record
+                    .content
+                    .contains("turn cancelled; the message was not answered")),
+        "{:?}",
+        h.history("a", &portal).await
+    );
 
     // A cancel envelope over the internal channel does the same for b.
     h.org.start_agent(&b).await.unwrap();
@@ -443,8 +459,9 @@ pub async fn cancelling_a_turn_keeps_what_is_queued(stores: Stores) {
         .send_internal(&a, &b, InternalMessage::cancel("changed my mind"))
         .await
         .unwrap();
-    drop(job);
+    // As above, the long job's model call stays unanswered until the queued job is asked.
     let call = calls.next().await.unwrap();
+    drop(job);
     assert_eq!(call.agent(), Some(&b));
     assert!(last_user_text(&call.request).contains("queued job"));
     call.respond_text("ok");
@@ -584,4 +601,148 @@ pub async fn a_handed_over_delivery_stays_stored_until_it_was_processed(stores: 
         h.stores.deliveries.pending(&a).await.unwrap().is_empty()
     })
     .await;
+}
+
+pub async fn deliveries_to_a_stopped_agent_are_handed_over_in_order(stores: Stores) {
+    let (llm, mut calls) = MockLlm::pair();
+    let mut h = harness(stores, Arc::new(llm), "", vec![]).await;
+    let a = id("a");
+    let mut sent = Vec::new();
+    for text in ["m1", "m2", "m3"] {
+        sent.push(h.org.deliver("a", msg(text)).await.unwrap());
+    }
+    h.org.start_agent(&a).await.unwrap();
+    for (text, envelope) in ["m1", "m2", "m3"].into_iter().zip(sent) {
+        let call = calls.next().await.unwrap();
+        assert_eq!(last_user_text(&call.request), text);
+        call.respond_text(format!("re {text}"));
+        assert_eq!(h.reply().await.in_reply_to, vec![envelope]);
+    }
+}
+
+/// A parent whose queue is full while its children answer still gets their results: they overflow
+/// to its pending deliveries and are handed over, in the order they came, once its queue runs
+/// empty.
+pub async fn a_parent_with_a_full_queue_gets_its_childrens_results_in_order(stores: Stores) {
+    let (llm, mut calls) = MockLlm::pair();
+    let mut h = harness(stores, Arc::new(llm), "queue_capacity = 1", vec![]).await;
+    let a = id("a");
+    h.org.start_agent(&a).await.unwrap();
+    let m1 = h.org.deliver("a", msg("first")).await.unwrap();
+    let first = calls.next().await.unwrap();
+    let m2 = h.org.deliver("a", msg("second")).await.unwrap();
+    assert!(matches!(
+        h.org.deliver("a", msg("third")).await,
+        Err(DeliveryError::QueueFull(_))
+    ));
+    for (name, word) in [("one", "alpha-result"), ("two", "beta-result")] {
+        let child = h
+            .org
+            .spawn_child(&a, ChildSpec::new(name, "say your word"))
+            .await
+            .unwrap();
+        let call = calls.next().await.unwrap();
+        assert_eq!(call.agent(), Some(&child));
+        call.respond_text(word);
+        h.wait_for("the child to end", |events| {
+            events
+                .iter()
+                .any(|e| e.agent == child && e.kind == EventKind::AgentStopped)
+        })
+        .await;
+        assert_eq!(h.org.queue_len(&a), Some(1), "the queue keeps its bound");
+    }
+    first.respond_text("answer 1");
+    assert_eq!(h.reply().await.in_reply_to, vec![m1]);
+    let call = calls.next().await.unwrap();
+    assert_eq!(last_user_text(&call.request), "second");
+    call.respond_text("answer 2");
+    assert_eq!(h.reply().await.in_reply_to, vec![m2]);
+    for word in ["alpha-result", "beta-result"] {
+        let call = calls.next().await.unwrap();
+        assert_eq!(call.agent(), Some(&a));
+        let text = last_user_text(&call.request);
+        assert!(
+            text.contains(word),
+            "expected {word} next, the model saw {text:?}"
+        );
+        call.respond_text("noted");
+        assert_eq!(h.reply().await.agent, a);
+    }
+}
+
+/// Delivers a new user message to agent `a` on each of its first `max` calls, so the turn that
+/// called it is steered at the next checkpoint.
+#[derive(Debug)]
+struct SteerTool {
+    org: std::sync::OnceLock<spacebot::Organization>,
+    calls: std::sync::atomic::AtomicUsize,
+    max: usize,
+}
+
+#[async_trait::async_trait]
+impl spacebot::Tool for SteerTool {
+    fn definition(&self) -> spacebot::ToolDefinition {
+        spacebot::ToolDefinition::new("steer", "Steers.", json!({"type": "object"}))
+    }
+    async fn call(
+        &self,
+        _ctx: &spacebot::ToolContext,
+        _args: serde_json::Value,
+    ) -> Result<spacebot::ToolOutput, spacebot::ToolError> {
+        let n = self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if n < self.max {
+            let org = self.org.get().expect("the organization is set");
+            org.deliver("a", msg(&format!("steer {n}")))
+                .await
+                .map_err(|e| spacebot::ToolError::failed("steer", e.to_string()))?;
+        }
+        Ok(spacebot::ToolOutput::text("steered"))
+    }
+}
+
+/// Each steer gives the steering message a fresh round budget, but a turn producers keep steering
+/// takes four times `max_tool_rounds` in all, then stops.
+pub async fn a_turn_kept_steered_stops_at_four_times_the_round_limit(stores: Stores) {
+    let llm = Arc::new(spacebot::testing::FnLlm::new(|_| {
+        Ok(ChatResponse::tool_calls(vec![tool_call(
+            "steer",
+            json!({}),
+        )]))
+    }));
+    let steer = Arc::new(SteerTool {
+        org: std::sync::OnceLock::new(),
+        calls: std::sync::atomic::AtomicUsize::new(0),
+        max: 12,
+    });
+    let mut h = harness(stores, llm, "max_tool_rounds = 2", vec![steer.clone()]).await;
+    steer.org.set(h.org.clone()).unwrap();
+    h.org.start_agent(&id("a")).await.unwrap();
+    h.org.deliver("a", msg("go")).await.unwrap();
+    h.wait_count("the round limit", 1, |k| {
+        matches!(k, EventKind::RoundLimitReached { .. })
+    })
+    .await;
+    let kinds = h.events.kinds();
+    let first_limit = kinds
+        .iter()
+        .position(|k| matches!(k, EventKind::RoundLimitReached { .. }))
+        .unwrap();
+    let rounds = kinds[..first_limit]
+        .iter()
+        .filter(|k| matches!(k, EventKind::ToolCalled { .. }))
+        .count();
+    assert_eq!(rounds, 2 * 4, "the steered turn's rounds");
+    assert!(
+        kinds[..first_limit]
+            .iter()
+            .filter(|k| matches!(k, EventKind::Steered { .. }))
+            .count()
+            >= 2,
+        "the turn was steered: {kinds:?}"
+    );
+    assert!(h.reply().await.is_failure());
+    // The messages that arrived meanwhile are answered by turns of their own (each failing at
+    // the round limit, as the model only ever calls the tool).
+    h.wait_quiet().await;
 }
