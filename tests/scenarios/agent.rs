@@ -56,7 +56,7 @@ pub async fn a_full_queue_refuses_with_queue_full(stores: Stores) {
     let a = id("a");
     h.org.start_agent(&a).await.unwrap();
     h.org.deliver("a", msg("1")).await.unwrap();
-    let call = calls.next().await.unwrap(); // the loop took "1" and waits on the model
+    let call = next_call(&mut calls).await; // the loop took "1" and waits on the model
     h.org.deliver("a", msg("2")).await.unwrap();
     h.org.deliver("a", msg("3")).await.unwrap();
     let err = h.org.deliver("a", msg("4")).await.unwrap_err();
@@ -136,7 +136,7 @@ pub async fn internal_messages_are_policy_checked_and_stamped(stores: Stores) {
         .send_internal(&a, &b, InternalMessage::task("count to 3"))
         .await
         .unwrap();
-    let call = calls.next().await.unwrap();
+    let call = next_call(&mut calls).await;
     assert_eq!(call.agent(), Some(&b));
     assert!(last_user_text(&call.request).contains("count to 3"));
     call.respond_text("1 2 3");
@@ -166,11 +166,11 @@ pub async fn a_child_result_wakes_the_parent(stores: Stores) {
         .spawn_child(&a, ChildSpec::new("word picker", "pick a random word"))
         .await
         .unwrap();
-    let call = calls.next().await.unwrap();
+    let call = next_call(&mut calls).await;
     assert_eq!(call.agent(), Some(&child));
     assert!(last_user_text(&call.request).contains("pick a random word"));
     call.respond_text("nebula");
-    let call = calls.next().await.unwrap();
+    let call = next_call(&mut calls).await;
     assert_eq!(call.agent(), Some(&a), "the parent is woken");
     assert!(last_user_text(&call.request).contains("nebula"));
     call.respond_text("the child picked nebula");
@@ -190,10 +190,10 @@ pub async fn a_failed_child_and_an_undeliverable_result_are_reported(stores: Sto
         .spawn_child(&a, ChildSpec::new("flaky", "work"))
         .await
         .unwrap();
-    let call = calls.next().await.unwrap();
+    let call = next_call(&mut calls).await;
     assert_eq!(call.agent(), Some(&child));
     call.fail(LlmError::Other("model unavailable".into()));
-    let call = calls.next().await.unwrap();
+    let call = next_call(&mut calls).await;
     assert_eq!(call.agent(), Some(&a));
     let text = last_user_text(&call.request);
     assert!(
@@ -216,7 +216,7 @@ pub async fn a_failed_child_and_an_undeliverable_result_are_reported(stores: Sto
     // Answer mid first: it ends; then the leaf answers into the void.
     let mut pending = Vec::new();
     while pending.len() < 2 {
-        pending.push(calls.next().await.unwrap());
+        pending.push(next_call(&mut calls).await);
     }
     let (mid_call, leaf_call): (Vec<_>, Vec<_>) =
         pending.into_iter().partition(|c| c.agent() == Some(&mid));
@@ -225,7 +225,7 @@ pub async fn a_failed_child_and_an_undeliverable_result_are_reported(stores: Sto
         .next()
         .unwrap()
         .respond_text("mid done");
-    let parent_call = calls.next().await.unwrap();
+    let parent_call = next_call(&mut calls).await;
     assert_eq!(parent_call.agent(), Some(&a));
     parent_call.respond_text("ok");
     h.wait_for("mid to end", |ev| {
@@ -380,12 +380,12 @@ pub async fn steering_answers_the_merged_backlog_then_the_interrupted_message(st
         .deliver("a", msg("write a long report"))
         .await
         .unwrap();
-    let call = calls.next().await.unwrap();
+    let call = next_call(&mut calls).await;
     let m2 = h.org.deliver("a", msg("stop, use French")).await.unwrap();
     let m3 = h.org.deliver("a", msg("and keep it short")).await.unwrap();
     call.respond_tool_calls(vec![tool_call("echo", json!({"text": "working"}))]);
     // Checkpoint: m2 and m3 are merged into one user message.
-    let call = calls.next().await.unwrap();
+    let call = next_call(&mut calls).await;
     let merged = last_user_text(&call.request);
     assert!(
         merged.contains("[1] user (portal): stop, use French"),
@@ -399,7 +399,7 @@ pub async fn steering_answers_the_merged_backlog_then_the_interrupted_message(st
     let reply = h.reply().await;
     assert_eq!(reply.in_reply_to, vec![m2, m3]);
     // Then the interrupted message, resumed by the same turn.
-    let call = calls.next().await.unwrap();
+    let call = next_call(&mut calls).await;
     assert!(last_user_text(&call.request).contains("write a long report"));
     call.respond_text("rapport");
     let reply = h.reply().await;
@@ -413,7 +413,7 @@ pub async fn cancelling_a_turn_keeps_what_is_queued(stores: Stores) {
     let (a, b) = (id("a"), id("b"));
     h.org.start_agent(&a).await.unwrap();
     h.org.deliver("a", msg("slow question")).await.unwrap();
-    let slow = calls.next().await.unwrap();
+    let slow = next_call(&mut calls).await;
     let m2 = h.org.deliver("a", msg("next question")).await.unwrap();
     assert!(h.org.cancel_turn(&a));
     h.wait_kinds("the cancel event", |ev| {
@@ -422,7 +422,7 @@ pub async fn cancelling_a_turn_keeps_what_is_queued(stores: Stores) {
     .await;
     // The model call is still unanswered: only the cancel can have freed the loop for the next
     // message.
-    let call = calls.next().await.unwrap();
+    let call = next_call(&mut calls).await;
     drop(slow);
     assert_eq!(last_user_text(&call.request), "next question");
     call.respond_text("answer 2");
@@ -450,7 +450,7 @@ pub async fn cancelling_a_turn_keeps_what_is_queued(stores: Stores) {
         .send_internal(&a, &b, InternalMessage::task("long job"))
         .await
         .unwrap();
-    let job = calls.next().await.unwrap();
+    let job = next_call(&mut calls).await;
     h.org
         .send_internal(&a, &b, InternalMessage::task("queued job"))
         .await
@@ -460,7 +460,7 @@ pub async fn cancelling_a_turn_keeps_what_is_queued(stores: Stores) {
         .await
         .unwrap();
     // As above, the long job's model call stays unanswered until the queued job is asked.
-    let call = calls.next().await.unwrap();
+    let call = next_call(&mut calls).await;
     drop(job);
     assert_eq!(call.agent(), Some(&b));
     assert!(last_user_text(&call.request).contains("queued job"));
@@ -473,7 +473,7 @@ pub async fn stopping_an_agent_persists_its_queue_for_the_next_start(stores: Sto
     let a = id("a");
     h.org.start_agent(&a).await.unwrap();
     h.org.deliver("a", msg("first")).await.unwrap();
-    let first = calls.next().await.unwrap();
+    let first = next_call(&mut calls).await;
     let m2 = h.org.deliver("a", msg("second")).await.unwrap();
     let org = h.org.clone();
     let stopping = tokio::spawn(async move { org.stop_agent(&id("a")).await });
@@ -492,7 +492,7 @@ pub async fn stopping_an_agent_persists_its_queue_for_the_next_start(stores: Sto
         vec![m2.clone()]
     );
     h.org.start_agent(&a).await.unwrap();
-    let call = calls.next().await.unwrap();
+    let call = next_call(&mut calls).await;
     assert_eq!(last_user_text(&call.request), "second");
     call.respond_text("two");
     assert_eq!(h.reply().await.in_reply_to, vec![m2]);
@@ -504,20 +504,20 @@ pub async fn after_a_steer_the_interrupted_message_waits_for_the_merged_answer(s
     let a = id("a");
     h.org.start_agent(&a).await.unwrap();
     let m1 = h.org.deliver("a", msg("first")).await.unwrap();
-    let call = calls.next().await.unwrap();
+    let call = next_call(&mut calls).await;
     let m2 = h.org.deliver("a", msg("second")).await.unwrap();
     call.respond_tool_calls(vec![tool_call("echo", json!({"text": "1"}))]);
     // Steered to "second"; the model keeps calling tools: "first" must not steer back in.
     for round in 0..5 {
-        let call = calls.next().await.unwrap();
+        let call = next_call(&mut calls).await;
         assert_eq!(last_user_text(&call.request), "second", "round {round}");
         call.respond_tool_calls(vec![tool_call("echo", json!({"text": "more"}))]);
     }
-    let call = calls.next().await.unwrap();
+    let call = next_call(&mut calls).await;
     assert_eq!(last_user_text(&call.request), "second");
     call.respond_text("second answered");
     assert_eq!(h.reply().await.in_reply_to, vec![m2]);
-    let call = calls.next().await.unwrap();
+    let call = next_call(&mut calls).await;
     assert!(last_user_text(&call.request).contains("first"));
     call.respond_text("first answered");
     assert_eq!(h.reply().await.in_reply_to, vec![m1]);
@@ -541,7 +541,7 @@ pub async fn a_parent_and_its_child_may_always_message_each_other(stores: Stores
     let child = h.org.spawn_child(&a, spec).await.unwrap();
     // No link joins them ...
     assert!(h.org.graph().between(a.as_str(), child.as_str()).is_none());
-    let first = calls.next().await.unwrap();
+    let first = next_call(&mut calls).await;
     assert_eq!(first.agent(), Some(&child));
     // ... yet the parent may send its child work, and the child may write to its parent.
     h.org
@@ -572,7 +572,7 @@ pub async fn a_parent_and_its_child_may_always_message_each_other(stores: Stores
     let mut seen = Vec::new();
     while !(child_told(&seen) && parent_told(&seen)) {
         assert!(seen.len() < 6, "expected calls missing: {seen:?}");
-        let call = calls.next().await.unwrap();
+        let call = next_call(&mut calls).await;
         seen.push((call.agent().cloned(), last_user_text(&call.request)));
         call.respond_text("ok");
     }
@@ -588,7 +588,7 @@ pub async fn a_handed_over_delivery_stays_stored_until_it_was_processed(stores: 
         .await
         .unwrap();
     h.org.start_agent(&a).await.unwrap();
-    let call = calls.next().await.unwrap();
+    let call = next_call(&mut calls).await;
     // Mid-turn (a crash now would lose the in-memory queue): the store still holds it.
     let pending = h.stores.deliveries.pending(&a).await.unwrap();
     assert_eq!(
@@ -613,7 +613,7 @@ pub async fn deliveries_to_a_stopped_agent_are_handed_over_in_order(stores: Stor
     }
     h.org.start_agent(&a).await.unwrap();
     for (text, envelope) in ["m1", "m2", "m3"].into_iter().zip(sent) {
-        let call = calls.next().await.unwrap();
+        let call = next_call(&mut calls).await;
         assert_eq!(last_user_text(&call.request), text);
         call.respond_text(format!("re {text}"));
         assert_eq!(h.reply().await.in_reply_to, vec![envelope]);
@@ -629,7 +629,7 @@ pub async fn a_parent_with_a_full_queue_gets_its_childrens_results_in_order(stor
     let a = id("a");
     h.org.start_agent(&a).await.unwrap();
     let m1 = h.org.deliver("a", msg("first")).await.unwrap();
-    let first = calls.next().await.unwrap();
+    let first = next_call(&mut calls).await;
     let m2 = h.org.deliver("a", msg("second")).await.unwrap();
     assert!(matches!(
         h.org.deliver("a", msg("third")).await,
@@ -641,7 +641,7 @@ pub async fn a_parent_with_a_full_queue_gets_its_childrens_results_in_order(stor
             .spawn_child(&a, ChildSpec::new(name, "say your word"))
             .await
             .unwrap();
-        let call = calls.next().await.unwrap();
+        let call = next_call(&mut calls).await;
         assert_eq!(call.agent(), Some(&child));
         call.respond_text(word);
         h.wait_for("the child to end", |events| {
@@ -654,12 +654,12 @@ pub async fn a_parent_with_a_full_queue_gets_its_childrens_results_in_order(stor
     }
     first.respond_text("answer 1");
     assert_eq!(h.reply().await.in_reply_to, vec![m1]);
-    let call = calls.next().await.unwrap();
+    let call = next_call(&mut calls).await;
     assert_eq!(last_user_text(&call.request), "second");
     call.respond_text("answer 2");
     assert_eq!(h.reply().await.in_reply_to, vec![m2]);
     for word in ["alpha-result", "beta-result"] {
-        let call = calls.next().await.unwrap();
+        let call = next_call(&mut calls).await;
         assert_eq!(call.agent(), Some(&a));
         let text = last_user_text(&call.request);
         assert!(

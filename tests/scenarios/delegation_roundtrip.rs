@@ -737,10 +737,8 @@ pub async fn a_notice_delivered_twice_while_the_delegator_works_is_applied_once(
     let mut h = harness_with(Arc::new(llm), "", stores, vec![(b.clone(), exec.clone())]).await;
     h.org.start_all().await.unwrap();
     h.org.deliver("a", user("delegate")).await.unwrap();
-    calls
-        .next()
+    next_call(&mut calls)
         .await
-        .unwrap()
         .respond_tool_calls(vec![tool_call(
             "send_agent_message",
             json!({"target": "b", "message": "Work."}),
@@ -754,7 +752,7 @@ pub async fn a_notice_delivered_twice_while_the_delegator_works_is_applied_once(
         .deliver("a", user("meanwhile, list your board"))
         .await
         .unwrap();
-    let busy = calls.next().await.unwrap();
+    let busy = next_call(&mut calls).await;
     assert_eq!(busy.agent(), Some(&a));
     exec.open(0, Ok(TaskOutcome::Done("result".into())));
     h.wait_count("two deliveries", 2, |k| {
@@ -763,7 +761,7 @@ pub async fn a_notice_delivered_twice_while_the_delegator_works_is_applied_once(
     .await;
     // The tool round ends at a checkpoint, where the queued notices steer the turn.
     busy.respond_tool_calls(vec![tool_call("task_list", json!({}))]);
-    let steered = calls.next().await.unwrap();
+    let steered = next_call(&mut calls).await;
     let text = last_user_text(&steered.request);
     assert_eq!(
         text.matches("Beta completed task #1: result").count(),
@@ -774,10 +772,8 @@ pub async fn a_notice_delivered_twice_while_the_delegator_works_is_applied_once(
     let reply = h.reply().await;
     assert_eq!(reply.content, "Beta's result is in");
     // The interrupted message is answered next; nothing else wakes the model.
-    calls
-        .next()
+    next_call(&mut calls)
         .await
-        .unwrap()
         .respond_text("your board is empty");
     h.reply().await;
     h.wait_quiet().await;
@@ -792,23 +788,21 @@ pub async fn a_retrigger_interrupted_by_a_steer_is_still_answered(stores: Stores
     let mut h = harness_with(Arc::new(llm), "", stores, vec![(b.clone(), exec)]).await;
     h.org.start_all().await.unwrap();
     h.org.deliver("a", user("delegate")).await.unwrap();
-    calls
-        .next()
+    next_call(&mut calls)
         .await
-        .unwrap()
         .respond_tool_calls(vec![tool_call(
             "send_agent_message",
             json!({"target": "b", "message": "Work."}),
         )]);
     // The retrigger wakes a; while it works on it, the user writes again.
-    let woken = calls.next().await.unwrap();
+    let woken = next_call(&mut calls).await;
     assert_eq!(
         last_user_text(&woken.request),
         "Beta completed task #1: done (Work.)"
     );
     h.org.deliver("a", user("hurry up")).await.unwrap();
     woken.respond_tool_calls(vec![tool_call("task_list", json!({}))]);
-    let steered = calls.next().await.unwrap();
+    let steered = next_call(&mut calls).await;
     assert_eq!(last_user_text(&steered.request), "hurry up");
     steered.respond_text("on it");
     assert_eq!(h.reply().await.content, "on it");
@@ -898,7 +892,7 @@ pub async fn a_long_task_turn_renews_its_lease_at_every_checkpoint(stores: Store
     let mut h = harness(stores, Arc::new(llm), "").await;
     h.org.start_all().await.unwrap();
     h.org.deliver("a", user("go")).await.unwrap();
-    let call = calls.next().await.unwrap();
+    let call = next_call(&mut calls).await;
     assert_eq!(call.agent(), Some(&a));
     call.respond_tool_calls(vec![spacebot::testing::tool_call(
         "send_agent_message",
@@ -906,7 +900,7 @@ pub async fn a_long_task_turn_renews_its_lease_at_every_checkpoint(stores: Store
     )]);
     // b works on the task for three lease periods, one tool round per period.
     for _ in 0..3 {
-        let call = calls.next().await.unwrap();
+        let call = next_call(&mut calls).await;
         assert_eq!(call.agent(), Some(&b));
         h.manual_clock()
             .advance(DEFAULT_LEASE - LEASE_CHECK_INTERVAL - std::time::Duration::from_secs(1));
@@ -925,10 +919,10 @@ pub async fn a_long_task_turn_renews_its_lease_at_every_checkpoint(stores: Store
         h.manual_clock().advance(LEASE_CHECK_INTERVAL);
         assert_eq!(h.task("b", 1).await.status, TaskStatus::InProgress);
     }
-    let call = calls.next().await.unwrap();
+    let call = next_call(&mut calls).await;
     assert_eq!(call.agent(), Some(&b));
     call.respond_text("finished");
-    let call = calls.next().await.unwrap();
+    let call = next_call(&mut calls).await;
     assert_eq!(call.agent(), Some(&a));
     call.respond_text("b finished");
     assert_eq!(h.reply().await.content, "b finished");

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use spacebot::conversation::{Conversation, ConversationFilter};
-use spacebot::testing::OrgHarness;
+use spacebot::testing::{MockLlmHandle, OrgHarness, PendingCall};
 use spacebot::{
     AgentId, ChannelId, ChatMessage, ChatRequest, InboundMessage, LlmProvider, ManualClock,
     RecordKind, Task, Tool,
@@ -69,6 +69,16 @@ pub fn tool_results(req: &ChatRequest) -> Vec<String> {
             _ => None,
         })
         .collect()
+}
+
+/// The next model call of a [`MockLlm`](spacebot::testing::MockLlm) pair, failing the test after
+/// 10 s (a hang guard, not a timing assertion).
+pub async fn next_call(calls: &mut MockLlmHandle) -> PendingCall {
+    match tokio::time::timeout(std::time::Duration::from_secs(10), calls.next()).await {
+        Ok(Some(call)) => call,
+        Ok(None) => panic!("the model's handle closed"),
+        Err(_) => panic!("no model call within 10 s"),
+    }
 }
 
 /// A message from user `u1` of the portal (channel `portal:u1`).
