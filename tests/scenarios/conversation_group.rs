@@ -67,6 +67,22 @@ async fn open(h: &mut Harness, llm: &ScriptedLlm, members: &[&str], message: &st
         .expect("a new or an open conversation")
 }
 
+/// Starts only `a`: members that answer at once could otherwise steer the turn that opens the
+/// group (their answer arriving at its checkpoint), and the opening would not be answered as
+/// scripted.
+async fn start_initiator_only(h: &Harness) {
+    h.org.ensure_link_channels().await.unwrap();
+    h.org.start_agent(&id("a")).await.unwrap();
+}
+
+/// Starts `members`, which get the opening then, and waits until everything it caused is done.
+async fn start_members(h: &Harness, members: &[&str]) {
+    for member in members {
+        h.org.start_agent(&id(member)).await.unwrap();
+    }
+    h.wait_quiet().await;
+}
+
 fn conv_lines(lines: &[(RecordKind, String)]) -> Vec<(RecordKind, String)> {
     lines
         .iter()
@@ -79,8 +95,9 @@ pub async fn a_members_output_reaches_every_other_member(stores: Stores) {
     let llm = silent_after_script();
     llm.push_text(&id("b"), "ship on friday");
     let mut h = harness(stores, Arc::new(llm.clone())).await;
-    h.org.start_all().await.unwrap();
+    start_initiator_only(&h).await;
     let conv = open(&mut h, &llm, &["b", "Gamma"], "plan the release").await;
+    start_members(&h, &["b", "c"]).await;
     let ch = group_channel(&conv.id);
     assert_eq!(conv.mode, ConversationMode::Group);
     assert_eq!(conv.members.len(), 3);
@@ -266,7 +283,10 @@ pub async fn the_initiators_close_delivers_the_final_message_and_wakes_its_origi
     let a = id("a");
     llm.push_text(&id("b"), "friday works");
     let mut h = harness(stores, Arc::new(llm.clone())).await;
-    h.org.start_all().await.unwrap();
+    // Only a runs while it opens the group, so b's answer cannot steer the opening turn; b and c
+    // get the opening when they start.
+    h.org.ensure_link_channels().await.unwrap();
+    h.org.start_agent(&a).await.unwrap();
     // a's turn in the group (woken by b's output) closes it; then the retrigger wakes the portal.
     llm.push_tool_call(
         &a,
@@ -278,6 +298,8 @@ pub async fn the_initiators_close_delivers_the_final_message_and_wakes_its_origi
     llm.push_text(&a, "The team settled on friday.");
     h.org.deliver("a", chat("a", "gather them")).await.unwrap();
     assert_eq!(h.reply().await.content, "opened");
+    h.org.start_agent(&id("b")).await.unwrap();
+    h.org.start_agent(&id("c")).await.unwrap();
     let result = h.reply().await;
     assert_eq!(result.channel, portal("a"));
     assert_eq!(result.content, "The team settled on friday.");
@@ -306,8 +328,9 @@ pub async fn any_member_may_sever_and_the_link_and_all_memberships_go_at_once(st
     let c = id("c");
     llm.push_tool_call(&c, "sever_link", json!({}));
     let mut h = harness(stores, Arc::new(llm.clone())).await;
-    h.org.start_all().await.unwrap();
+    start_initiator_only(&h).await;
     let conv = open(&mut h, &llm, &["b", "c"], "hello").await;
+    start_members(&h, &["b", "c"]).await;
     let now = h.org.conversation(&conv.id).await.unwrap().unwrap();
     assert_eq!(now.status, ConversationStatus::Severed);
     assert!(now.members.iter().all(|m| !m.open));
