@@ -551,7 +551,20 @@ impl OrgInner {
             self.emit(event);
             return Ok(());
         }
-        self.persist(agent, envelope).await
+        self.persist(agent, envelope.clone()).await?;
+        // Here the write comes after the check above: a start that marked the agent running and
+        // read the store in between missed this envelope. Queue it as that start would have (a
+        // start that read it already has it in `loaded`, so it is not queued twice).
+        if let Some(Slot::Running(rt)) = self.slot(agent)
+            && rt.admit(&envelope.id)
+        {
+            let id = envelope.id.clone();
+            if rt.queue.try_push(envelope).is_err() {
+                rt.forget(std::slice::from_ref(&id));
+                rt.pending.store(true, Ordering::Release);
+            }
+        }
+        Ok(())
     }
 
     /// Keeps an envelope for a stopped (or overflowing) agent in its pending deliveries.

@@ -679,11 +679,14 @@ pub async fn usage_is_summed_across_a_two_hop_delegation(stores: Stores) {
     let reply = h.reply().await;
     assert_eq!(reply.content, "The word is lantern.");
     let (a, b, c) = (id("a"), id("b"), id("c"));
-    // The reply leaves before its turn commits: wait for the turn to end.
-    tokio::time::timeout(Duration::from_secs(10), h.org.wait_idle(&a))
-        .await
-        .expect("a idle within 10 s")
-        .unwrap();
+    // The reply leaves before its turn commits, and a worker's result before its own turn
+    // commits (which counts its usage): wait for every turn to end.
+    for agent in [&a, &b, &c] {
+        tokio::time::timeout(Duration::from_secs(10), h.org.wait_idle(agent))
+            .await
+            .expect("idle within 10 s")
+            .unwrap();
+    }
     let b_task = TaskRef::new(b.clone(), 1);
     let c_task = TaskRef::new(c.clone(), 1);
     // c answered in one call; b delegated in one call and resumed in another.

@@ -42,6 +42,7 @@ use crate::org::Organization;
 use crate::rt::{TokioClock, TokioSpawner};
 use crate::runtime::Reply;
 use crate::stores::Stores;
+use crate::task::{TaskFilter, TaskStatus};
 use crate::testing::RecordingSink;
 use crate::time::{Clock, ManualClock};
 use crate::tools::Tool;
@@ -150,6 +151,87 @@ impl OrgHarness {
             );
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
+    }
+
+    /// Waits until `agent` is idle: running, its queue empty, no turn and no task running (see
+    /// [`Organization::wait_idle`]; fails the test after the timeout).
+    pub async fn wait_idle(&self, agent: &str) {
+        let agent = AgentId::parse(agent).expect("a valid agent id");
+        match tokio::time::timeout(self.timeout, self.org.wait_idle(&agent)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => panic!("waiting for {agent} to be idle failed: {e}"),
+            Err(_) => panic!("{agent} not idle within {:?}", self.timeout),
+        }
+    }
+
+    /// Waits until the organization is quiet: every running agent idle (queue empty, no turn and no
+    /// task running), nothing waiting for any of them in the stores (no delivery kept, no task ready
+    /// to claim, no completion notice to send), and no event emitted
+    /// across two consecutive checks (an agent between taking an envelope and starting its turn
+    /// looks idle for an instant). Fails the test after the timeout, with the last events.
+    ///
+    /// This is the end of everything a stimulus caused: assert on counts after it.
+    pub async fn wait_quiet(&self) {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let mut settled_at: Option<usize> = None;
+        loop {
+            let before = self.events.len();
+            let mut quiet = true;
+            for agent in self.org.agent_ids() {
+                if !self.org.is_running(&agent) {
+                    continue;
+                }
+                if !self.org.is_idle(&agent) || !self.nothing_waits(&agent).await {
+                    quiet = false;
+                    break;
+                }
+            }
+            let quiet = quiet && self.events.len() == before;
+            if quiet && settled_at == Some(before) {
+                return;
+            }
+            settled_at = quiet.then_some(before);
+            if tokio::time::Instant::now() >= deadline {
+                let kinds = self.events.kinds();
+                let tail = &kinds[kinds.len().saturating_sub(30)..];
+                panic!(
+                    "the organization was not quiet within {:?}; last events: {tail:?}",
+                    self.timeout
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    /// Whether nothing waits for `agent` in the stores: no delivery kept, no task ready to claim,
+    /// no completion notice to send.
+    async fn nothing_waits(&self, agent: &AgentId) -> bool {
+        let ready = TaskFilter {
+            statuses: vec![TaskStatus::Ready],
+            ..TaskFilter::default()
+        };
+        let deliveries = self.stores.deliveries.pending(agent).await;
+        let tasks = self.stores.tasks.list(agent, &ready).await;
+        let outbox = self.stores.tasks.outbox_pending(agent).await;
+        matches!(deliveries, Ok(d) if d.is_empty())
+            && matches!(tasks, Ok(t) if t.is_empty())
+            && matches!(outbox, Ok(o) if o.is_empty())
+    }
+
+    /// Waits until `pred` holds for the kinds of the recorded events.
+    pub async fn wait_kinds(&self, what: &str, pred: impl Fn(&[EventKind]) -> bool) {
+        self.wait_for(what, |events| {
+            let kinds: Vec<EventKind> = events.iter().map(|e| e.kind.clone()).collect();
+            pred(&kinds)
+        })
+        .await;
+    }
+
+    /// The manual clock (panics when the harness runs on the wall clock).
+    pub fn manual_clock(&self) -> &ManualClock {
+        self.clock
+            .as_ref()
+            .expect("the harness was built with .manual_clock(...)")
     }
 
     /// How many recorded events match `pred`.

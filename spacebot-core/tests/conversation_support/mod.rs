@@ -157,12 +157,13 @@ impl Harness {
         }
     }
 
-    /// Waits until every queue is empty and no event was emitted for a while (hang guard 10 s).
+    /// Waits until every running agent is idle (queue empty, no turn, no task) and no event was
+    /// emitted across two consecutive checks (hang guard 10 s).
     pub async fn quiesce(&self) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         let mut stable = 0;
         let mut last = usize::MAX;
-        while stable < 10 {
+        while stable < 2 {
             if tokio::time::Instant::now() >= deadline {
                 let kinds = self.events.kinds();
                 let tail = &kinds[kinds.len().saturating_sub(30)..];
@@ -174,7 +175,8 @@ impl Harness {
                 .org
                 .agent_ids()
                 .iter()
-                .all(|a| self.org.queue_len(a).unwrap_or(0) == 0);
+                .filter(|a| self.org.is_running(a))
+                .all(|a| self.org.is_idle(a));
             if n == last && idle {
                 stable += 1;
             } else {

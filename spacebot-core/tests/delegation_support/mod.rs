@@ -178,9 +178,50 @@ impl Harness {
         .await;
     }
 
-    /// Lets the runtime settle: real time passes, the manual clock does not.
+    /// Waits until the organization is quiet: every running agent idle, no task ready to claim and
+    /// no completion notice to send, and no event across two consecutive checks (hang guard 10 s).
     pub async fn settle(&self) {
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let mut settled_at = None;
+        loop {
+            let before = self.events.len();
+            let mut quiet = true;
+            for agent in self.org.agent_ids() {
+                if !self.org.is_running(&agent) {
+                    continue;
+                }
+                let ready = spacebot_core::task::TaskFilter {
+                    statuses: vec![spacebot_core::TaskStatus::Ready],
+                    ..Default::default()
+                };
+                quiet &= self.org.is_idle(&agent)
+                    && self
+                        .stores
+                        .tasks
+                        .list(&agent, &ready)
+                        .await
+                        .unwrap()
+                        .is_empty()
+                    && self
+                        .stores
+                        .tasks
+                        .outbox_pending(&agent)
+                        .await
+                        .unwrap()
+                        .is_empty();
+            }
+            let quiet = quiet && self.events.len() == before;
+            if quiet && settled_at == Some(before) {
+                return;
+            }
+            settled_at = quiet.then_some(before);
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the organization was not quiet within 10 s; events: {:#?}",
+                self.events.kinds()
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
     }
 
     pub async fn task(&self, agent: &str, number: u64) -> Task {

@@ -4,15 +4,13 @@
 // Helpers outside #[test] functions assert too.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod runtime_support;
-
 use std::sync::Arc;
 
-use runtime_support::*;
+use super::support::{agent::*, *};
 use serde_json::json;
-use spacebot_core::event::EventKind;
-use spacebot_core::testing::{MockLlm, ScriptedLlm, raw_tool_call, tool_call};
-use spacebot_core::{
+use spacebot::event::EventKind;
+use spacebot::testing::{MockLlm, ScriptedLlm, raw_tool_call, tool_call};
+use spacebot::{
     AgentId, ChannelId, ChannelStore, ChatMessage, ChatResponse, ChildSpec, DeliveryError,
     DeliveryStore, InboundMessage, InternalMessage, LlmError, RecordKind,
 };
@@ -21,32 +19,10 @@ fn msg(text: &str) -> InboundMessage {
     InboundMessage::new("portal", "u1", text)
 }
 
-fn last_user_text(req: &spacebot_core::ChatRequest) -> String {
-    req.messages
-        .iter()
-        .rev()
-        .find_map(|m| match m {
-            ChatMessage::User { content } => Some(content.clone()),
-            _ => None,
-        })
-        .unwrap_or_default()
-}
-
-fn tool_results(req: &spacebot_core::ChatRequest) -> Vec<String> {
-    req.messages
-        .iter()
-        .filter_map(|m| match m {
-            ChatMessage::Tool { content, .. } => Some(content.clone()),
-            _ => None,
-        })
-        .collect()
-}
-
-#[tokio::test]
-async fn delivery_to_a_stopped_agent_is_persisted_and_handed_over_once() {
+pub async fn delivery_to_a_stopped_agent_is_persisted_and_handed_over_once(stores: Stores) {
     let llm = Arc::new(ScriptedLlm::new());
     llm.push_text(&id("a"), "hello back");
-    let mut h = harness(llm.clone(), "", vec![]).await;
+    let mut h = harness(stores, llm.clone(), "", vec![]).await;
     let a = id("a");
     let envelope = h.org.deliver("a", msg("hello")).await.unwrap();
     assert_eq!(h.stores.deliveries.pending(&a).await.unwrap().len(), 1);
@@ -60,19 +36,27 @@ async fn delivery_to_a_stopped_agent_is_persisted_and_handed_over_once() {
     h.org.stop_agent(&a).await.unwrap();
     assert!(h.stores.deliveries.pending(&a).await.unwrap().is_empty());
     h.org.start_agent(&a).await.unwrap();
-    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    assert_eq!(llm.requests_for(&a).len(), 1, "handed over exactly once");
-    assert!(h.replies.try_recv().is_err(), "no second reply");
+    // A later message is answered after anything handed over at the start: once it is, and the
+    // agent is idle, whatever the restart handed over has been answered.
+    llm.push_text(&a, "pong");
+    let ping = h.org.deliver("a", msg("ping")).await.unwrap();
+    let reply = h.reply().await;
+    assert_eq!(
+        (reply.content.as_str(), reply.in_reply_to.clone()),
+        ("pong", vec![ping])
+    );
+    h.wait_idle("a").await;
+    assert_eq!(llm.requests_for(&a).len(), 2, "handed over exactly once");
+    assert!(h.replies_now().is_empty(), "no second reply");
 }
 
-#[tokio::test]
-async fn a_full_queue_refuses_with_queue_full() {
+pub async fn a_full_queue_refuses_with_queue_full(stores: Stores) {
     let (llm, mut calls) = MockLlm::pair();
-    let h = harness(Arc::new(llm), "queue_capacity = 2", vec![]).await;
+    let h = harness(stores, Arc::new(llm), "queue_capacity = 2", vec![]).await;
     let a = id("a");
     h.org.start_agent(&a).await.unwrap();
     h.org.deliver("a", msg("1")).await.unwrap();
-    let call = calls.next().await.unwrap(); // the loop took "1" and waits on the model
+    let call = next_call(&mut calls).await; // the loop took "1" and waits on the model
     h.org.deliver("a", msg("2")).await.unwrap();
     h.org.deliver("a", msg("3")).await.unwrap();
     let err = h.org.deliver("a", msg("4")).await.unwrap_err();
@@ -88,10 +72,9 @@ async fn a_full_queue_refuses_with_queue_full() {
     call.respond_text("done");
 }
 
-#[tokio::test]
-async fn unknown_and_ended_targets_are_typed_errors() {
+pub async fn unknown_and_ended_targets_are_typed_errors(stores: Stores) {
     let llm = Arc::new(ScriptedLlm::new());
-    let h = harness(llm.clone(), "", vec![]).await;
+    let h = harness(stores, llm.clone(), "", vec![]).await;
     let a = id("a");
     let err = h.org.deliver("nobody", msg("hi")).await.unwrap_err();
     assert!(matches!(err, DeliveryError::UnknownAgent { ref agent } if agent == "nobody"));
@@ -113,9 +96,8 @@ async fn unknown_and_ended_targets_are_typed_errors() {
     llm.push_text(&a, "thanks");
     // the child's script was pushed after spawn: the first request may have failed; accept both
     h.wait_for("the child to stop", |ev| {
-        ev.events_for(&child)
-            .iter()
-            .any(|e| e.kind == EventKind::AgentStopped)
+        ev.iter()
+            .any(|e| e.agent == child && e.kind == EventKind::AgentStopped)
     })
     .await;
     let err = h
@@ -127,10 +109,9 @@ async fn unknown_and_ended_targets_are_typed_errors() {
     assert!(err.to_string().contains("has ended"));
 }
 
-#[tokio::test]
-async fn internal_messages_are_policy_checked_and_stamped() {
+pub async fn internal_messages_are_policy_checked_and_stamped(stores: Stores) {
     let (llm, mut calls) = MockLlm::pair();
-    let h = harness(Arc::new(llm), "", vec![]).await;
+    let h = harness(stores, Arc::new(llm), "", vec![]).await;
     let (a, b, c) = (id("a"), id("b"), id("c"));
     // a -> b one-way: a may start, b may not; c has no link.
     let err = h
@@ -155,7 +136,7 @@ async fn internal_messages_are_policy_checked_and_stamped() {
         .send_internal(&a, &b, InternalMessage::task("count to 3"))
         .await
         .unwrap();
-    let call = calls.next().await.unwrap();
+    let call = next_call(&mut calls).await;
     assert_eq!(call.agent(), Some(&b));
     assert!(last_user_text(&call.request).contains("count to 3"));
     call.respond_text("1 2 3");
@@ -175,10 +156,9 @@ async fn internal_messages_are_policy_checked_and_stamped() {
     );
 }
 
-#[tokio::test]
-async fn a_child_result_wakes_the_parent() {
+pub async fn a_child_result_wakes_the_parent(stores: Stores) {
     let (llm, mut calls) = MockLlm::pair();
-    let mut h = harness(Arc::new(llm), "", vec![]).await;
+    let mut h = harness(stores, Arc::new(llm), "", vec![]).await;
     let a = id("a");
     h.org.start_agent(&a).await.unwrap();
     let child = h
@@ -186,11 +166,11 @@ async fn a_child_result_wakes_the_parent() {
         .spawn_child(&a, ChildSpec::new("word picker", "pick a random word"))
         .await
         .unwrap();
-    let call = calls.next().await.unwrap();
+    let call = next_call(&mut calls).await;
     assert_eq!(call.agent(), Some(&child));
     assert!(last_user_text(&call.request).contains("pick a random word"));
     call.respond_text("nebula");
-    let call = calls.next().await.unwrap();
+    let call = next_call(&mut calls).await;
     assert_eq!(call.agent(), Some(&a), "the parent is woken");
     assert!(last_user_text(&call.request).contains("nebula"));
     call.respond_text("the child picked nebula");
@@ -199,10 +179,9 @@ async fn a_child_result_wakes_the_parent() {
     assert_eq!(reply.content, "the child picked nebula");
 }
 
-#[tokio::test]
-async fn a_failed_child_and_an_undeliverable_result_are_reported() {
+pub async fn a_failed_child_and_an_undeliverable_result_are_reported(stores: Stores) {
     let (llm, mut calls) = MockLlm::pair();
-    let h = harness(Arc::new(llm), "", vec![]).await;
+    let h = harness(stores, Arc::new(llm), "", vec![]).await;
     let a = id("a");
     h.org.start_agent(&a).await.unwrap();
     // The child's model fails: the parent is told.
@@ -211,10 +190,10 @@ async fn a_failed_child_and_an_undeliverable_result_are_reported() {
         .spawn_child(&a, ChildSpec::new("flaky", "work"))
         .await
         .unwrap();
-    let call = calls.next().await.unwrap();
+    let call = next_call(&mut calls).await;
     assert_eq!(call.agent(), Some(&child));
     call.fail(LlmError::Other("model unavailable".into()));
-    let call = calls.next().await.unwrap();
+    let call = next_call(&mut calls).await;
     assert_eq!(call.agent(), Some(&a));
     let text = last_user_text(&call.request);
     assert!(
@@ -237,7 +216,7 @@ async fn a_failed_child_and_an_undeliverable_result_are_reported() {
     // Answer mid first: it ends; then the leaf answers into the void.
     let mut pending = Vec::new();
     while pending.len() < 2 {
-        pending.push(calls.next().await.unwrap());
+        pending.push(next_call(&mut calls).await);
     }
     let (mid_call, leaf_call): (Vec<_>, Vec<_>) =
         pending.into_iter().partition(|c| c.agent() == Some(&mid));
@@ -246,13 +225,12 @@ async fn a_failed_child_and_an_undeliverable_result_are_reported() {
         .next()
         .unwrap()
         .respond_text("mid done");
-    let parent_call = calls.next().await.unwrap();
+    let parent_call = next_call(&mut calls).await;
     assert_eq!(parent_call.agent(), Some(&a));
     parent_call.respond_text("ok");
     h.wait_for("mid to end", |ev| {
-        ev.events_for(&mid)
-            .iter()
-            .any(|e| e.kind == EventKind::AgentStopped)
+        ev.iter()
+            .any(|e| e.agent == mid && e.kind == EventKind::AgentStopped)
     })
     .await;
     leaf_call
@@ -261,15 +239,14 @@ async fn a_failed_child_and_an_undeliverable_result_are_reported() {
         .unwrap()
         .respond_text("too late");
     h.wait_for("the undeliverable result to be reported", |ev| {
-        ev.events_for(&grandchild).iter().any(|e| {
+        ev.iter().any(|e| e.agent == grandchild && {
             matches!(&e.kind, EventKind::Error { message } if message.contains("reply not delivered") && message.contains("ended"))
         })
     })
     .await;
 }
 
-#[tokio::test]
-async fn tool_errors_go_back_to_the_model() {
+pub async fn tool_errors_go_back_to_the_model(stores: Stores) {
     let llm = Arc::new(ScriptedLlm::new());
     let a = id("a");
     llm.push(
@@ -286,6 +263,7 @@ async fn tool_errors_go_back_to_the_model() {
     );
     llm.push_text(&a, "recovered");
     let mut h = harness(
+        stores,
         llm.clone(),
         "",
         vec![Arc::new(EchoTool), Arc::new(BrokenTool), Arc::new(PingTool)],
@@ -330,10 +308,9 @@ async fn tool_errors_go_back_to_the_model() {
     assert_eq!(failed, 6);
 }
 
-#[tokio::test]
-async fn the_round_limit_stops_a_looping_model() {
+pub async fn the_round_limit_stops_a_looping_model(stores: Stores) {
     let a = id("a");
-    let llm = Arc::new(spacebot_core::testing::FnLlm::new(|req| {
+    let llm = Arc::new(spacebot::testing::FnLlm::new(|req| {
         if req
             .messages
             .iter()
@@ -346,12 +323,17 @@ async fn the_round_limit_stops_a_looping_model() {
             json!({"text": "again"}),
         )]))
     }));
-    let mut h = harness(llm.clone(), "max_tool_rounds = 3", vec![Arc::new(EchoTool)]).await;
+    let mut h = harness(
+        stores,
+        llm.clone(),
+        "max_tool_rounds = 3",
+        vec![Arc::new(EchoTool)],
+    )
+    .await;
     h.org.start_agent(&a).await.unwrap();
     h.org.deliver("a", msg("loop forever")).await.unwrap();
-    h.wait_for("the round limit", |ev| {
-        ev.kinds()
-            .contains(&EventKind::RoundLimitReached { limit: 3 })
+    h.wait_kinds("the round limit", |ev| {
+        ev.contains(&EventKind::RoundLimitReached { limit: 3 })
     })
     .await;
     // The user is told the turn failed, and why.
@@ -388,10 +370,9 @@ async fn the_round_limit_stops_a_looping_model() {
     );
 }
 
-#[tokio::test]
-async fn steering_answers_the_merged_backlog_then_the_interrupted_message() {
+pub async fn steering_answers_the_merged_backlog_then_the_interrupted_message(stores: Stores) {
     let (llm, mut calls) = MockLlm::pair();
-    let mut h = harness(Arc::new(llm), "", vec![Arc::new(EchoTool)]).await;
+    let mut h = harness(stores, Arc::new(llm), "", vec![Arc::new(EchoTool)]).await;
     let a = id("a");
     h.org.start_agent(&a).await.unwrap();
     let m1 = h
@@ -399,12 +380,12 @@ async fn steering_answers_the_merged_backlog_then_the_interrupted_message() {
         .deliver("a", msg("write a long report"))
         .await
         .unwrap();
-    let call = calls.next().await.unwrap();
+    let call = next_call(&mut calls).await;
     let m2 = h.org.deliver("a", msg("stop, use French")).await.unwrap();
     let m3 = h.org.deliver("a", msg("and keep it short")).await.unwrap();
     call.respond_tool_calls(vec![tool_call("echo", json!({"text": "working"}))]);
     // Checkpoint: m2 and m3 are merged into one user message.
-    let call = calls.next().await.unwrap();
+    let call = next_call(&mut calls).await;
     let merged = last_user_text(&call.request);
     assert!(
         merged.contains("[1] user (portal): stop, use French"),
@@ -418,7 +399,7 @@ async fn steering_answers_the_merged_backlog_then_the_interrupted_message() {
     let reply = h.reply().await;
     assert_eq!(reply.in_reply_to, vec![m2, m3]);
     // Then the interrupted message, resumed by the same turn.
-    let call = calls.next().await.unwrap();
+    let call = next_call(&mut calls).await;
     assert!(last_user_text(&call.request).contains("write a long report"));
     call.respond_text("rapport");
     let reply = h.reply().await;
@@ -426,27 +407,42 @@ async fn steering_answers_the_merged_backlog_then_the_interrupted_message() {
     assert!(h.events.kinds().contains(&EventKind::Steered { merged: 2 }));
 }
 
-#[tokio::test]
-async fn cancelling_a_turn_keeps_what_is_queued() {
+pub async fn cancelling_a_turn_keeps_what_is_queued(stores: Stores) {
     let (llm, mut calls) = MockLlm::pair();
-    let mut h = harness(Arc::new(llm), "", vec![]).await;
+    let mut h = harness(stores, Arc::new(llm), "", vec![]).await;
     let (a, b) = (id("a"), id("b"));
     h.org.start_agent(&a).await.unwrap();
     h.org.deliver("a", msg("slow question")).await.unwrap();
-    let slow = calls.next().await.unwrap();
+    let slow = next_call(&mut calls).await;
     let m2 = h.org.deliver("a", msg("next question")).await.unwrap();
     assert!(h.org.cancel_turn(&a));
-    h.wait_for("the cancel event", |ev| {
-        ev.kinds().contains(&EventKind::TurnCancelled)
+    h.wait_kinds("the cancel event", |ev| {
+        ev.contains(&EventKind::TurnCancelled)
     })
     .await;
+    // The model call is still unanswered: only the cancel can have freed the loop for the next
+    // message.
+    let call = next_call(&mut calls).await;
     drop(slow);
-    let call = calls.next().await.unwrap();
     assert_eq!(last_user_text(&call.request), "next question");
     call.respond_text("answer 2");
     let reply = h.reply().await;
     assert_eq!(reply.in_reply_to, vec![m2]);
+    h.wait_idle("a").await;
     assert!(!h.org.cancel_turn(&a), "nothing runs now");
+    // The channel says the cancelled message was not answered.
+    let portal = ChannelId::new("portal:u1");
+    assert!(
+        h.history("a", &portal)
+            .await
+            .iter()
+            .any(|r| r.record.kind == RecordKind::System
+                && r.record
+                    .content
+                    .contains("turn cancelled; the message was not answered")),
+        "{:?}",
+        h.history("a", &portal).await
+    );
 
     // A cancel envelope over the internal channel does the same for b.
     h.org.start_agent(&b).await.unwrap();
@@ -454,7 +450,7 @@ async fn cancelling_a_turn_keeps_what_is_queued() {
         .send_internal(&a, &b, InternalMessage::task("long job"))
         .await
         .unwrap();
-    let job = calls.next().await.unwrap();
+    let job = next_call(&mut calls).await;
     h.org
         .send_internal(&a, &b, InternalMessage::task("queued job"))
         .await
@@ -463,32 +459,30 @@ async fn cancelling_a_turn_keeps_what_is_queued() {
         .send_internal(&a, &b, InternalMessage::cancel("changed my mind"))
         .await
         .unwrap();
+    // As above, the long job's model call stays unanswered until the queued job is asked.
+    let call = next_call(&mut calls).await;
     drop(job);
-    let call = calls.next().await.unwrap();
     assert_eq!(call.agent(), Some(&b));
     assert!(last_user_text(&call.request).contains("queued job"));
     call.respond_text("ok");
 }
 
-#[tokio::test]
-async fn stopping_an_agent_persists_its_queue_for_the_next_start() {
+pub async fn stopping_an_agent_persists_its_queue_for_the_next_start(stores: Stores) {
     let (llm, mut calls) = MockLlm::pair();
-    let mut h = harness(Arc::new(llm), "", vec![]).await;
+    let mut h = harness(stores, Arc::new(llm), "", vec![]).await;
     let a = id("a");
     h.org.start_agent(&a).await.unwrap();
     h.org.deliver("a", msg("first")).await.unwrap();
-    let first = calls.next().await.unwrap();
+    let first = next_call(&mut calls).await;
     let m2 = h.org.deliver("a", msg("second")).await.unwrap();
     let org = h.org.clone();
     let stopping = tokio::spawn(async move { org.stop_agent(&id("a")).await });
     // The stop closes the queue at once, while the first turn still waits on the model.
-    for _ in 0..2_000 {
-        if !h.org.is_running(&a) {
-            break;
-        }
-        tokio::task::yield_now().await;
-    }
-    assert!(!h.org.is_running(&a), "the stop did not begin");
+    h.wait_until("the stop to begin", || {
+        let running = h.org.is_running(&a);
+        async move { !running }
+    })
+    .await;
     first.respond_text("one");
     stopping.await.unwrap().unwrap();
     assert_eq!(h.reply().await.content, "one");
@@ -498,33 +492,32 @@ async fn stopping_an_agent_persists_its_queue_for_the_next_start() {
         vec![m2.clone()]
     );
     h.org.start_agent(&a).await.unwrap();
-    let call = calls.next().await.unwrap();
+    let call = next_call(&mut calls).await;
     assert_eq!(last_user_text(&call.request), "second");
     call.respond_text("two");
     assert_eq!(h.reply().await.in_reply_to, vec![m2]);
 }
 
-#[tokio::test]
-async fn after_a_steer_the_interrupted_message_waits_for_the_merged_answer() {
+pub async fn after_a_steer_the_interrupted_message_waits_for_the_merged_answer(stores: Stores) {
     let (llm, mut calls) = MockLlm::pair();
-    let mut h = harness(Arc::new(llm), "", vec![Arc::new(EchoTool)]).await;
+    let mut h = harness(stores, Arc::new(llm), "", vec![Arc::new(EchoTool)]).await;
     let a = id("a");
     h.org.start_agent(&a).await.unwrap();
     let m1 = h.org.deliver("a", msg("first")).await.unwrap();
-    let call = calls.next().await.unwrap();
+    let call = next_call(&mut calls).await;
     let m2 = h.org.deliver("a", msg("second")).await.unwrap();
     call.respond_tool_calls(vec![tool_call("echo", json!({"text": "1"}))]);
     // Steered to "second"; the model keeps calling tools: "first" must not steer back in.
     for round in 0..5 {
-        let call = calls.next().await.unwrap();
+        let call = next_call(&mut calls).await;
         assert_eq!(last_user_text(&call.request), "second", "round {round}");
         call.respond_tool_calls(vec![tool_call("echo", json!({"text": "more"}))]);
     }
-    let call = calls.next().await.unwrap();
+    let call = next_call(&mut calls).await;
     assert_eq!(last_user_text(&call.request), "second");
     call.respond_text("second answered");
     assert_eq!(h.reply().await.in_reply_to, vec![m2]);
-    let call = calls.next().await.unwrap();
+    let call = next_call(&mut calls).await;
     assert!(last_user_text(&call.request).contains("first"));
     call.respond_text("first answered");
     assert_eq!(h.reply().await.in_reply_to, vec![m1]);
@@ -538,10 +531,9 @@ async fn after_a_steer_the_interrupted_message_waits_for_the_merged_answer() {
     );
 }
 
-#[tokio::test]
-async fn a_parent_and_its_child_may_always_message_each_other() {
+pub async fn a_parent_and_its_child_may_always_message_each_other(stores: Stores) {
     let (llm, mut calls) = MockLlm::pair();
-    let h = harness(Arc::new(llm), "", vec![]).await;
+    let h = harness(stores, Arc::new(llm), "", vec![]).await;
     let (a, c) = (id("a"), id("c"));
     h.org.start_agent(&a).await.unwrap();
     let mut spec = ChildSpec::new("helper", "wait for instructions");
@@ -549,7 +541,7 @@ async fn a_parent_and_its_child_may_always_message_each_other() {
     let child = h.org.spawn_child(&a, spec).await.unwrap();
     // No link joins them ...
     assert!(h.org.graph().between(a.as_str(), child.as_str()).is_none());
-    let first = calls.next().await.unwrap();
+    let first = next_call(&mut calls).await;
     assert_eq!(first.agent(), Some(&child));
     // ... yet the parent may send its child work, and the child may write to its parent.
     h.org
@@ -580,16 +572,15 @@ async fn a_parent_and_its_child_may_always_message_each_other() {
     let mut seen = Vec::new();
     while !(child_told(&seen) && parent_told(&seen)) {
         assert!(seen.len() < 6, "expected calls missing: {seen:?}");
-        let call = calls.next().await.unwrap();
+        let call = next_call(&mut calls).await;
         seen.push((call.agent().cloned(), last_user_text(&call.request)));
         call.respond_text("ok");
     }
 }
 
-#[tokio::test]
-async fn a_handed_over_delivery_stays_stored_until_it_was_processed() {
+pub async fn a_handed_over_delivery_stays_stored_until_it_was_processed(stores: Stores) {
     let (llm, mut calls) = MockLlm::pair();
-    let mut h = harness(Arc::new(llm), "", vec![]).await;
+    let mut h = harness(stores, Arc::new(llm), "", vec![]).await;
     let a = id("a");
     let envelope = h
         .org
@@ -597,7 +588,7 @@ async fn a_handed_over_delivery_stays_stored_until_it_was_processed() {
         .await
         .unwrap();
     h.org.start_agent(&a).await.unwrap();
-    let call = calls.next().await.unwrap();
+    let call = next_call(&mut calls).await;
     // Mid-turn (a crash now would lose the in-memory queue): the store still holds it.
     let pending = h.stores.deliveries.pending(&a).await.unwrap();
     assert_eq!(
@@ -606,13 +597,152 @@ async fn a_handed_over_delivery_stays_stored_until_it_was_processed() {
     );
     call.respond_text("answered");
     assert_eq!(h.reply().await.in_reply_to, vec![envelope]);
-    let mut removed = false;
-    for _ in 0..200 {
-        if h.stores.deliveries.pending(&a).await.unwrap().is_empty() {
-            removed = true;
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    h.wait_until("the processed delivery removed from the store", || async {
+        h.stores.deliveries.pending(&a).await.unwrap().is_empty()
+    })
+    .await;
+}
+
+pub async fn deliveries_to_a_stopped_agent_are_handed_over_in_order(stores: Stores) {
+    let (llm, mut calls) = MockLlm::pair();
+    let mut h = harness(stores, Arc::new(llm), "", vec![]).await;
+    let a = id("a");
+    let mut sent = Vec::new();
+    for text in ["m1", "m2", "m3"] {
+        sent.push(h.org.deliver("a", msg(text)).await.unwrap());
     }
-    assert!(removed, "the processed delivery is removed from the store");
+    h.org.start_agent(&a).await.unwrap();
+    for (text, envelope) in ["m1", "m2", "m3"].into_iter().zip(sent) {
+        let call = next_call(&mut calls).await;
+        assert_eq!(last_user_text(&call.request), text);
+        call.respond_text(format!("re {text}"));
+        assert_eq!(h.reply().await.in_reply_to, vec![envelope]);
+    }
+}
+
+/// A parent whose queue is full while its children answer still gets their results: they overflow
+/// to its pending deliveries and are handed over, in the order they came, once its queue runs
+/// empty.
+pub async fn a_parent_with_a_full_queue_gets_its_childrens_results_in_order(stores: Stores) {
+    let (llm, mut calls) = MockLlm::pair();
+    let mut h = harness(stores, Arc::new(llm), "queue_capacity = 1", vec![]).await;
+    let a = id("a");
+    h.org.start_agent(&a).await.unwrap();
+    let m1 = h.org.deliver("a", msg("first")).await.unwrap();
+    let first = next_call(&mut calls).await;
+    let m2 = h.org.deliver("a", msg("second")).await.unwrap();
+    assert!(matches!(
+        h.org.deliver("a", msg("third")).await,
+        Err(DeliveryError::QueueFull(_))
+    ));
+    for (name, word) in [("one", "alpha-result"), ("two", "beta-result")] {
+        let child = h
+            .org
+            .spawn_child(&a, ChildSpec::new(name, "say your word"))
+            .await
+            .unwrap();
+        let call = next_call(&mut calls).await;
+        assert_eq!(call.agent(), Some(&child));
+        call.respond_text(word);
+        h.wait_for("the child to end", |events| {
+            events
+                .iter()
+                .any(|e| e.agent == child && e.kind == EventKind::AgentStopped)
+        })
+        .await;
+        assert_eq!(h.org.queue_len(&a), Some(1), "the queue keeps its bound");
+    }
+    first.respond_text("answer 1");
+    assert_eq!(h.reply().await.in_reply_to, vec![m1]);
+    let call = next_call(&mut calls).await;
+    assert_eq!(last_user_text(&call.request), "second");
+    call.respond_text("answer 2");
+    assert_eq!(h.reply().await.in_reply_to, vec![m2]);
+    for word in ["alpha-result", "beta-result"] {
+        let call = next_call(&mut calls).await;
+        assert_eq!(call.agent(), Some(&a));
+        let text = last_user_text(&call.request);
+        assert!(
+            text.contains(word),
+            "expected {word} next, the model saw {text:?}"
+        );
+        call.respond_text("noted");
+        assert_eq!(h.reply().await.agent, a);
+    }
+}
+
+/// Delivers a new user message to agent `a` on each of its first `max` calls, so the turn that
+/// called it is steered at the next checkpoint.
+#[derive(Debug)]
+struct SteerTool {
+    org: std::sync::OnceLock<spacebot::Organization>,
+    calls: std::sync::atomic::AtomicUsize,
+    max: usize,
+}
+
+#[async_trait::async_trait]
+impl spacebot::Tool for SteerTool {
+    fn definition(&self) -> spacebot::ToolDefinition {
+        spacebot::ToolDefinition::new("steer", "Steers.", json!({"type": "object"}))
+    }
+    async fn call(
+        &self,
+        _ctx: &spacebot::ToolContext,
+        _args: serde_json::Value,
+    ) -> Result<spacebot::ToolOutput, spacebot::ToolError> {
+        let n = self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if n < self.max {
+            let org = self.org.get().expect("the organization is set");
+            org.deliver("a", msg(&format!("steer {n}")))
+                .await
+                .map_err(|e| spacebot::ToolError::failed("steer", e.to_string()))?;
+        }
+        Ok(spacebot::ToolOutput::text("steered"))
+    }
+}
+
+/// Each steer gives the steering message a fresh round budget, but a turn producers keep steering
+/// takes four times `max_tool_rounds` in all, then stops.
+pub async fn a_turn_kept_steered_stops_at_four_times_the_round_limit(stores: Stores) {
+    let llm = Arc::new(spacebot::testing::FnLlm::new(|_| {
+        Ok(ChatResponse::tool_calls(vec![tool_call(
+            "steer",
+            json!({}),
+        )]))
+    }));
+    let steer = Arc::new(SteerTool {
+        org: std::sync::OnceLock::new(),
+        calls: std::sync::atomic::AtomicUsize::new(0),
+        max: 12,
+    });
+    let mut h = harness(stores, llm, "max_tool_rounds = 2", vec![steer.clone()]).await;
+    steer.org.set(h.org.clone()).unwrap();
+    h.org.start_agent(&id("a")).await.unwrap();
+    h.org.deliver("a", msg("go")).await.unwrap();
+    h.wait_count("the round limit", 1, |k| {
+        matches!(k, EventKind::RoundLimitReached { .. })
+    })
+    .await;
+    let kinds = h.events.kinds();
+    let first_limit = kinds
+        .iter()
+        .position(|k| matches!(k, EventKind::RoundLimitReached { .. }))
+        .unwrap();
+    let rounds = kinds[..first_limit]
+        .iter()
+        .filter(|k| matches!(k, EventKind::ToolCalled { .. }))
+        .count();
+    assert_eq!(rounds, 2 * 4, "the steered turn's rounds");
+    assert!(
+        kinds[..first_limit]
+            .iter()
+            .filter(|k| matches!(k, EventKind::Steered { .. }))
+            .count()
+            >= 2,
+        "the turn was steered: {kinds:?}"
+    );
+    assert!(h.reply().await.is_failure());
+    // The messages that arrived meanwhile are answered by turns of their own (each failing at
+    // the round limit, as the model only ever calls the tool).
+    h.wait_quiet().await;
 }

@@ -3,32 +3,20 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod conversation_support;
-
 use std::sync::Arc;
 
+use super::support::{conversation::*, *};
 use async_trait::async_trait;
-use conversation_support::*;
 use serde_json::json;
-use spacebot_core::conversation::{Conversation, ConversationMode, ConversationStatus, MemberRole};
-use spacebot_core::dialogue::group_channel;
-use spacebot_core::event::EventKind;
-use spacebot_core::testing::ScriptedLlm;
-use spacebot_core::tools::{Tool, ToolContext, ToolError, ToolOutput};
-use spacebot_core::{ChatMessage, ChatRequest, ChatResponse, RecordKind, Stores, ToolDefinition};
+use spacebot::conversation::{Conversation, ConversationMode, ConversationStatus, MemberRole};
+use spacebot::dialogue::group_channel;
+use spacebot::event::EventKind;
+use spacebot::testing::ScriptedLlm;
+use spacebot::tools::{Tool, ToolContext, ToolError, ToolOutput};
+use spacebot::{ChatResponse, RecordKind, Stores, ToolDefinition};
 
 fn silent_after_script() -> ScriptedLlm {
     ScriptedLlm::new().with_fallback(|_| Ok(ChatResponse::text("")))
-}
-
-fn tool_results(req: &ChatRequest) -> Vec<String> {
-    req.messages
-        .iter()
-        .filter_map(|m| match m {
-            ChatMessage::Tool { content, .. } => Some(content.clone()),
-            _ => None,
-        })
-        .collect()
 }
 
 /// A tool whose output must never cross to other members.
@@ -69,7 +57,7 @@ async fn open(h: &mut Harness, llm: &ScriptedLlm, members: &[&str], message: &st
         .collect();
     h.org.deliver("a", chat("a", "gather them")).await.unwrap();
     assert_eq!(h.reply().await.content, "opened");
-    h.quiesce().await;
+    h.wait_quiet().await;
     let all = h.all_conversations().await;
     if let Some(new) = all.iter().find(|c| !before.contains(&c.id)) {
         return new.clone();
@@ -77,6 +65,22 @@ async fn open(h: &mut Harness, llm: &ScriptedLlm, members: &[&str], message: &st
     all.into_iter()
         .find(|c| c.status == ConversationStatus::Open)
         .expect("a new or an open conversation")
+}
+
+/// Starts only `a`: members that answer at once could otherwise steer the turn that opens the
+/// group (their answer arriving at its checkpoint), and the opening would not be answered as
+/// scripted.
+async fn start_initiator_only(h: &Harness) {
+    h.org.ensure_link_channels().await.unwrap();
+    h.org.start_agent(&id("a")).await.unwrap();
+}
+
+/// Starts `members`, which get the opening then, and waits until everything it caused is done.
+async fn start_members(h: &Harness, members: &[&str]) {
+    for member in members {
+        h.org.start_agent(&id(member)).await.unwrap();
+    }
+    h.wait_quiet().await;
 }
 
 fn conv_lines(lines: &[(RecordKind, String)]) -> Vec<(RecordKind, String)> {
@@ -87,13 +91,13 @@ fn conv_lines(lines: &[(RecordKind, String)]) -> Vec<(RecordKind, String)> {
         .collect()
 }
 
-#[tokio::test]
-async fn a_members_output_reaches_every_other_member() {
+pub async fn a_members_output_reaches_every_other_member(stores: Stores) {
     let llm = silent_after_script();
     llm.push_text(&id("b"), "ship on friday");
-    let mut h = harness(Arc::new(llm.clone())).await;
-    h.org.start_all().await.unwrap();
+    let mut h = harness(stores, Arc::new(llm.clone())).await;
+    start_initiator_only(&h).await;
     let conv = open(&mut h, &llm, &["b", "Gamma"], "plan the release").await;
+    start_members(&h, &["b", "c"]).await;
     let ch = group_channel(&conv.id);
     assert_eq!(conv.mode, ConversationMode::Group);
     assert_eq!(conv.members.len(), 3);
@@ -132,8 +136,7 @@ async fn a_members_output_reaches_every_other_member() {
     assert!(h.replies.try_recv().is_err());
 }
 
-#[tokio::test]
-async fn checkpoint_content_tool_chatter_and_empty_output_never_cross() {
+pub async fn checkpoint_content_tool_chatter_and_empty_output_never_cross(stores: Stores) {
     let llm = silent_after_script();
     let b = id("b");
     llm.push_tool_call(&b, "note", json!({}));
@@ -143,7 +146,7 @@ async fn checkpoint_content_tool_chatter_and_empty_output_never_cross() {
             "[checkpoint] still reading the logs\n<checkpoint>draft: maybe</checkpoint>\n",
         ),
     );
-    let mut h = Setup::new(ABCD)
+    let mut h = Setup::new(ABCD, stores)
         .tool(Arc::new(Note))
         .build(Arc::new(llm.clone()))
         .await;
@@ -167,10 +170,9 @@ async fn checkpoint_content_tool_chatter_and_empty_output_never_cross() {
     );
 }
 
-#[tokio::test]
-async fn the_rules_reach_every_member_exactly_once_at_creation() {
+pub async fn the_rules_reach_every_member_exactly_once_at_creation(stores: Stores) {
     let llm = silent_after_script();
-    let mut h = harness(Arc::new(llm.clone())).await;
+    let mut h = harness(stores, Arc::new(llm.clone())).await;
     h.org.start_all().await.unwrap();
     let conv = open(&mut h, &llm, &["b", "c"], "hello").await;
     // Closed, then opened again with the same members: the same conversation, no second copy.
@@ -182,7 +184,7 @@ async fn the_rules_reach_every_member_exactly_once_at_creation() {
     h.org.deliver("a", chat("a", "close it")).await.unwrap();
     // The close retriggers the portal, where a answers (silently).
     assert_eq!(h.reply().await.content, "");
-    h.quiesce().await;
+    h.wait_quiet().await;
     let again = open(&mut h, &llm, &["c", "b"], "one more thing").await;
     assert_eq!(again.id, conv.id);
     assert_eq!(again.status, ConversationStatus::Open);
@@ -204,11 +206,10 @@ async fn the_rules_reach_every_member_exactly_once_at_creation() {
     }
 }
 
-#[tokio::test]
-async fn only_the_initiator_closes_and_a_non_matching_close_closes_nothing() {
+pub async fn only_the_initiator_closes_and_a_non_matching_close_closes_nothing(stores: Stores) {
     let llm = silent_after_script();
     let (a, b) = (id("a"), id("b"));
-    let mut h = harness(Arc::new(llm.clone())).await;
+    let mut h = harness(stores, Arc::new(llm.clone())).await;
     h.org.start_all().await.unwrap();
     let group = open(&mut h, &llm, &["b", "c"], "hello").await;
     // A mirrored conversation with d besides.
@@ -220,7 +221,7 @@ async fn only_the_initiator_closes_and_a_non_matching_close_closes_nothing() {
     llm.push_text(&a, "sent");
     h.org.deliver("a", chat("a", "talk to d")).await.unwrap();
     h.reply().await;
-    h.quiesce().await;
+    h.wait_quiet().await;
 
     // b is not the initiator.
     llm.push_tool_call(
@@ -266,7 +267,7 @@ async fn only_the_initiator_closes_and_a_non_matching_close_closes_nothing() {
     );
     llm.push_text(&a, "");
     h.org.deliver("a", chat("a", "close d")).await.unwrap();
-    h.quiesce().await;
+    h.wait_quiet().await;
     for c in h.all_conversations().await {
         let expected = if c.id == group.id {
             ConversationStatus::Open
@@ -277,13 +278,15 @@ async fn only_the_initiator_closes_and_a_non_matching_close_closes_nothing() {
     }
 }
 
-#[tokio::test]
-async fn the_initiators_close_delivers_the_final_message_and_wakes_its_origin() {
+pub async fn the_initiators_close_delivers_the_final_message_and_wakes_its_origin(stores: Stores) {
     let llm = silent_after_script();
     let a = id("a");
     llm.push_text(&id("b"), "friday works");
-    let mut h = harness(Arc::new(llm.clone())).await;
-    h.org.start_all().await.unwrap();
+    let mut h = harness(stores, Arc::new(llm.clone())).await;
+    // Only a runs while it opens the group, so b's answer cannot steer the opening turn; b and c
+    // get the opening when they start.
+    h.org.ensure_link_channels().await.unwrap();
+    h.org.start_agent(&a).await.unwrap();
     // a's turn in the group (woken by b's output) closes it; then the retrigger wakes the portal.
     llm.push_tool_call(
         &a,
@@ -295,10 +298,12 @@ async fn the_initiators_close_delivers_the_final_message_and_wakes_its_origin() 
     llm.push_text(&a, "The team settled on friday.");
     h.org.deliver("a", chat("a", "gather them")).await.unwrap();
     assert_eq!(h.reply().await.content, "opened");
+    h.org.start_agent(&id("b")).await.unwrap();
+    h.org.start_agent(&id("c")).await.unwrap();
     let result = h.reply().await;
     assert_eq!(result.channel, portal("a"));
     assert_eq!(result.content, "The team settled on friday.");
-    h.quiesce().await;
+    h.wait_quiet().await;
     let conv = h.only_conversation().await;
     assert_eq!(conv.status, ConversationStatus::Concluded);
     assert_eq!(conv.summary.as_deref(), Some("decision: friday"));
@@ -318,14 +323,14 @@ async fn the_initiators_close_delivers_the_final_message_and_wakes_its_origin() 
     );
 }
 
-#[tokio::test]
-async fn any_member_may_sever_and_the_link_and_all_memberships_go_at_once() {
+pub async fn any_member_may_sever_and_the_link_and_all_memberships_go_at_once(stores: Stores) {
     let llm = silent_after_script();
     let c = id("c");
     llm.push_tool_call(&c, "sever_link", json!({}));
-    let mut h = harness(Arc::new(llm.clone())).await;
-    h.org.start_all().await.unwrap();
+    let mut h = harness(stores, Arc::new(llm.clone())).await;
+    start_initiator_only(&h).await;
     let conv = open(&mut h, &llm, &["b", "c"], "hello").await;
+    start_members(&h, &["b", "c"]).await;
     let now = h.org.conversation(&conv.id).await.unwrap().unwrap();
     assert_eq!(now.status, ConversationStatus::Severed);
     assert!(now.members.iter().all(|m| !m.open));
@@ -354,10 +359,9 @@ async fn any_member_may_sever_and_the_link_and_all_memberships_go_at_once() {
     assert_ne!(next.id, conv.id);
 }
 
-#[tokio::test]
-async fn a_members_session_end_severs_the_group() {
+pub async fn a_members_session_end_severs_the_group(stores: Stores) {
     let llm = silent_after_script();
-    let mut h = harness(Arc::new(llm.clone())).await;
+    let mut h = harness(stores, Arc::new(llm.clone())).await;
     h.org.start_all().await.unwrap();
     let conv = open(&mut h, &llm, &["b", "c"], "hello").await;
     h.org.stop_agent(&id("b")).await.unwrap();
@@ -368,18 +372,14 @@ async fn a_members_session_end_severs_the_group() {
     ));
 }
 
-#[tokio::test]
-async fn a_failed_delivery_to_one_member_does_not_stop_the_others() {
-    let mut stores = Stores::memory();
+pub async fn a_failed_delivery_to_one_member_does_not_stop_the_others(stores: Stores) {
+    let mut stores = stores;
     stores.deliveries = Arc::new(FailingDeliveries {
         inner: stores.deliveries.clone(),
         broken: id("d"),
     });
     let llm = silent_after_script();
-    let mut h = Setup::new(ABCD)
-        .stores(stores)
-        .build(Arc::new(llm.clone()))
-        .await;
+    let mut h = Setup::new(ABCD, stores).build(Arc::new(llm.clone())).await;
     h.org.ensure_link_channels().await.unwrap();
     for agent in ["a", "b", "c"] {
         h.org.start_agent(&id(agent)).await.unwrap();
@@ -404,11 +404,10 @@ async fn a_failed_delivery_to_one_member_does_not_stop_the_others() {
     );
 }
 
-#[tokio::test]
-async fn opening_a_group_that_is_already_open_continues_it_with_a_clear_answer() {
+pub async fn opening_a_group_that_is_already_open_continues_it_with_a_clear_answer(stores: Stores) {
     let llm = silent_after_script();
     let a = id("a");
-    let mut h = harness(Arc::new(llm.clone())).await;
+    let mut h = harness(stores, Arc::new(llm.clone())).await;
     h.org.start_all().await.unwrap();
     let conv = open(&mut h, &llm, &["b", "c"], "first").await;
     let again = open(&mut h, &llm, &["c", "b"], "second").await;
@@ -423,8 +422,7 @@ async fn opening_a_group_that_is_already_open_continues_it_with_a_clear_answer()
     );
 }
 
-#[tokio::test]
-async fn a_group_needs_a_link_the_opener_may_start_with_each_member() {
+pub async fn a_group_needs_a_link_the_opener_may_start_with_each_member(stores: Stores) {
     let llm = silent_after_script();
     let b = id("b");
     llm.push_tool_call(
@@ -433,7 +431,7 @@ async fn a_group_needs_a_link_the_opener_may_start_with_each_member() {
         json!({"members": ["a", "c"], "message": "hi"}),
     );
     llm.push_text(&b, "tried");
-    let mut h = harness(Arc::new(llm.clone())).await;
+    let mut h = harness(stores, Arc::new(llm.clone())).await;
     h.org.start_all().await.unwrap();
     h.org.deliver("b", chat("b", "gather")).await.unwrap();
     h.reply().await;

@@ -2,42 +2,31 @@
 //! circle. Both end, with clear errors, within the limits.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
 
-mod delegation_support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use delegation_support::*;
+use super::support::{delegation::*, *};
 use serde_json::json;
-use spacebot_core::event::EventKind;
-use spacebot_core::testing::{FnLlm, tool_call};
-use spacebot_core::{ChatResponse, TaskStatus};
+use spacebot::event::EventKind;
+use spacebot::testing::{FnLlm, tool_call};
+use spacebot::{ChatResponse, TaskStatus};
 
-/// Waits until every task on every board is terminal and the model has not been called for a
-/// while (real time); fails after 30 s.
-async fn quiesce(h: &Harness, llm: &FnLlm) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let mut last = usize::MAX;
-    loop {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let calls = llm.requests().len();
+/// Waits until every task on every board is terminal and the organization is quiet (every agent
+/// idle, nothing waiting in the stores); fails after 30 s.
+async fn quiesce(h: &mut Harness) {
+    h.timeout = Duration::from_secs(30);
+    h.wait_until("every task ended", || async {
         let mut all_ended = true;
         for agent in ["a", "b", "c", "d", "e"] {
             all_ended &= h.board(agent).await.iter().all(|t| t.status.is_terminal());
         }
-        if calls == last && all_ended {
-            return;
-        }
-        last = calls;
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "still running after 30 s: {calls} model calls"
-        );
-    }
+        all_ended
+    })
+    .await;
+    h.wait_quiet().await;
 }
 
-#[tokio::test]
-async fn a_model_that_re_delegates_on_every_result_stops_at_the_round_limit() {
+pub async fn a_model_that_re_delegates_on_every_result_stops_at_the_round_limit(stores: Stores) {
     // max_delegation_depth 3: the round limit is 6.
     let llm = FnLlm::new(|req| {
         Ok(match req.agent.as_ref().map(|a| a.as_str()) {
@@ -48,13 +37,14 @@ async fn a_model_that_re_delegates_on_every_result_stops_at_the_round_limit() {
             _ => ChatResponse::text("checked"),
         })
     });
-    let h = harness(
+    let mut h = harness(
+        stores,
         Arc::new(llm.clone()),
         "max_delegation_depth = 3\nmax_tool_rounds = 4",
     )
     .await;
     h.org.deliver("a", user("check it")).await.unwrap();
-    quiesce(&h, &llm).await;
+    quiesce(&mut h).await;
 
     let board = h.board("b").await;
     assert_eq!(board.len(), 6, "one task per round, rounds 0 to 5");
@@ -82,8 +72,7 @@ async fn a_model_that_re_delegates_on_every_result_stops_at_the_round_limit() {
     assert_eq!(llm.requests_for(&id("b")).len(), 6);
 }
 
-#[tokio::test]
-async fn three_models_delegating_in_a_circle_end_with_cycle_errors() {
+pub async fn three_models_delegating_in_a_circle_end_with_cycle_errors(stores: Stores) {
     let llm = FnLlm::new(|req| {
         let next = match req.agent.as_ref().map(|a| a.as_str()) {
             Some("a") => "b",
@@ -95,13 +84,14 @@ async fn three_models_delegating_in_a_circle_end_with_cycle_errors() {
             json!({"target": next, "message": "You handle it."}),
         )]))
     });
-    let h = harness(
+    let mut h = harness(
+        stores,
         Arc::new(llm.clone()),
         "max_delegation_depth = 3\nmax_tool_rounds = 2",
     )
     .await;
     h.org.deliver("a", user("handle it")).await.unwrap();
-    quiesce(&h, &llm).await;
+    quiesce(&mut h).await;
 
     // a never got a task: every attempt to close the circle was refused.
     assert!(h.board("a").await.is_empty());

@@ -1,19 +1,18 @@
 //! Delegation refusals (one test per error path), the approval policy, and the board tools.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
 
-mod delegation_support;
-
 use std::sync::Arc;
 
-use delegation_support::*;
+use super::support::delegation::portal;
+use super::support::{delegation::*, *};
 use serde_json::json;
-use spacebot_core::delegation::{
+use spacebot::delegation::{
     DelegationError, DelegationOrigin, SendAgentMessage, TaskCreate, TaskList, TaskUpdate,
 };
-use spacebot_core::error::DenialReason;
-use spacebot_core::event::EventKind;
-use spacebot_core::testing::ScriptedLlm;
-use spacebot_core::{
+use spacebot::error::DenialReason;
+use spacebot::event::EventKind;
+use spacebot::testing::ScriptedLlm;
+use spacebot::{
     AgentId, ChannelId, Clock, Organization, Stores, TaskRef, TaskStatus, Tool, ToolContext,
     ToolError,
 };
@@ -46,7 +45,7 @@ async fn claim(h: &Harness, agent: &str) -> u64 {
             &id(agent),
             "test-worker",
             std::time::Duration::from_secs(60),
-            h.clock.now(),
+            h.manual_clock().now(),
         )
         .await
         .unwrap()
@@ -55,14 +54,8 @@ async fn claim(h: &Harness, agent: &str) -> u64 {
 }
 
 /// An organization whose agents are not started, so delegated tasks stay where they are created.
-async fn idle(settings: &str) -> Harness {
-    harness_with(
-        Arc::new(ScriptedLlm::new()),
-        settings,
-        Stores::memory(),
-        vec![],
-    )
-    .await
+async fn idle(stores: Stores, settings: &str) -> Harness {
+    harness_with(Arc::new(ScriptedLlm::new()), settings, stores, vec![]).await
 }
 
 fn denial(err: DelegationError) -> DenialReason {
@@ -86,9 +79,8 @@ async fn nothing_written(h: &Harness) {
     }
 }
 
-#[tokio::test]
-async fn unknown_agent_lists_the_agents_the_delegator_may_reach() {
-    let h = idle("").await;
+pub async fn unknown_agent_lists_the_agents_the_delegator_may_reach(stores: Stores) {
+    let h = idle(stores, "").await;
     let err = h
         .org
         .delegate(&id("a"), "zeta", "Do it.", origin())
@@ -119,8 +111,7 @@ async fn unknown_agent_lists_the_agents_the_delegator_may_reach() {
     nothing_written(&h).await;
 }
 
-#[tokio::test]
-async fn unknown_agent_comes_back_to_the_model_as_a_tool_result_it_can_act_on() {
+pub async fn unknown_agent_comes_back_to_the_model_as_a_tool_result_it_can_act_on(stores: Stores) {
     let llm = Arc::new(ScriptedLlm::new());
     let a = id("a");
     llm.push_tool_call(
@@ -135,7 +126,7 @@ async fn unknown_agent_comes_back_to_the_model_as_a_tool_result_it_can_act_on() 
     );
     llm.push_text(&a, "done");
     llm.push_text(&id("b"), "hello");
-    let mut h = harness(llm.clone(), "").await;
+    let mut h = harness(stores, llm.clone(), "").await;
     h.org.deliver("a", user("say hi to someone")).await.unwrap();
     assert_eq!(h.reply().await.content, "done");
     let second = &llm.requests_for(&a)[1];
@@ -151,9 +142,8 @@ async fn unknown_agent_comes_back_to_the_model_as_a_tool_result_it_can_act_on() 
     assert_eq!(h.task("b", 1).await.created_by, "agent:a");
 }
 
-#[tokio::test]
-async fn no_link_is_refused() {
-    let h = idle("").await;
+pub async fn no_link_is_refused(stores: Stores) {
+    let h = idle(stores, "").await;
     let err = h
         .org
         .delegate(&id("b"), "d", "Do it.", origin())
@@ -167,9 +157,8 @@ async fn no_link_is_refused() {
     nothing_written(&h).await;
 }
 
-#[tokio::test]
-async fn a_disabled_link_is_refused() {
-    let h = idle("").await;
+pub async fn a_disabled_link_is_refused(stores: Stores) {
+    let h = idle(stores, "").await;
     let err = h
         .org
         .delegate(&id("a"), "e", "Do it.", origin())
@@ -179,9 +168,8 @@ async fn a_disabled_link_is_refused() {
     nothing_written(&h).await;
 }
 
-#[tokio::test]
-async fn a_one_way_link_is_refused_in_the_wrong_direction() {
-    let h = idle("").await;
+pub async fn a_one_way_link_is_refused_in_the_wrong_direction(stores: Stores) {
+    let h = idle(stores, "").await;
     let err = h
         .org
         .delegate(&id("d"), "a", "Do it.", origin())
@@ -202,9 +190,8 @@ async fn a_one_way_link_is_refused_in_the_wrong_direction() {
     assert_eq!((task.agent.as_str(), task.number), ("d", 1));
 }
 
-#[tokio::test]
-async fn self_delegation_and_empty_messages_are_refused() {
-    let h = idle("").await;
+pub async fn self_delegation_and_empty_messages_are_refused(stores: Stores) {
+    let h = idle(stores, "").await;
     let err = h
         .org
         .delegate(&id("a"), "Alpha", "Do it.", origin())
@@ -221,9 +208,8 @@ async fn self_delegation_and_empty_messages_are_refused() {
     nothing_written(&h).await;
 }
 
-#[tokio::test]
-async fn a_cycle_is_refused_with_the_chain() {
-    let h = idle("").await;
+pub async fn a_cycle_is_refused_with_the_chain(stores: Stores) {
+    let h = idle(stores, "").await;
     let b1 = h
         .org
         .delegate(&id("a"), "b", "Step one.", origin())
@@ -263,9 +249,8 @@ async fn a_cycle_is_refused_with_the_chain() {
         .unwrap();
 }
 
-#[tokio::test]
-async fn a_chain_deeper_than_the_limit_is_refused() {
-    let h = idle("max_delegation_depth = 2").await;
+pub async fn a_chain_deeper_than_the_limit_is_refused(stores: Stores) {
+    let h = idle(stores, "max_delegation_depth = 2").await;
     h.org
         .delegate(&id("a"), "b", "One.", origin())
         .await
@@ -289,9 +274,8 @@ async fn a_chain_deeper_than_the_limit_is_refused() {
     assert!(h.board("d").await.is_empty());
 }
 
-#[tokio::test]
-async fn too_many_rounds_are_refused() {
-    let h = idle("max_delegation_depth = 2").await;
+pub async fn too_many_rounds_are_refused(stores: Stores) {
+    let h = idle(stores, "max_delegation_depth = 2").await;
     let mut late = origin();
     late.round = 3;
     h.org
@@ -315,9 +299,8 @@ async fn too_many_rounds_are_refused() {
     assert_eq!(h.board("b").await.len(), 1);
 }
 
-#[tokio::test]
-async fn only_a_task_in_progress_may_delegate_and_nothing_is_left_behind() {
-    let h = idle("").await;
+pub async fn only_a_task_in_progress_may_delegate_and_nothing_is_left_behind(stores: Stores) {
+    let h = idle(stores, "").await;
     h.org
         .delegate(&id("a"), "b", "One.", origin())
         .await
@@ -336,9 +319,8 @@ async fn only_a_task_in_progress_may_delegate_and_nothing_is_left_behind() {
     assert!(h.task("b", 1).await.metadata.children.is_empty());
 }
 
-#[tokio::test]
-async fn a_delegation_from_a_task_that_does_not_exist_is_an_error() {
-    let h = idle("").await;
+pub async fn a_delegation_from_a_task_that_does_not_exist_is_an_error(stores: Stores) {
+    let h = idle(stores, "").await;
     let err = h
         .org
         .delegate(&id("b"), "c", "Two.", from_task("b", 9))
@@ -348,9 +330,8 @@ async fn a_delegation_from_a_task_that_does_not_exist_is_an_error() {
     assert!(h.board("c").await.is_empty());
 }
 
-#[tokio::test]
-async fn the_send_tool_reports_denials_as_tool_errors() {
-    let h = idle("").await;
+pub async fn the_send_tool_reports_denials_as_tool_errors(stores: Stores) {
+    let h = idle(stores, "").await;
     let ctx = h.org.tool_context(&id("d"), portal());
     let err = SendAgentMessage
         .call(&ctx, json!({"target": "a", "message": "Do it."}))
@@ -373,8 +354,7 @@ async fn the_send_tool_reports_denials_as_tool_errors() {
     );
 }
 
-#[tokio::test]
-async fn approval_always_holds_the_task_until_the_target_approves_it() {
+pub async fn approval_always_holds_the_task_until_the_target_approves_it(stores: Stores) {
     let llm = Arc::new(ScriptedLlm::new());
     let (a, b) = (id("a"), id("b"));
     llm.push_tool_call(
@@ -383,13 +363,14 @@ async fn approval_always_holds_the_task_until_the_target_approves_it() {
         json!({"target": "b", "message": "Deploy it."}),
     );
     llm.push_text(&a, "Beta deployed it");
-    let mut h = harness(llm.clone(), "approval = \"always\"").await;
+    let mut h = harness(stores, llm.clone(), "approval = \"always\"").await;
     h.org.deliver("a", user("deploy")).await.unwrap();
     h.wait_count("the task", 1, |k| {
         matches!(k, EventKind::TaskCreated { .. })
     })
     .await;
-    h.settle().await;
+    // Everything the delegation caused has run: a's turn ended, b's task loop left the task alone.
+    h.wait_quiet().await;
     let task = h.task("b", 1).await;
     assert_eq!(task.status, TaskStatus::PendingApproval);
     assert_eq!(h.count(|k| matches!(k, EventKind::TaskClaimed { .. })), 0);
@@ -410,9 +391,9 @@ async fn approval_always_holds_the_task_until_the_target_approves_it() {
     let told = tool_results(&llm.requests_for(&a)[0]);
     assert!(told.is_empty());
     // The lease checks come and go; the task still waits.
-    h.clock
-        .advance(spacebot_core::delegation::LEASE_CHECK_INTERVAL * 3);
-    h.settle().await;
+    h.manual_clock()
+        .advance(spacebot::delegation::LEASE_CHECK_INTERVAL * 3);
+    h.wait_quiet().await;
     assert_eq!(h.task("b", 1).await.status, TaskStatus::PendingApproval);
 
     // b's operator asks it to approve; then the task runs.
@@ -433,9 +414,8 @@ async fn approval_always_holds_the_task_until_the_target_approves_it() {
     assert_eq!(h.task("b", 1).await.status, TaskStatus::Done);
 }
 
-#[tokio::test]
-async fn the_send_tool_says_when_a_task_waits_for_approval() {
-    let h = idle("approval = \"always\"").await;
+pub async fn the_send_tool_says_when_a_task_waits_for_approval(stores: Stores) {
+    let h = idle(stores, "approval = \"always\"").await;
     let ctx = h.org.tool_context(&id("a"), portal());
     let out = SendAgentMessage
         .call(&ctx, json!({"target": "b", "message": "Deploy it."}))
@@ -455,9 +435,8 @@ async fn the_send_tool_says_when_a_task_waits_for_approval() {
     );
 }
 
-#[tokio::test]
-async fn approval_unless_superior_lets_superiors_through_and_holds_peers() {
-    let h = idle("approval = \"unless_superior\"").await;
+pub async fn approval_unless_superior_lets_superiors_through_and_holds_peers(stores: Stores) {
+    let h = idle(stores, "approval = \"unless_superior\"").await;
     let from_superior = h
         .org
         .delegate(&id("a"), "b", "Boss says.", origin())
@@ -488,9 +467,8 @@ fn ctx(org: &Organization, agent: &AgentId) -> ToolContext {
     org.tool_context(agent, portal())
 }
 
-#[tokio::test]
-async fn boards_own_board_and_superiors_read_subordinates() {
-    let h = idle("").await;
+pub async fn boards_own_board_and_superiors_read_subordinates(stores: Stores) {
+    let h = idle(stores, "").await;
     let (a, b, c, d) = (id("a"), id("b"), id("c"), id("d"));
     h.org
         .delegate(&a, "b", "Write the report.", origin())
@@ -580,18 +558,11 @@ async fn boards_own_board_and_superiors_read_subordinates() {
     );
 }
 
-#[tokio::test]
-async fn cancelling_a_delegated_task_notifies_the_delegator() {
+pub async fn cancelling_a_delegated_task_notifies_the_delegator(stores: Stores) {
     let llm = Arc::new(ScriptedLlm::new());
     let a = id("a");
     llm.push_text(&a, "noted");
-    let mut h = harness_with(
-        llm.clone(),
-        "approval = \"always\"",
-        Stores::memory(),
-        vec![],
-    )
-    .await;
+    let mut h = harness_with(llm.clone(), "approval = \"always\"", stores, vec![]).await;
     h.org
         .delegate(&a, "b", "Maybe later.", origin())
         .await

@@ -2,27 +2,25 @@
 //! leases, multi-hop, fan-out, idempotent notices, custom executors.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
 
-mod delegation_support;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use super::support::delegation::portal;
+use super::support::{delegation::*, *};
 use async_trait::async_trait;
-use delegation_support::*;
 use serde_json::json;
-use spacebot_core::delegation::{
+use spacebot::delegation::{
     DEFAULT_LEASE, LEASE_CHECK_INTERVAL, TaskContext, TaskExecutor, TaskOutcome,
 };
-use spacebot_core::event::EventKind;
-use spacebot_core::testing::ScriptedLlm;
-use spacebot_core::{ChannelId, LlmError, RecordKind, Stores, Task, TaskRef, TaskStatus};
+use spacebot::event::EventKind;
+use spacebot::testing::ScriptedLlm;
+use spacebot::{ChannelId, LlmError, RecordKind, Stores, Task, TaskRef, TaskStatus};
 
 fn delegate_call(target: &str, message: &str) -> serde_json::Value {
     json!({"target": target, "message": message})
 }
 
-#[tokio::test]
-async fn round_trip_from_user_to_target_and_back() {
+pub async fn round_trip_from_user_to_target_and_back(stores: Stores) {
     let llm = Arc::new(ScriptedLlm::new());
     let (a, b) = (id("a"), id("b"));
     llm.push_tool_call(
@@ -32,7 +30,7 @@ async fn round_trip_from_user_to_target_and_back() {
     );
     llm.push_text(&b, "nebula");
     llm.push_text(&a, "Beta picked: nebula");
-    let mut h = harness(llm.clone(), "").await;
+    let mut h = harness(stores, llm.clone(), "").await;
 
     let asked = h
         .org
@@ -155,8 +153,9 @@ async fn round_trip_from_user_to_target_and_back() {
     assert!(h.stores.tasks.outbox_pending(&b).await.unwrap().is_empty());
 }
 
-#[tokio::test]
-async fn a_failing_worker_is_requeued_until_max_attempts_then_the_notice_says_failed() {
+pub async fn a_failing_worker_is_requeued_until_max_attempts_then_the_notice_says_failed(
+    stores: Stores,
+) {
     let llm = Arc::new(ScriptedLlm::new());
     let (a, b) = (id("a"), id("b"));
     llm.push_tool_call(
@@ -168,7 +167,7 @@ async fn a_failing_worker_is_requeued_until_max_attempts_then_the_notice_says_fa
         llm.push_error(&b, LlmError::Other("the model is down".into()));
     }
     llm.push_text(&a, "Sorry, Beta could not do it.");
-    let mut h = harness(llm.clone(), "").await;
+    let mut h = harness(stores, llm.clone(), "").await;
     h.org
         .deliver("a", user("Ask Beta to count the stars"))
         .await
@@ -250,20 +249,13 @@ impl TaskExecutor for Scripted {
     }
 }
 
-#[tokio::test]
-async fn a_custom_executor_runs_the_task_and_the_delegator_gets_its_result() {
+pub async fn a_custom_executor_runs_the_task_and_the_delegator_gets_its_result(stores: Stores) {
     let llm = Arc::new(ScriptedLlm::new());
     let (a, b) = (id("a"), id("b"));
     llm.push_tool_call(&a, "send_agent_message", delegate_call("b", "Sum 2 and 2."));
     llm.push_text(&a, "relayed");
     let exec = Scripted::new(vec![Step::Done("4".into())]);
-    let mut h = harness_with(
-        llm.clone(),
-        "",
-        Stores::memory(),
-        vec![(b.clone(), exec.clone())],
-    )
-    .await;
+    let mut h = harness_with(llm.clone(), "", stores, vec![(b.clone(), exec.clone())]).await;
     h.org.start_all().await.unwrap();
     h.org
         .deliver("a", user("What is 2 + 2? Ask Beta."))
@@ -285,8 +277,7 @@ async fn a_custom_executor_runs_the_task_and_the_delegator_gets_its_result() {
     );
 }
 
-#[tokio::test]
-async fn custom_executor_errors_requeue_then_succeed() {
+pub async fn custom_executor_errors_requeue_then_succeed(stores: Stores) {
     let llm = Arc::new(ScriptedLlm::new());
     let (a, b) = (id("a"), id("b"));
     llm.push_tool_call(&a, "send_agent_message", delegate_call("b", "Flaky work."));
@@ -295,13 +286,7 @@ async fn custom_executor_errors_requeue_then_succeed() {
         Step::Fail("try again".into()),
         Step::Done("fine".into()),
     ]);
-    let mut h = harness_with(
-        llm.clone(),
-        "",
-        Stores::memory(),
-        vec![(b.clone(), exec.clone())],
-    )
-    .await;
+    let mut h = harness_with(llm.clone(), "", stores, vec![(b.clone(), exec.clone())]).await;
     h.org.start_all().await.unwrap();
     h.org.deliver("a", user("go")).await.unwrap();
     h.reply().await;
@@ -319,21 +304,31 @@ async fn custom_executor_errors_requeue_then_succeed() {
     );
 }
 
-/// Advances the manual clock past the lease, then in check intervals until `pred` holds.
+/// Advances the manual clock past the lease, then in check intervals until `pred` holds (fails
+/// the test after the harness's timeout).
 async fn expire_lease_until(h: &Harness, what: &str, pred: impl Fn(&Harness) -> bool) {
-    h.clock.advance(DEFAULT_LEASE);
-    for _ in 0..200 {
-        h.clock.advance(LEASE_CHECK_INTERVAL);
+    h.manual_clock().advance(DEFAULT_LEASE);
+    let deadline = tokio::time::Instant::now() + h.timeout;
+    while !pred(h) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        h.manual_clock().advance(LEASE_CHECK_INTERVAL);
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        if pred(h) {
-            return;
-        }
     }
-    panic!("timed out waiting for {what}");
 }
 
-#[tokio::test]
-async fn an_expired_lease_is_requeued_and_the_task_runs_again() {
+/// Waits until `exec` was called `n` times.
+async fn wait_calls(h: &Harness, exec: &Scripted, n: usize) {
+    h.wait_until("the executor's calls", || {
+        let calls = exec.calls.load(Ordering::SeqCst);
+        async move { calls >= n }
+    })
+    .await;
+}
+
+pub async fn an_expired_lease_is_requeued_and_the_task_runs_again(stores: Stores) {
     let llm = Arc::new(ScriptedLlm::new());
     let (a, b) = (id("a"), id("b"));
     llm.push_tool_call(&a, "send_agent_message", delegate_call("b", "Slow work."));
@@ -342,7 +337,7 @@ async fn an_expired_lease_is_requeued_and_the_task_runs_again() {
     let mut h = harness_with(
         llm.clone(),
         "task_concurrency = 2",
-        Stores::memory(),
+        stores,
         vec![(b.clone(), exec.clone())],
     )
     .await;
@@ -352,7 +347,7 @@ async fn an_expired_lease_is_requeued_and_the_task_runs_again() {
         matches!(k, EventKind::TaskClaimed { .. })
     })
     .await;
-    h.settle().await;
+    wait_calls(&h, &exec, 1).await;
     assert_eq!(h.task("b", 1).await.status, TaskStatus::InProgress);
     expire_lease_until(&h, "the requeue", |h| {
         h.count(|k| matches!(k, EventKind::TaskRequeued { .. })) >= 1
@@ -372,8 +367,9 @@ async fn an_expired_lease_is_requeued_and_the_task_runs_again() {
     assert_eq!(task.result.as_deref(), Some("second try (Slow work.)"));
 }
 
-#[tokio::test]
-async fn a_crashed_worker_frees_its_slot_and_the_task_runs_again_after_its_lease() {
+pub async fn a_crashed_worker_frees_its_slot_and_the_task_runs_again_after_its_lease(
+    stores: Stores,
+) {
     let llm = Arc::new(ScriptedLlm::new());
     let (a, b) = (id("a"), id("b"));
     llm.push_tool_call(
@@ -384,20 +380,14 @@ async fn a_crashed_worker_frees_its_slot_and_the_task_runs_again_after_its_lease
     llm.push_text(&a, "ok");
     let exec = Scripted::new(vec![Step::Panic, Step::Done("recovered".into())]);
     // One slot: the crashed attempt must give it back, or the task never runs again.
-    let mut h = harness_with(
-        llm.clone(),
-        "",
-        Stores::memory(),
-        vec![(b.clone(), exec.clone())],
-    )
-    .await;
+    let mut h = harness_with(llm.clone(), "", stores, vec![(b.clone(), exec.clone())]).await;
     h.org.start_all().await.unwrap();
     h.org.deliver("a", user("go")).await.unwrap();
     h.wait_count("the first claim", 1, |k| {
         matches!(k, EventKind::TaskClaimed { .. })
     })
     .await;
-    h.settle().await;
+    wait_calls(&h, &exec, 1).await;
     expire_lease_until(&h, "the second attempt", |h| {
         h.count(|k| matches!(k, EventKind::TaskClaimed { .. })) >= 2
     })
@@ -441,8 +431,9 @@ impl Gated {
     }
 }
 
-#[tokio::test]
-async fn a_stale_worker_cannot_complete_a_task_claimed_again_after_its_lease_expired() {
+pub async fn a_stale_worker_cannot_complete_a_task_claimed_again_after_its_lease_expired(
+    stores: Stores,
+) {
     let llm = Arc::new(ScriptedLlm::new());
     let (a, b) = (id("a"), id("b"));
     llm.push_tool_call(
@@ -455,7 +446,7 @@ async fn a_stale_worker_cannot_complete_a_task_claimed_again_after_its_lease_exp
     let mut h = harness_with(
         llm.clone(),
         "task_concurrency = 2",
-        Stores::memory(),
+        stores,
         vec![(b.clone(), exec.clone())],
     )
     .await;
@@ -465,12 +456,22 @@ async fn a_stale_worker_cannot_complete_a_task_claimed_again_after_its_lease_exp
         matches!(k, EventKind::TaskClaimed { .. })
     })
     .await;
-    h.settle().await;
+    h.wait_until("the first attempt to run", || {
+        let n = exec.attempts();
+        async move { n >= 1 }
+    })
+    .await;
     let exec2 = exec.clone();
     expire_lease_until(&h, "the second claim", move |_| exec2.attempts() >= 2).await;
     // The first worker wakes up late: its lease was taken over, so its result is refused.
     exec.open(0, Ok(TaskOutcome::Done("stale".into())));
-    h.settle().await;
+    h.wait_for("the stale result refused", |events| {
+        events.iter().any(|e| {
+            e.agent == b
+                && matches!(&e.kind, EventKind::Error { message } if message.contains("b#1 not updated"))
+        })
+    })
+    .await;
     assert_eq!(h.task("b", 1).await.status, TaskStatus::InProgress);
     exec.open(1, Ok(TaskOutcome::Done("fresh".into())));
     h.reply().await;
@@ -483,8 +484,7 @@ async fn a_stale_worker_cannot_complete_a_task_claimed_again_after_its_lease_exp
     );
 }
 
-#[tokio::test]
-async fn multi_hop_waits_resumes_with_the_child_result_and_bubbles_up() {
+pub async fn multi_hop_waits_resumes_with_the_child_result_and_bubbles_up(stores: Stores) {
     let llm = Arc::new(ScriptedLlm::new());
     let (a, b, c) = (id("a"), id("b"), id("c"));
     llm.push_tool_call(
@@ -500,7 +500,7 @@ async fn multi_hop_waits_resumes_with_the_child_result_and_bubbles_up() {
     llm.push_text(&c, "nebula");
     llm.push_text(&b, "Gamma's word is nebula");
     llm.push_text(&a, "The word is nebula");
-    let mut h = harness(llm.clone(), "").await;
+    let mut h = harness(stores, llm.clone(), "").await;
     h.org
         .deliver("a", user("I want a random word"))
         .await
@@ -556,8 +556,7 @@ async fn multi_hop_waits_resumes_with_the_child_result_and_bubbles_up() {
     );
 }
 
-#[tokio::test]
-async fn fan_out_each_delegation_comes_back_independently() {
+pub async fn fan_out_each_delegation_comes_back_independently(stores: Stores) {
     let llm = Arc::new(ScriptedLlm::new());
     let (a, b, c) = (id("a"), id("b"), id("c"));
     llm.push_tool_calls(
@@ -574,7 +573,7 @@ async fn fan_out_each_delegation_comes_back_independently() {
     for n in 0..3 {
         llm.push_text(&a, &format!("relay {n}"));
     }
-    let mut h = harness(llm.clone(), "").await;
+    let mut h = harness(stores, llm.clone(), "").await;
     h.org.deliver("a", user("three jobs please")).await.unwrap();
     let mut replies = Vec::new();
     for _ in 0..3 {
@@ -596,87 +595,87 @@ async fn fan_out_each_delegation_comes_back_independently() {
     );
     assert_eq!(h.board("b").await.len(), 2);
     assert_eq!(h.board("c").await.len(), 1);
-    h.settle().await;
-    assert!(h.replies.try_recv().is_err(), "exactly three replies");
+    h.wait_quiet().await;
+    assert!(h.replies_now().is_empty(), "exactly three replies");
 }
 
 /// A task store whose first `outbox_mark_sent` fails: the notice is delivered, then delivered
 /// again by the next flush (at-least-once delivery).
 #[derive(Debug)]
 struct ForgetfulOutbox {
-    inner: Arc<dyn spacebot_core::TaskStore>,
+    inner: Arc<dyn spacebot::TaskStore>,
     failures: AtomicUsize,
 }
 
 #[async_trait]
-impl spacebot_core::TaskStore for ForgetfulOutbox {
+impl spacebot::TaskStore for ForgetfulOutbox {
     async fn create(
         &self,
-        agent: &spacebot_core::AgentId,
-        task: spacebot_core::NewTask,
-        now: spacebot_core::Timestamp,
-    ) -> Result<Task, spacebot_core::StoreError> {
+        agent: &spacebot::AgentId,
+        task: spacebot::NewTask,
+        now: spacebot::Timestamp,
+    ) -> Result<Task, spacebot::StoreError> {
         self.inner.create(agent, task, now).await
     }
     async fn get(
         &self,
-        agent: &spacebot_core::AgentId,
+        agent: &spacebot::AgentId,
         number: u64,
-    ) -> Result<Option<Task>, spacebot_core::StoreError> {
+    ) -> Result<Option<Task>, spacebot::StoreError> {
         self.inner.get(agent, number).await
     }
     async fn list(
         &self,
-        agent: &spacebot_core::AgentId,
-        filter: &spacebot_core::task::TaskFilter,
-    ) -> Result<Vec<Task>, spacebot_core::StoreError> {
+        agent: &spacebot::AgentId,
+        filter: &spacebot::task::TaskFilter,
+    ) -> Result<Vec<Task>, spacebot::StoreError> {
         self.inner.list(agent, filter).await
     }
     async fn transition(
         &self,
-        agent: &spacebot_core::AgentId,
+        agent: &spacebot::AgentId,
         number: u64,
-        expect: spacebot_core::task::Expect,
-        event: spacebot_core::task::TaskEvent,
-        now: spacebot_core::Timestamp,
-    ) -> Result<spacebot_core::task::Transition, spacebot_core::StoreError> {
+        expect: spacebot::task::Expect,
+        event: spacebot::task::TaskEvent,
+        now: spacebot::Timestamp,
+    ) -> Result<spacebot::task::Transition, spacebot::StoreError> {
         self.inner
             .transition(agent, number, expect, event, now)
             .await
     }
     async fn claim_next(
         &self,
-        agent: &spacebot_core::AgentId,
+        agent: &spacebot::AgentId,
         holder: &str,
         lease: std::time::Duration,
-        now: spacebot_core::Timestamp,
-    ) -> Result<Option<Task>, spacebot_core::StoreError> {
+        now: spacebot::Timestamp,
+    ) -> Result<Option<Task>, spacebot::StoreError> {
         self.inner.claim_next(agent, holder, lease, now).await
     }
     async fn requeue_expired(
         &self,
-        agent: &spacebot_core::AgentId,
-        now: spacebot_core::Timestamp,
-    ) -> Result<Vec<spacebot_core::task::Transition>, spacebot_core::StoreError> {
+        agent: &spacebot::AgentId,
+        now: spacebot::Timestamp,
+    ) -> Result<Vec<spacebot::task::Transition>, spacebot::StoreError> {
         self.inner.requeue_expired(agent, now).await
     }
     async fn outbox_pending(
         &self,
-        agent: &spacebot_core::AgentId,
-    ) -> Result<Vec<spacebot_core::task::CompletionNotice>, spacebot_core::StoreError> {
+        agent: &spacebot::AgentId,
+    ) -> Result<Vec<spacebot::task::CompletionNotice>, spacebot::StoreError> {
         self.inner.outbox_pending(agent).await
     }
     async fn outbox_mark_sent(
         &self,
-        agent: &spacebot_core::AgentId,
+        agent: &spacebot::AgentId,
         key: &str,
-    ) -> Result<(), spacebot_core::StoreError> {
+    ) -> Result<(), spacebot::StoreError> {
         if self
             .failures
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_ok()
         {
-            return Err(spacebot_core::StoreError::backend(
+            return Err(spacebot::StoreError::backend(
                 "test",
                 "outbox not updated",
                 std::io::Error::other("disk hiccup"),
@@ -686,14 +685,13 @@ impl spacebot_core::TaskStore for ForgetfulOutbox {
     }
 }
 
-#[tokio::test]
-async fn a_notice_delivered_twice_is_applied_once() {
+pub async fn a_notice_delivered_twice_is_applied_once(stores: Stores) {
     let llm = Arc::new(ScriptedLlm::new());
     let (a, b) = (id("a"), id("b"));
     llm.push_tool_call(&a, "send_agent_message", delegate_call("b", "Say hi."));
     llm.push_text(&a, "relayed once");
     llm.push_text(&a, "relayed twice (must not happen)");
-    let mut stores = Stores::memory();
+    let mut stores = stores;
     stores.tasks = Arc::new(ForgetfulOutbox {
         inner: stores.tasks.clone(),
         failures: AtomicUsize::new(1),
@@ -709,10 +707,10 @@ async fn a_notice_delivered_twice_is_applied_once() {
         matches!(k, EventKind::NoticeDelivered { .. })
     })
     .await;
-    h.settle().await;
+    h.wait_quiet().await;
     assert!(h.stores.tasks.outbox_pending(&b).await.unwrap().is_empty());
     assert!(
-        h.replies.try_recv().is_err(),
+        h.replies_now().is_empty(),
         "the second delivery must not wake the model"
     );
     assert_eq!(llm.requests_for(&a).len(), 2);
@@ -736,12 +734,11 @@ async fn a_notice_delivered_twice_is_applied_once() {
     assert_eq!(retriggers, 1);
 }
 
-#[tokio::test]
-async fn a_notice_delivered_twice_while_the_delegator_works_is_applied_once() {
-    use spacebot_core::testing::{MockLlm, tool_call};
+pub async fn a_notice_delivered_twice_while_the_delegator_works_is_applied_once(stores: Stores) {
+    use spacebot::testing::{MockLlm, tool_call};
     let (llm, mut calls) = MockLlm::pair();
     let (a, b) = (id("a"), id("b"));
-    let mut stores = Stores::memory();
+    let mut stores = stores;
     stores.tasks = Arc::new(ForgetfulOutbox {
         inner: stores.tasks.clone(),
         failures: AtomicUsize::new(1),
@@ -750,10 +747,8 @@ async fn a_notice_delivered_twice_while_the_delegator_works_is_applied_once() {
     let mut h = harness_with(Arc::new(llm), "", stores, vec![(b.clone(), exec.clone())]).await;
     h.org.start_all().await.unwrap();
     h.org.deliver("a", user("delegate")).await.unwrap();
-    calls
-        .next()
+    next_call(&mut calls)
         .await
-        .unwrap()
         .respond_tool_calls(vec![tool_call(
             "send_agent_message",
             json!({"target": "b", "message": "Work."}),
@@ -767,7 +762,7 @@ async fn a_notice_delivered_twice_while_the_delegator_works_is_applied_once() {
         .deliver("a", user("meanwhile, list your board"))
         .await
         .unwrap();
-    let busy = calls.next().await.unwrap();
+    let busy = next_call(&mut calls).await;
     assert_eq!(busy.agent(), Some(&a));
     exec.open(0, Ok(TaskOutcome::Done("result".into())));
     h.wait_count("two deliveries", 2, |k| {
@@ -776,7 +771,7 @@ async fn a_notice_delivered_twice_while_the_delegator_works_is_applied_once() {
     .await;
     // The tool round ends at a checkpoint, where the queued notices steer the turn.
     busy.respond_tool_calls(vec![tool_call("task_list", json!({}))]);
-    let steered = calls.next().await.unwrap();
+    let steered = next_call(&mut calls).await;
     let text = last_user_text(&steered.request);
     assert_eq!(
         text.matches("Beta completed task #1: result").count(),
@@ -787,42 +782,37 @@ async fn a_notice_delivered_twice_while_the_delegator_works_is_applied_once() {
     let reply = h.reply().await;
     assert_eq!(reply.content, "Beta's result is in");
     // The interrupted message is answered next; nothing else wakes the model.
-    calls
-        .next()
+    next_call(&mut calls)
         .await
-        .unwrap()
         .respond_text("your board is empty");
     h.reply().await;
-    h.settle().await;
+    h.wait_quiet().await;
     assert!(calls.try_next().is_none(), "no further model call");
 }
 
-#[tokio::test]
-async fn a_retrigger_interrupted_by_a_steer_is_still_answered() {
-    use spacebot_core::testing::{MockLlm, tool_call};
+pub async fn a_retrigger_interrupted_by_a_steer_is_still_answered(stores: Stores) {
+    use spacebot::testing::{MockLlm, tool_call};
     let (llm, mut calls) = MockLlm::pair();
     let b = id("b");
     let exec = Scripted::new(vec![Step::Done("done".into())]);
-    let mut h = harness_with(Arc::new(llm), "", Stores::memory(), vec![(b.clone(), exec)]).await;
+    let mut h = harness_with(Arc::new(llm), "", stores, vec![(b.clone(), exec)]).await;
     h.org.start_all().await.unwrap();
     h.org.deliver("a", user("delegate")).await.unwrap();
-    calls
-        .next()
+    next_call(&mut calls)
         .await
-        .unwrap()
         .respond_tool_calls(vec![tool_call(
             "send_agent_message",
             json!({"target": "b", "message": "Work."}),
         )]);
     // The retrigger wakes a; while it works on it, the user writes again.
-    let woken = calls.next().await.unwrap();
+    let woken = next_call(&mut calls).await;
     assert_eq!(
         last_user_text(&woken.request),
         "Beta completed task #1: done (Work.)"
     );
     h.org.deliver("a", user("hurry up")).await.unwrap();
     woken.respond_tool_calls(vec![tool_call("task_list", json!({}))]);
-    let steered = calls.next().await.unwrap();
+    let steered = next_call(&mut calls).await;
     assert_eq!(last_user_text(&steered.request), "hurry up");
     steered.respond_text("on it");
     assert_eq!(h.reply().await.content, "on it");
@@ -841,19 +831,18 @@ async fn a_retrigger_interrupted_by_a_steer_is_still_answered() {
     assert_eq!(h.reply().await.content, "Beta is done");
 }
 
-#[tokio::test]
-async fn a_stopped_delegator_gets_its_notice_when_it_starts() {
+pub async fn a_stopped_delegator_gets_its_notice_when_it_starts(stores: Stores) {
     let llm = Arc::new(ScriptedLlm::new());
     let (a, b) = (id("a"), id("b"));
     llm.push_text(&a, "caught up");
     let exec = Scripted::new(vec![Step::Done("late news".into())]);
-    let mut h = harness_with(llm.clone(), "", Stores::memory(), vec![(b.clone(), exec)]).await;
+    let mut h = harness_with(llm.clone(), "", stores, vec![(b.clone(), exec)]).await;
     h.org
         .delegate(
             &a,
             "b",
             "Tell me later.",
-            spacebot_core::delegation::DelegationOrigin {
+            spacebot::delegation::DelegationOrigin {
                 channel: portal(),
                 task: None,
                 round: 0,
@@ -864,9 +853,8 @@ async fn a_stopped_delegator_gets_its_notice_when_it_starts() {
         .await
         .unwrap();
     h.org.start_agent(&b).await.unwrap();
-    h.wait_for("the notice", |ev| {
-        ev.kinds()
-            .iter()
+    h.wait_kinds("the notice", |ev| {
+        ev.iter()
             .any(|k| matches!(k, EventKind::NoticeDelivered { .. }))
     })
     .await;
@@ -880,9 +868,8 @@ async fn a_stopped_delegator_gets_its_notice_when_it_starts() {
     );
 }
 
-#[tokio::test]
-async fn a_long_result_is_quoted_in_part_and_kept_whole_on_the_task() {
-    use spacebot_core::delegation::RETRIGGER_RESULT_CHARS;
+pub async fn a_long_result_is_quoted_in_part_and_kept_whole_on_the_task(stores: Stores) {
+    use spacebot::delegation::RETRIGGER_RESULT_CHARS;
     let llm = Arc::new(ScriptedLlm::new());
     let (a, b) = (id("a"), id("b"));
     llm.push_tool_call(
@@ -893,7 +880,7 @@ async fn a_long_result_is_quoted_in_part_and_kept_whole_on_the_task() {
     let report = "é".repeat(RETRIGGER_RESULT_CHARS + 500);
     llm.push_text(&b, &report);
     llm.push_text(&a, "summarized");
-    let mut h = harness(llm.clone(), "").await;
+    let mut h = harness(stores, llm.clone(), "").await;
     h.org.deliver("a", user("report please")).await.unwrap();
     h.reply().await;
     assert_eq!(
@@ -909,39 +896,43 @@ async fn a_long_result_is_quoted_in_part_and_kept_whole_on_the_task() {
     assert!(woken.contains("the full result is on task b#1"), "{woken}");
 }
 
-#[tokio::test]
-async fn a_long_task_turn_renews_its_lease_at_every_checkpoint() {
-    let (llm, mut calls) = spacebot_core::testing::MockLlm::pair();
+pub async fn a_long_task_turn_renews_its_lease_at_every_checkpoint(stores: Stores) {
+    let (llm, mut calls) = spacebot::testing::MockLlm::pair();
     let (a, b) = (id("a"), id("b"));
-    let mut h = harness(Arc::new(llm), "").await;
+    let mut h = harness(stores, Arc::new(llm), "").await;
     h.org.start_all().await.unwrap();
     h.org.deliver("a", user("go")).await.unwrap();
-    let call = calls.next().await.unwrap();
+    let call = next_call(&mut calls).await;
     assert_eq!(call.agent(), Some(&a));
-    call.respond_tool_calls(vec![spacebot_core::testing::tool_call(
+    call.respond_tool_calls(vec![spacebot::testing::tool_call(
         "send_agent_message",
         delegate_call("b", "Long work."),
     )]);
     // b works on the task for three lease periods, one tool round per period.
     for _ in 0..3 {
-        let call = calls.next().await.unwrap();
+        let call = next_call(&mut calls).await;
         assert_eq!(call.agent(), Some(&b));
-        h.clock
+        h.manual_clock()
             .advance(DEFAULT_LEASE - LEASE_CHECK_INTERVAL - std::time::Duration::from_secs(1));
-        call.respond_tool_calls(vec![spacebot_core::testing::tool_call(
+        let renewed_until = spacebot::Clock::now(h.manual_clock()).plus(DEFAULT_LEASE);
+        call.respond_tool_calls(vec![spacebot::testing::tool_call(
             "task_list",
             serde_json::json!({}),
         )]);
-        h.settle().await;
+        // The checkpoint after the tool round renews the lease from now.
+        h.wait_until("the lease renewed", || async {
+            let task = h.task("b", 1).await;
+            task.lease.is_some_and(|l| l.expires_at >= renewed_until)
+        })
+        .await;
         // The lease check runs and finds the lease renewed, not expired.
-        h.clock.advance(LEASE_CHECK_INTERVAL);
-        h.settle().await;
+        h.manual_clock().advance(LEASE_CHECK_INTERVAL);
         assert_eq!(h.task("b", 1).await.status, TaskStatus::InProgress);
     }
-    let call = calls.next().await.unwrap();
+    let call = next_call(&mut calls).await;
     assert_eq!(call.agent(), Some(&b));
     call.respond_text("finished");
-    let call = calls.next().await.unwrap();
+    let call = next_call(&mut calls).await;
     assert_eq!(call.agent(), Some(&a));
     call.respond_text("b finished");
     assert_eq!(h.reply().await.content, "b finished");

@@ -1,0 +1,192 @@
+//! The scenario suites (`tests/scenarios/*.rs`) on every backend: in memory, SQLite and redb, each
+//! in a fresh temporary directory. One binary, so the suites link once.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod scenarios;
+
+use std::sync::{Arc, Mutex};
+
+use scenarios::support::OpenStores;
+use spacebot::Stores;
+
+/// The backends every scenario runs on.
+#[derive(Debug, Clone, Copy)]
+enum Backend {
+    Memory,
+    Sqlite,
+    #[cfg(feature = "redb")]
+    Redb,
+}
+
+/// The stores of `backend`, and the directory that holds them (kept for the test's duration).
+async fn open(backend: Backend) -> (Stores, Option<tempfile::TempDir>) {
+    match backend {
+        Backend::Memory => (Stores::memory(), None),
+        Backend::Sqlite => {
+            let dir = tempfile::tempdir().unwrap();
+            let stores = spacebot::sqlite::open(dir.path()).await.unwrap();
+            (stores, Some(dir))
+        }
+        #[cfg(feature = "redb")]
+        Backend::Redb => {
+            let dir = tempfile::tempdir().unwrap();
+            let stores = spacebot::redb::open(dir.path()).unwrap();
+            (stores, Some(dir))
+        }
+    }
+}
+
+/// Opens fresh stores of `backend` on every call; the directories live as long as the opener.
+fn opener(backend: Backend) -> OpenStores {
+    let dirs: Arc<Mutex<Vec<tempfile::TempDir>>> = Arc::default();
+    Arc::new(move || {
+        let dirs = dirs.clone();
+        Box::pin(async move {
+            let (stores, dir) = open(backend).await;
+            dirs.lock().unwrap().extend(dir);
+            stores
+        })
+    })
+}
+
+/// `on_every_backend!(suite: a, b)` runs `scenarios::suite::a(stores)` and `b` on every backend,
+/// as `suite::memory::a`, `suite::sqlite::a`, `suite::redb::a`. The scenarios listed after `fresh:`
+/// take an [`OpenStores`] instead, to build several organizations. The scenarios run on Tokio's
+/// current-thread runtime unless the suite names another test attribute (`suite #[attr]: ...`).
+macro_rules! on_every_backend {
+    ($suite:ident $(#[$test:meta])?: $($name:ident),* $(,)? $(; fresh: $($fresh:ident),* $(,)?)?) => {
+        on_every_backend!(@suite $suite, [$($test)?], [$($name),*], [$($($fresh),*)?]);
+    };
+    (@suite $suite:ident, [], $names:tt, $fresh:tt) => {
+        on_every_backend!(@suite $suite, [tokio::test], $names, $fresh);
+    };
+    (@suite $suite:ident, [$test:meta], $names:tt, $fresh:tt) => {
+        mod $suite {
+            on_every_backend!(@backend $suite, memory, Memory, $test, $names, $fresh);
+            on_every_backend!(@backend $suite, sqlite, Sqlite, $test, $names, $fresh);
+            #[cfg(feature = "redb")]
+            on_every_backend!(@backend $suite, redb, Redb, $test, $names, $fresh);
+        }
+    };
+    (@backend $suite:ident, $module:ident, $backend:ident, $test:meta, [$($name:ident),*], [$($fresh:ident),*]) => {
+        mod $module {
+            $(
+                #[$test]
+                async fn $name() {
+                    let (stores, _dir) = crate::open(crate::Backend::$backend).await;
+                    crate::scenarios::$suite::$name(stores).await;
+                }
+            )*
+            $(
+                #[$test]
+                async fn $fresh() {
+                    crate::scenarios::$suite::$fresh(crate::opener(crate::Backend::$backend)).await;
+                }
+            )*
+        }
+    };
+}
+
+on_every_backend!(junctions #[tokio::test(flavor = "multi_thread", worker_threads = 2)]:
+    conversation_budget_bounds_the_whole_exchange,
+    a_task_arriving_mid_turn_gets_its_own_turn,
+    a_user_message_steering_a_task_is_answered_to_the_user,
+    an_announce_cannot_open_an_exchange_over_a_one_way_link,
+    a_disabled_link_carries_nothing,
+    deliveries_racing_a_start_are_all_answered,
+    a_hung_worker_does_not_block_the_board,
+    tool_calls_per_response_are_capped,
+    a_streaming_outbound_gets_deltas_then_the_reply,
+    usage_is_summed_across_a_two_hop_delegation,
+    an_executor_that_gives_up_fails_the_task_at_once,
+);
+
+on_every_backend!(agent:
+    delivery_to_a_stopped_agent_is_persisted_and_handed_over_once,
+    a_full_queue_refuses_with_queue_full,
+    unknown_and_ended_targets_are_typed_errors,
+    internal_messages_are_policy_checked_and_stamped,
+    a_child_result_wakes_the_parent,
+    a_failed_child_and_an_undeliverable_result_are_reported,
+    tool_errors_go_back_to_the_model,
+    the_round_limit_stops_a_looping_model,
+    steering_answers_the_merged_backlog_then_the_interrupted_message,
+    cancelling_a_turn_keeps_what_is_queued,
+    stopping_an_agent_persists_its_queue_for_the_next_start,
+    after_a_steer_the_interrupted_message_waits_for_the_merged_answer,
+    a_parent_and_its_child_may_always_message_each_other,
+    a_handed_over_delivery_stays_stored_until_it_was_processed,
+    deliveries_to_a_stopped_agent_are_handed_over_in_order,
+    a_parent_with_a_full_queue_gets_its_childrens_results_in_order,
+    a_turn_kept_steered_stops_at_four_times_the_round_limit,
+);
+
+on_every_backend!(delegation_roundtrip:
+    round_trip_from_user_to_target_and_back,
+    a_failing_worker_is_requeued_until_max_attempts_then_the_notice_says_failed,
+    a_custom_executor_runs_the_task_and_the_delegator_gets_its_result,
+    custom_executor_errors_requeue_then_succeed,
+    an_expired_lease_is_requeued_and_the_task_runs_again,
+    a_crashed_worker_frees_its_slot_and_the_task_runs_again_after_its_lease,
+    a_stale_worker_cannot_complete_a_task_claimed_again_after_its_lease_expired,
+    multi_hop_waits_resumes_with_the_child_result_and_bubbles_up,
+    fan_out_each_delegation_comes_back_independently,
+    a_notice_delivered_twice_is_applied_once,
+    a_notice_delivered_twice_while_the_delegator_works_is_applied_once,
+    a_retrigger_interrupted_by_a_steer_is_still_answered,
+    a_stopped_delegator_gets_its_notice_when_it_starts,
+    a_long_result_is_quoted_in_part_and_kept_whole_on_the_task,
+    a_long_task_turn_renews_its_lease_at_every_checkpoint,
+);
+
+on_every_backend!(delegation_policies:
+    unknown_agent_lists_the_agents_the_delegator_may_reach,
+    unknown_agent_comes_back_to_the_model_as_a_tool_result_it_can_act_on,
+    no_link_is_refused,
+    a_disabled_link_is_refused,
+    a_one_way_link_is_refused_in_the_wrong_direction,
+    self_delegation_and_empty_messages_are_refused,
+    a_cycle_is_refused_with_the_chain,
+    a_chain_deeper_than_the_limit_is_refused,
+    too_many_rounds_are_refused,
+    only_a_task_in_progress_may_delegate_and_nothing_is_left_behind,
+    a_delegation_from_a_task_that_does_not_exist_is_an_error,
+    the_send_tool_reports_denials_as_tool_errors,
+    approval_always_holds_the_task_until_the_target_approves_it,
+    the_send_tool_says_when_a_task_waits_for_approval,
+    approval_unless_superior_lets_superiors_through_and_holds_peers,
+    boards_own_board_and_superiors_read_subordinates,
+    cancelling_a_delegated_task_notifies_the_delegator,
+);
+
+on_every_backend!(delegation_adversarial:
+    a_model_that_re_delegates_on_every_result_stops_at_the_round_limit,
+    three_models_delegating_in_a_circle_end_with_cycle_errors,
+);
+
+on_every_backend!(conversation_mirrored:
+    both_link_channels_exist_from_the_start,
+    a_send_wakes_the_peer_and_replies_mirror_back,
+    on_a_one_way_link_only_from_opens_and_the_other_side_may_answer,
+    unlinked_agents_cannot_open_a_conversation,
+    conclusion_closes_both_sides_and_retriggers_initiated_from_only,
+    reopening_keeps_history_budget_rules_and_initiated_from,
+    the_budget_severs_a_conversation_nobody_concludes,
+    an_answer_after_the_end_is_kept_but_neither_delivered_nor_leaked,
+    stopping_an_agent_severs_its_conversations,
+    nebula_multi_hop_in_mirrored_mode;
+    fresh: concurrent_handshakes_between_one_pair_end_in_one_conversation,
+);
+
+on_every_backend!(conversation_group:
+    a_members_output_reaches_every_other_member,
+    checkpoint_content_tool_chatter_and_empty_output_never_cross,
+    the_rules_reach_every_member_exactly_once_at_creation,
+    only_the_initiator_closes_and_a_non_matching_close_closes_nothing,
+    the_initiators_close_delivers_the_final_message_and_wakes_its_origin,
+    any_member_may_sever_and_the_link_and_all_memberships_go_at_once,
+    a_members_session_end_severs_the_group,
+    a_failed_delivery_to_one_member_does_not_stop_the_others,
+    opening_a_group_that_is_already_open_continues_it_with_a_clear_answer,
+    a_group_needs_a_link_the_opener_may_start_with_each_member,
+);
