@@ -784,10 +784,10 @@ async fn retrigger_conclusion(
         )
         .with_conversation(id.clone())
         .with_cause(exchange.cause.clone());
-        envelope.idempotency_key = Some(match exchange.key {
-            Some(key) => format!("{key}:result"),
-            None => format!("conclusion:{id}:{}", conversation.revision + 1),
-        });
+        // Keyed by the conversation as it stood when concluded: a turn run again after a crash,
+        // and two members concluding at once, send the same key, applied once.
+        let _ = exchange.key;
+        envelope.idempotency_key = Some(format!("conclusion:{id}:{}", conversation.revision));
         if let Err(e) = org
             .inner
             .enqueue(&conversation.initiator, envelope, true)
