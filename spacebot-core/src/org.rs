@@ -377,6 +377,8 @@ pub(crate) struct OrgInner {
     pub(crate) caches: RenderCache,
     /// Bumped every time the link graph is replaced: what caches check.
     pub(crate) graph_version: AtomicU64,
+    /// A short random tag of this organization instance (child ids carry it).
+    pub(crate) instance_tag: String,
     /// One gate per agent serializing its outbox flushes (a notice is delivered by one at a time).
     pub(crate) flush_gates: Mutex<HashMap<AgentId, Arc<futures::lock::Mutex<()>>>>,
 }
@@ -1102,7 +1104,9 @@ impl Organization {
             None => return Err(OrgError::UnknownAgent(parent.clone())),
         }
         let n = self.inner.child_counter.fetch_add(1, Ordering::Relaxed) + 1;
-        let child = AgentId::parse(format!("{parent}.child-{n}"))?;
+        // The instance tag keeps a child's id unique across restarts: a child spawned after a crash
+        // never takes over the stored queue of one that died with the process.
+        let child = AgentId::parse(format!("{parent}.child-{n}-{}", self.inner.instance_tag))?;
         let report_to = spec
             .report_to
             .clone()

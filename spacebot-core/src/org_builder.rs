@@ -200,6 +200,7 @@ impl OrganizationBuilder {
                 caches: crate::org::RenderCache::default(),
                 graph_version: AtomicU64::new(0),
                 flush_gates: Mutex::new(HashMap::new()),
+                instance_tag: uuid::Uuid::new_v4().simple().to_string()[..8].to_string(),
             }),
         })
     }
