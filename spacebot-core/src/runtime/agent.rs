@@ -865,7 +865,9 @@ pub(crate) async fn run_turn(
             top.rounds += 1;
         }
         total_rounds += 1;
-        let round_index = total_rounds;
+        // The frame's own round: a steer elsewhere in the turn does not shift the keys of the
+        // effects this frame asks for, so a turn run again after a crash asks under the same keys.
+        let round_index = frames.last().map_or(total_rounds, |f| f.rounds);
         messages.push(response.to_message());
         // The effects' keys come from what the frame answers: a task by its number and generation
         // (stable across attempts: a task run again after a crash asks for the same effects under
