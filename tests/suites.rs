@@ -99,6 +99,7 @@ on_every_backend!(junctions #[tokio::test(flavor = "multi_thread", worker_thread
     a_streaming_outbound_gets_deltas_then_the_reply,
     usage_is_summed_across_a_two_hop_delegation,
     an_executor_that_gives_up_fails_the_task_at_once,
+    a_store_error_at_the_start_of_a_turn_is_retried,
 );
 
 on_every_backend!(agent:

@@ -773,3 +773,74 @@ pub async fn an_executor_that_gives_up_fails_the_task_at_once(stores: Stores) {
             .is_some_and(|e| e.contains("cannot be parsed"))
     );
 }
+
+/// Fails `history` reads its first `n` times, then reads through.
+#[derive(Debug)]
+pub struct FlakyHistory {
+    inner: Arc<dyn spacebot::ChannelStore>,
+    failures_left: AtomicUsize,
+}
+
+#[async_trait]
+impl spacebot::ChannelStore for FlakyHistory {
+    async fn append(
+        &self,
+        agent: &AgentId,
+        record: spacebot::NewRecord,
+    ) -> Result<spacebot::ChannelRecord, spacebot::StoreError> {
+        self.inner.append(agent, record).await
+    }
+    async fn history(
+        &self,
+        agent: &AgentId,
+        channel: &ChannelId,
+        limit: Option<usize>,
+    ) -> Result<Vec<spacebot::ChannelRecord>, spacebot::StoreError> {
+        let left = self.failures_left.load(Ordering::SeqCst);
+        if left > 0 {
+            self.failures_left.store(left - 1, Ordering::SeqCst);
+            return Err(spacebot::StoreError::Backend {
+                backend: "test",
+                message: "the disk is busy".into(),
+                source: None,
+            });
+        }
+        self.inner.history(agent, channel, limit).await
+    }
+    async fn ensure_channel(
+        &self,
+        agent: &AgentId,
+        channel: &ChannelId,
+    ) -> Result<(), spacebot::StoreError> {
+        self.inner.ensure_channel(agent, channel).await
+    }
+    async fn channels(&self, agent: &AgentId) -> Result<Vec<ChannelId>, spacebot::StoreError> {
+        self.inner.channels(agent).await
+    }
+}
+
+/// A store error at the start of a turn does not drop the message or fail the turn: the read is
+/// retried (an Error event each time) and the message is answered as usual.
+pub async fn a_store_error_at_the_start_of_a_turn_is_retried(stores: Stores) {
+    let mut stores = stores;
+    stores.channels = Arc::new(FlakyHistory {
+        inner: stores.channels.clone(),
+        failures_left: AtomicUsize::new(2),
+    });
+    let llm = Arc::new(FnLlm::new(|_| Ok(ChatResponse::text("answered"))));
+    let mut h = OrgHarness::builder(PEERS)
+        .stores(stores)
+        .llm(llm)
+        .build()
+        .await;
+    h.org.start_agent(&id("a")).await.unwrap();
+    let m = h.org.deliver("a", user("hello")).await.unwrap();
+    let reply = h.reply().await;
+    assert!(!reply.is_failure(), "{reply:?}");
+    assert_eq!(reply.content, "answered");
+    assert_eq!(reply.in_reply_to, vec![m]);
+    let retried = h.count(|k| {
+        matches!(k, EventKind::Error { message } if message.contains("history") && message.contains("retrying"))
+    });
+    assert_eq!(retried, 2, "each failed read is told");
+}

@@ -784,9 +784,8 @@ async fn retrigger_conclusion(
         )
         .with_conversation(id.clone())
         .with_cause(exchange.cause.clone());
-        // Keyed by the conversation as it stood when concluded: a turn run again after a crash,
-        // and two members concluding at once, send the same key, applied once.
-        let _ = exchange.key;
+        // Keyed by the conversation as it stood when concluded (not by the concluding call): a
+        // turn run again after a crash, and two members concluding at once, send the same key.
         envelope.idempotency_key = Some(format!("conclusion:{id}:{}", conversation.revision));
         if let Err(e) = org
             .inner

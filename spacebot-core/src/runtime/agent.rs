@@ -761,12 +761,15 @@ pub(crate) async fn run_turn(
         envelopes: vec![first],
         rounds: 0,
     }];
-    let history = inner
-        .stores
-        .channels
-        .history(&me, &channel, Some(HISTORY_LIMIT))
-        .await
-        .map_err(|e| failure(e, &frames))?;
+    // A store that fails here is retried (the envelope stays where it is), never a failed turn.
+    let history = retry_store(inner, agent, "reading the channel's history", || {
+        inner
+            .stores
+            .channels
+            .history(&me, &channel, Some(HISTORY_LIMIT))
+    })
+    .await
+    .map_err(|e| failure(e, &frames))?;
     for envelope in &frames[0].envelopes {
         log.record(user_record(envelope));
         log.consume(envelope);
