@@ -175,10 +175,19 @@ fn crash_test(backend: &str) {
         .enable_all()
         .build()
         .unwrap();
-    let base = tempfile::tempdir().unwrap();
+    // `SPACEBOT_CRASH_KEEP` keeps the run directories (their paths are printed).
+    let keep = std::env::var_os("SPACEBOT_CRASH_KEEP").is_some();
+    let temp = tempfile::tempdir().unwrap();
+    let (base, _temp) = if keep {
+        let path = temp.keep();
+        println!("run directories kept under {}", path.display());
+        (path, None)
+    } else {
+        (temp.path().to_path_buf(), Some(temp))
+    };
 
     // The dry run: how many writes a full run makes, and how long it takes.
-    let dry = base.path().join("dry");
+    let dry = base.join("dry");
     let t = Instant::now();
     let n = match run_child(&dry, backend, None, "dry.log") {
         Ended::Finished(n) => n,
@@ -202,9 +211,14 @@ fn crash_test(backend: &str) {
     }
     let mut not_killed = 0u64;
 
-    // A kill at every write boundary.
-    for k in 1..=n {
-        let dir = base.path().join(format!("k{k}"));
+    // A kill at every write boundary (or only at those listed in `SPACEBOT_CRASH_ONLY`, to replay a
+    // failing run: `SPACEBOT_CRASH_ONLY=17,101`; the random kills are skipped then).
+    let only: Option<Vec<u64>> = std::env::var("SPACEBOT_CRASH_ONLY")
+        .ok()
+        .map(|s| s.split(',').filter_map(|k| k.trim().parse().ok()).collect());
+    let ks: Vec<u64> = only.clone().unwrap_or_else(|| (1..=n).collect());
+    for (i, k) in ks.into_iter().enumerate() {
+        let dir = base.join(format!("k{k}.{i}"));
         if !matches!(
             run_child(&dir, backend, Some(k), "killed.log"),
             Ended::Killed
@@ -219,7 +233,9 @@ fn crash_test(backend: &str) {
         if outcome.counts.failures() > 0 {
             failing.push(outcome);
         }
-        let _ = std::fs::remove_dir_all(&dir);
+        if !keep {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
     }
 
     // Random kills: a random K, or a random delay (a kill anywhere, also inside a write).
@@ -231,10 +247,11 @@ fn crash_test(backend: &str) {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(RANDOM_KILLS);
+    let kills = if only.is_some() { 0 } else { kills };
     let mut rng = Rng(seed ^ backend.len() as u64);
     let max_delay = u64::try_from(dry_time.as_micros()).unwrap_or(u64::MAX);
     for i in 0..kills {
-        let dir = base.path().join(format!("r{i}"));
+        let dir = base.join(format!("r{i}"));
         let label = if i % 2 == 0 {
             let k = rng.below(n) + 1;
             if !matches!(
@@ -255,7 +272,9 @@ fn crash_test(backend: &str) {
         if outcome.counts.failures() > 0 {
             failing.push(outcome);
         }
-        let _ = std::fs::remove_dir_all(&dir);
+        if !keep {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
     }
 
     let mut report = vec![
@@ -320,19 +339,13 @@ fn crash_test(backend: &str) {
     let report = report.join("\n");
     println!("{report}");
     // The gate: no kill, before any write or at any time, loses an acknowledged envelope,
-    // duplicates a task, applies a notice twice or leaves a store that will not open. Notices still
-    // undelivered, jobs unanswered and restarts that did not finish are reported above, not failed:
-    // a rare late notice or stuck retry remains after some kills (an open bug, docs/durability.md).
+    // duplicates a task, loses or repeats a notice, leaves a job unanswered, a restart unfinished
+    // or a store that will not open. Only repeated replies are allowed (at-least-once outbound).
     let mut total = sweep;
     total.add(&random);
     assert_eq!(
-        (
-            total.acked_lost,
-            total.tasks_duplicated,
-            total.notices_twice,
-            total.stores_refused
-        ),
-        (0, 0, 0, 0),
+        total.failures(),
+        0,
         "{backend}: the runtime lost or repeated work after a kill\n{report}"
     );
 }

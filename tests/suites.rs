@@ -100,6 +100,8 @@ on_every_backend!(junctions #[tokio::test(flavor = "multi_thread", worker_thread
     usage_is_summed_across_a_two_hop_delegation,
     an_executor_that_gives_up_fails_the_task_at_once,
     a_store_error_at_the_start_of_a_turn_is_retried,
+    a_message_delivered_again_with_its_key_is_answered_once,
+    wait_idle_waits_for_the_task_loop,
 );
 
 on_every_backend!(agent:

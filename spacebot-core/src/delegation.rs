@@ -735,11 +735,14 @@ async fn run_task_loop(
     let loop_id = uuid::Uuid::new_v4().simple().to_string();
     let mut claims: u64 = 0;
     let limit = inner.settings.task_concurrency.max(1);
+    // The agent is not idle while a round runs: the start-up recovery is the first.
+    let mut round = Some(agent.round(&org));
     recover_orphaned_claims(&org, &me).await;
     loop {
         if agent.is_stopping() {
             break;
         }
+        let this_round = round.take().unwrap_or_else(|| agent.round(&org));
         match inner
             .stores
             .tasks
@@ -822,6 +825,7 @@ async fn run_task_loop(
                 }
             }
         }
+        drop(this_round);
         let sleep = inner.clock.sleep(LEASE_CHECK_INTERVAL);
         let rung = doorbell.next();
         futures::pin_mut!(rung);

@@ -14,7 +14,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
 use futures::channel::{mpsc, oneshot};
@@ -111,6 +111,9 @@ pub struct InboundMessage {
     pub content: String,
     /// Free-form metadata kept on the envelope.
     pub metadata: serde_json::Map<String, serde_json::Value>,
+    /// The application's own id of the message, when it has one (see
+    /// [`with_idempotency_key`](Self::with_idempotency_key)).
+    pub idempotency_key: Option<String>,
 }
 
 impl InboundMessage {
@@ -126,12 +129,32 @@ impl InboundMessage {
             channel: None,
             content: content.into(),
             metadata: serde_json::Map::new(),
+            idempotency_key: None,
         }
     }
 
     /// Sets the channel.
     pub fn with_channel(mut self, channel: ChannelId) -> Self {
         self.channel = Some(channel);
+        self
+    }
+
+    /// Names the message with the application's own id (a chat platform's message id, a job id),
+    /// so that delivering it again is harmless: of all deliveries of one key to one agent, the
+    /// agent answers one; the others are consumed unanswered. An application that did not see
+    /// `deliver` return (it crashed meanwhile) delivers again with the same key.
+    ///
+    /// The reply names the envelope that was answered in `in_reply_to`, which may be the id an
+    /// earlier, unacknowledged `deliver` made.
+    ///
+    /// ```
+    /// use spacebot::InboundMessage;
+    ///
+    /// let message = InboundMessage::new("portal", "u1", "hello").with_idempotency_key("msg-42");
+    /// assert_eq!(message.idempotency_key.as_deref(), Some("msg-42"));
+    /// ```
+    pub fn with_idempotency_key(mut self, key: impl Into<String>) -> Self {
+        self.idempotency_key = Some(key.into());
         self
     }
 }
@@ -254,6 +277,12 @@ pub(crate) struct AgentRuntime {
     pub(crate) doorbell: Mutex<Option<mpsc::Sender<()>>>,
     /// The doorbell's receiving end, until a behaviour's worker takes it.
     pub(crate) bell_rx: Mutex<Option<mpsc::Receiver<()>>>,
+    /// Whether a behaviour's worker took the doorbell.
+    pub(crate) bell_taken: AtomicBool,
+    /// A ring (or the worker's start) not taken up by a worker round yet: the agent is not idle.
+    pub(crate) worker_due: AtomicBool,
+    /// Worker rounds running now (see [`AgentWorker::round`](crate::runtime::behaviour::AgentWorker::round)).
+    pub(crate) worker_rounds: AtomicUsize,
     /// Whether the loop is handling an envelope.
     pub(crate) busy: AtomicBool,
     /// Tasks claimed and not finished yet: task number -> lease holder of the claim.
@@ -275,6 +304,9 @@ impl AgentRuntime {
 
     /// Wakes the task loop.
     pub(crate) fn ring(&self) {
+        if self.bell_taken.load(Ordering::Acquire) {
+            self.worker_due.store(true, Ordering::Release);
+        }
         if let Some(bell) = self
             .doorbell
             .lock()
@@ -288,6 +320,16 @@ impl AgentRuntime {
     /// Whether the loop waits for work (no turn running).
     pub(crate) fn idle(&self) -> bool {
         !self.busy.load(Ordering::Acquire)
+    }
+
+    /// Whether nothing is left to do: the queue empty, no turn, no claimed task, no worker round
+    /// running or due.
+    pub(crate) fn settled(&self) -> bool {
+        self.queue.is_empty()
+            && self.idle()
+            && self.running_tasks() == 0
+            && !self.worker_due.load(Ordering::Acquire)
+            && self.worker_rounds.load(Ordering::Acquire) == 0
     }
 
     pub(crate) fn running_tasks(&self) -> usize {
@@ -771,6 +813,8 @@ impl Organization {
             self.inner.clock.now(),
         );
         envelope.metadata = message.metadata;
+        // Namespaced: an application's key never meets the runtime's own (notices, replies).
+        envelope.idempotency_key = message.idempotency_key.map(|k| format!("inbound:{k}"));
         let id = envelope.id.clone();
         self.inner.enqueue(&agent, envelope, false).await?;
         Ok(id)
@@ -963,6 +1007,9 @@ impl Organization {
             stopped: Mutex::new(Some(done_rx)),
             doorbell: Mutex::new(Some(bell_tx)),
             bell_rx: Mutex::new(Some(bell_rx)),
+            bell_taken: AtomicBool::new(false),
+            worker_due: AtomicBool::new(false),
+            worker_rounds: AtomicUsize::new(0),
             busy: AtomicBool::new(false),
             running_tasks: Mutex::new(HashMap::new()),
             known: Mutex::new(HashSet::new()),

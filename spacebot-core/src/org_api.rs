@@ -8,7 +8,6 @@ use crate::ids::{AgentId, TaskRef};
 use crate::link::{AgentLink, LinkDirection, LinkRelationship};
 use crate::org::{OrgError, Organization};
 use crate::policy::LinkGraph;
-use crate::runtime::queue::AgentQueue;
 use crate::task::{Task, TaskEvent, TaskStatus};
 use crate::tools::{ToolCapability, ToolContext};
 
@@ -298,12 +297,12 @@ impl Organization {
         Ok(total)
     }
 
-    /// Whether `agent` is idle: running, its queue empty, no turn and no task running.
+    /// Whether `agent` is idle: running, its queue empty, no turn and no task running, and its
+    /// behaviours' workers have nothing due (the task loop's start-up recovery, a ready task, a
+    /// completion notice still in the outbox are all work not done yet).
     pub fn is_idle(&self, agent: &AgentId) -> bool {
         match self.inner.slot(agent) {
-            Some(crate::org::Slot::Running(rt)) => {
-                rt.queue.is_empty() && rt.idle() && rt.running_tasks() == 0
-            }
+            Some(crate::org::Slot::Running(rt)) => rt.settled(),
             _ => false,
         }
     }

@@ -7,7 +7,7 @@ use std::path::Path;
 use spacebot::task::TaskFilter;
 use spacebot::{ChannelId, ChannelRecord, RecordKind, StoreError, Stores, Task, TaskStatus};
 
-use super::workload::{JOBS, id, read_acks, read_replies, try_open};
+use super::workload::{JOBS, id, job_ids, read_acks, read_replies, try_open};
 
 /// The counts of one run (or a sum of runs).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -131,6 +131,26 @@ fn duplicates(tasks: &[Task], board: &str, counts: &mut Counts, symptoms: &mut V
     }
 }
 
+/// Tasks beyond the first for one job on one board (each job is delivered with its key, so a
+/// re-delivery after a kill must not delegate it again).
+fn per_job(tasks: &[Task], board: &str, counts: &mut Counts, symptoms: &mut Vec<String>) {
+    let mut by_job: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for t in tasks {
+        for job in job_ids(&format!("{} {}", t.title, t.description)) {
+            by_job.entry(job).or_default().push(t.number);
+        }
+    }
+    for (job, numbers) in by_job {
+        if numbers.len() > 1 {
+            counts.tasks_duplicated += numbers.len() as u64 - 1;
+            symptoms.push(format!(
+                "{} tasks on {board}'s board for {job}: {numbers:?}",
+                numbers.len()
+            ));
+        }
+    }
+}
+
 /// Checks the run directory `dir` (stores under `dir/data`).
 pub async fn verify(dir: &Path, backend: &str) -> (Counts, Vec<String>) {
     let mut counts = Counts::default();
@@ -171,6 +191,8 @@ async fn check(
     let worker_board = board(&stores, "worker").await?;
     duplicates(&lead_board, "lead", counts, symptoms);
     duplicates(&worker_board, "worker", counts, symptoms);
+    per_job(&lead_board, "lead", counts, symptoms);
+    per_job(&worker_board, "worker", counts, symptoms);
 
     // Acknowledged envelopes: answered or delegated, and not left pending.
     let answered_ids: BTreeSet<&str> = replies
@@ -191,7 +213,11 @@ async fn check(
         if verb != "ack" {
             continue;
         }
-        let handled = answered_ids.contains(envelope.as_str()) || causes.contains(envelope);
+        // A job delivered again with its key after a kill: one of its envelopes is answered, the
+        // others are consumed unanswered (and must not stay pending).
+        let handled = answered_ids.contains(envelope.as_str())
+            || causes.contains(envelope)
+            || finals.contains(job.as_str());
         if !handled || pending.contains(envelope) {
             counts.acked_lost += 1;
             symptoms.push(format!(

@@ -44,10 +44,7 @@ pub const CHILD_AT: &str = "SPACEBOT_CRASH_AT";
 pub const WRITES: &str = "WRITES";
 
 /// Every job of the workload; each is answered by a reply starting with `FINAL` naming it.
-/// The child-agent job (`CHILD_JOB`) is left out of the gate for now: in about one random kill in
-/// a hundred on redb its result never reached ann after the restart, and the cause is not found
-/// yet (see the closing note of the durable-runtime issue). Set `SPACEBOT_CRASH_CHILD=1` to run it.
-pub const JOBS: [&str; 4] = ["job-1", "job-2", "job-3", "job-5"];
+pub const JOBS: [&str; 5] = ["job-1", "job-2", "job-3", "job-4", "job-5"];
 
 /// The job answered by a child agent (spawned, not delivered).
 pub const CHILD_JOB: &str = "job-4";
@@ -385,9 +382,6 @@ async fn run(dir: &Path, backend: &str, at: Option<u64>) -> u64 {
         ("job-5", "chief", "job-5: answer this directly"),
     ];
     for (job, agent, text) in deliveries {
-        if job == CHILD_JOB && std::env::var_os("SPACEBOT_CRASH_CHILD").is_none() {
-            continue;
-        }
         if job == CHILD_JOB {
             // Children are not restarted by the runtime: like an application would, spawn the
             // child again when its result was neither answered nor kept for ann.
@@ -421,7 +415,10 @@ async fn run(dir: &Path, backend: &str, at: Option<u64>) -> u64 {
             continue;
         }
         let envelope = org
-            .deliver(agent, InboundMessage::new("portal", "u1", text))
+            .deliver(
+                agent,
+                InboundMessage::new("portal", "u1", text).with_idempotency_key(job),
+            )
             .await
             .expect("deliver");
         ack("ack", job, envelope.as_str());

@@ -844,3 +844,97 @@ pub async fn a_store_error_at_the_start_of_a_turn_is_retried(stores: Stores) {
     });
     assert_eq!(retried, 2, "each failed read is told");
 }
+
+/// A message the application delivers again with the same idempotency key (it did not see the
+/// first `deliver` return) is answered once: twice while the agent is stopped, and once more after
+/// the answer while it runs.
+pub async fn a_message_delivered_again_with_its_key_is_answered_once(stores: Stores) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = calls.clone();
+    let llm = Arc::new(FnLlm::new(move |_| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        Ok(ChatResponse::text("answered"))
+    }));
+    let mut h = OrgHarness::builder(PEERS)
+        .stores(stores)
+        .llm(llm)
+        .build()
+        .await;
+    let a = id("a");
+    let first = h
+        .org
+        .deliver("a", user("hello").with_idempotency_key("msg-1"))
+        .await
+        .unwrap();
+    let second = h
+        .org
+        .deliver("a", user("hello").with_idempotency_key("msg-1"))
+        .await
+        .unwrap();
+    assert_ne!(first, second, "each delivery is its own envelope");
+    // Another key is another message.
+    let other = h
+        .org
+        .deliver("a", user("hello").with_idempotency_key("msg-2"))
+        .await
+        .unwrap();
+    h.org.start_agent(&a).await.unwrap();
+    let r1 = h.reply().await;
+    let r2 = h.reply().await;
+    h.wait_idle("a").await;
+    let answered: Vec<_> = [&r1, &r2]
+        .iter()
+        .flat_map(|r| r.in_reply_to.clone())
+        .collect();
+    assert!(answered.contains(&first), "{answered:?}");
+    assert!(answered.contains(&other), "{answered:?}");
+    assert!(!answered.contains(&second), "{answered:?}");
+    // Delivered once more while the agent runs, after the answer.
+    h.org
+        .deliver("a", user("hello").with_idempotency_key("msg-1"))
+        .await
+        .unwrap();
+    h.wait_idle("a").await;
+    assert!(
+        h.replies_now().is_empty(),
+        "a key answered before is not answered again"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "one model call per key");
+    assert!(
+        h.org
+            .stores()
+            .deliveries
+            .pending(&a)
+            .await
+            .unwrap()
+            .is_empty(),
+        "the repeats are consumed"
+    );
+}
+
+/// `wait_idle` covers the work of the agent's task loop: a task waiting on the board of an agent
+/// that just started (nothing in its queue yet) is run before the agent counts as idle.
+pub async fn wait_idle_waits_for_the_task_loop(stores: Stores) {
+    let llm = Arc::new(FnLlm::new(|_| Ok(ChatResponse::text("seven"))));
+    let h = OrgHarness::builder(PEERS)
+        .stores(stores)
+        .llm(llm)
+        .build()
+        .await;
+    let (a, c) = (id("a"), id("c"));
+    let task = h
+        .org
+        .delegate(
+            &c,
+            "a",
+            "Count the stars.",
+            DelegationOrigin::new(ChannelId::new("portal:c")),
+        )
+        .await
+        .unwrap();
+    h.org.start_agent(&a).await.unwrap();
+    h.wait_idle("a").await;
+    let after = h.org.task(&task.task_ref()).await.unwrap().unwrap();
+    assert_eq!(after.status, TaskStatus::Done, "idle before the task ran");
+    assert_eq!(after.result.as_deref(), Some("seven"));
+}

@@ -74,13 +74,33 @@ impl AgentWorker {
         self.rt.queue.is_closed()
     }
 
-    /// Takes the agent's doorbell (the first caller gets it).
+    /// Takes the agent's doorbell (the first caller gets it). From then on the agent counts as
+    /// busy (see [`Organization::is_idle`]) until the worker's first [`round`](Self::round) ended,
+    /// and again after every ring until a round took it up.
     pub fn take_doorbell(&self) -> Option<Doorbell> {
-        self.rt
+        let bell = self
+            .rt
             .bell_rx
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .take()
+            .take();
+        if bell.is_some() {
+            self.rt.worker_due.store(true, Ordering::Release);
+            self.rt.bell_taken.store(true, Ordering::Release);
+        }
+        bell
+    }
+
+    /// Marks one round of the worker's work (woken, doing what is due, about to wait again): the
+    /// agent is not idle while the returned guard lives, and the rings before it are taken up.
+    /// Dropping the guard emits `AgentIdle` when the agent is idle then.
+    pub fn round(&self, org: &Organization) -> WorkerRound {
+        self.rt.worker_rounds.fetch_add(1, Ordering::AcqRel);
+        self.rt.worker_due.store(false, Ordering::Release);
+        WorkerRound {
+            org: org.clone(),
+            rt: self.rt.clone(),
+        }
     }
 
     /// Rings the doorbell.
@@ -111,6 +131,23 @@ impl AgentWorker {
     /// Whether the agent's loop handles an envelope right now.
     pub fn is_busy(&self) -> bool {
         self.rt.busy.load(Ordering::Acquire)
+    }
+}
+
+/// One round of a behaviour's worker (see [`AgentWorker::round`]).
+#[derive(Debug)]
+pub struct WorkerRound {
+    org: Organization,
+    rt: Arc<AgentRuntime>,
+}
+
+impl Drop for WorkerRound {
+    fn drop(&mut self) {
+        self.rt.worker_rounds.fetch_sub(1, Ordering::AcqRel);
+        if self.rt.settled() {
+            let inner = &self.org.inner;
+            inner.emit(inner.event(self.rt.id(), crate::event::EventKind::AgentIdle));
+        }
     }
 }
 
