@@ -102,6 +102,7 @@ on_every_backend!(junctions #[tokio::test(flavor = "multi_thread", worker_thread
     a_store_error_at_the_start_of_a_turn_is_retried,
     a_message_delivered_again_with_its_key_is_answered_once,
     wait_idle_waits_for_the_task_loop,
+    a_failed_outcome_write_is_retried_with_the_result_kept,
 );
 
 on_every_backend!(agent:

@@ -938,3 +938,151 @@ pub async fn wait_idle_waits_for_the_task_loop(stores: Stores) {
     assert_eq!(after.status, TaskStatus::Done, "idle before the task ran");
     assert_eq!(after.result.as_deref(), Some("seven"));
 }
+
+/// Answers every task with `parsed`, counting its calls.
+#[derive(Debug, Default)]
+struct Parses(AtomicUsize);
+
+#[async_trait]
+impl TaskExecutor for Parses {
+    async fn execute(
+        &self,
+        _ctx: TaskContext,
+        _task: Task,
+    ) -> Result<TaskOutcome, spacebot::delegation::TaskError> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Ok(TaskOutcome::Done("parsed".into()))
+    }
+}
+
+/// Fails its first `n` completions (`TaskEvent::Complete`) with a backend error, then writes
+/// through; everything else goes straight to the inner store.
+#[derive(Debug)]
+pub struct FlakyCompletion {
+    inner: Arc<dyn spacebot::TaskStore>,
+    failures_left: AtomicUsize,
+}
+
+#[async_trait]
+impl spacebot::TaskStore for FlakyCompletion {
+    async fn create(
+        &self,
+        agent: &AgentId,
+        task: spacebot::task::NewTask,
+        now: spacebot::Timestamp,
+    ) -> Result<Task, spacebot::StoreError> {
+        self.inner.create(agent, task, now).await
+    }
+    async fn get(
+        &self,
+        agent: &AgentId,
+        number: u64,
+    ) -> Result<Option<Task>, spacebot::StoreError> {
+        self.inner.get(agent, number).await
+    }
+    async fn list(
+        &self,
+        agent: &AgentId,
+        filter: &spacebot::task::TaskFilter,
+    ) -> Result<Vec<Task>, spacebot::StoreError> {
+        self.inner.list(agent, filter).await
+    }
+    async fn transition(
+        &self,
+        agent: &AgentId,
+        number: u64,
+        expect: spacebot::task::Expect,
+        event: spacebot::task::TaskEvent,
+        now: spacebot::Timestamp,
+    ) -> Result<spacebot::task::Transition, spacebot::StoreError> {
+        if matches!(event, spacebot::task::TaskEvent::Complete { .. })
+            && self
+                .failures_left
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+        {
+            return Err(spacebot::StoreError::Backend {
+                backend: "test",
+                message: "the disk is full".into(),
+                source: None,
+            });
+        }
+        self.inner
+            .transition(agent, number, expect, event, now)
+            .await
+    }
+    async fn claim_next(
+        &self,
+        agent: &AgentId,
+        holder: &str,
+        lease: Duration,
+        now: spacebot::Timestamp,
+    ) -> Result<Option<Task>, spacebot::StoreError> {
+        self.inner.claim_next(agent, holder, lease, now).await
+    }
+    async fn requeue_expired(
+        &self,
+        agent: &AgentId,
+        now: spacebot::Timestamp,
+    ) -> Result<Vec<spacebot::task::Transition>, spacebot::StoreError> {
+        self.inner.requeue_expired(agent, now).await
+    }
+    async fn outbox_pending(
+        &self,
+        agent: &AgentId,
+    ) -> Result<Vec<spacebot::task::CompletionNotice>, spacebot::StoreError> {
+        self.inner.outbox_pending(agent).await
+    }
+    async fn outbox_mark_sent(
+        &self,
+        agent: &AgentId,
+        key: &str,
+    ) -> Result<(), spacebot::StoreError> {
+        self.inner.outbox_mark_sent(agent, key).await
+    }
+}
+
+/// A failed write of a task's outcome keeps the result and is retried (an Error event each time):
+/// the task ends done with the executor's result, and the executor is not run again.
+pub async fn a_failed_outcome_write_is_retried_with_the_result_kept(stores: Stores) {
+    let mut stores = stores;
+    stores.tasks = Arc::new(FlakyCompletion {
+        inner: stores.tasks.clone(),
+        failures_left: AtomicUsize::new(3),
+    });
+    let llm = Arc::new(FnLlm::new(|_| Ok(ChatResponse::text("ok"))));
+    let exec = Arc::new(Parses::default());
+    let h = OrgHarness::builder(ONE_WAY)
+        .stores(stores)
+        .llm(llm)
+        .executor("b", exec.clone())
+        .build()
+        .await;
+    let (a, b) = (id("a"), id("b"));
+    h.org.start_agent(&b).await.unwrap();
+    let task = h
+        .org
+        .delegate(
+            &a,
+            "b",
+            "Parse this.",
+            DelegationOrigin::new(ChannelId::new("portal:a")),
+        )
+        .await
+        .unwrap();
+    let ended = tokio::time::timeout(
+        Duration::from_secs(10),
+        h.org.wait_task_ended(&TaskRef::new(b.clone(), task.number)),
+    )
+    .await
+    .expect("the task ended")
+    .unwrap();
+    assert_eq!(ended.status, TaskStatus::Done);
+    assert_eq!(ended.result.as_deref(), Some("parsed"));
+    assert_eq!(ended.attempts, 0, "no attempt failed: the first one's result was kept");
+    assert_eq!(exec.0.load(Ordering::SeqCst), 1, "the executor ran once");
+    let told = h.count(|k| {
+        matches!(k, EventKind::Error { message } if message.contains("not updated") && message.contains("retrying"))
+    });
+    assert_eq!(told, 3, "each failed write is told");
+}
