@@ -179,7 +179,16 @@ pub(crate) async fn post_message(
             "a chat id is 1 to 128 characters without control characters",
         ));
     }
-    let message = InboundMessage::new(WebChat::PLATFORM, chat.clone(), body.content);
+    let mut message = InboundMessage::new(WebChat::PLATFORM, chat.clone(), body.content);
+    if let Some(key) = body.idempotency_key {
+        if key.is_empty() || key.len() > 200 || key.chars().any(char::is_control) {
+            return Err(ApiError::invalid(
+                "idempotency_key",
+                "an idempotency key is 1 to 200 characters without control characters",
+            ));
+        }
+        message = message.with_idempotency_key(key);
+    }
     let channel = format!("{}:{chat}", WebChat::PLATFORM);
     let envelope = st.org.deliver(id.as_str(), message).await?;
     Ok((

@@ -474,6 +474,10 @@ pub struct ChatMessageBody {
     /// `dashboard`).
     #[serde(default)]
     pub chat_id: Option<String>,
+    /// The client's own id of the message (1 to 200 characters): posting it again (after a lost
+    /// response) is answered once.
+    #[serde(default)]
+    pub idempotency_key: Option<String>,
 }
 
 /// A message was queued (or persisted for a stopped agent).

@@ -727,6 +727,12 @@ async fn chat_messages_are_answered_on_the_event_stream() {
             "chat_id",
         ),
         (
+            "/api/agents/lead/messages",
+            json!({"content": "x", "idempotency_key": ""}),
+            400,
+            "idempotency_key",
+        ),
+        (
             "/api/agents/ghost/messages",
             json!({"content": "x"}),
             404,
