@@ -6,7 +6,7 @@
 //! - `turn_scaling/history/{100,20000}`: one delegation round trip (delegate, the worker answers,
 //!   the delegator is woken and answers: 3 model calls) after 100 and after 20,000 earlier round
 //!   trips on the same boards. A round trip must not scan an agent's whole task history.
-//! - `org_throughput/{current_thread,multi_thread}`: 1,000 agents, messages delivered round-robin,
+//! - `org_throughput/{current_thread,multi_thread}`: 1,000 agents, 100,000 messages delivered round-robin,
 //!   then all answered; messages per second.
 //!
 //! ```text
@@ -18,11 +18,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use async_trait::async_trait;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group};
 use futures::StreamExt;
 use spacebot::config::OrgConfig;
-use spacebot::llm::ChatResponse;
-use spacebot::testing::{FnLlm, tool_call};
+use spacebot::error::LlmError;
+use spacebot::llm::{ChatRequest, ChatResponse, LlmProvider};
+use spacebot::testing::tool_call;
 use spacebot::{EnvelopeKind, InboundMessage, Organization, Stores};
 
 /// `n` agents in a ring of peers, each linked to the next three (3 links each on average out,
@@ -48,14 +50,20 @@ fn ring(n: usize) -> OrgConfig {
     OrgConfig::from_toml_str(&toml).expect("valid config")
 }
 
-/// Answers every message at once.
-fn echo() -> Arc<FnLlm> {
-    Arc::new(FnLlm::new(|_| Ok(ChatResponse::text("ok"))))
+/// A stub model that answers at once and keeps nothing (the `testing` providers record every
+/// request, which would make the bench measure their log).
+#[derive(Debug)]
+struct Stub {
+    /// `agent-0` delegates every user message to `agent-1` and answers the result.
+    delegate: bool,
 }
 
-/// The delegator (`agent-0`) delegates every user message to `agent-1` and answers the result.
-fn delegating() -> Arc<FnLlm> {
-    Arc::new(FnLlm::new(|req| {
+#[async_trait]
+impl LlmProvider for Stub {
+    async fn complete(&self, req: ChatRequest) -> Result<ChatResponse, LlmError> {
+        if !self.delegate {
+            return Ok(ChatResponse::text("ok"));
+        }
         let me = req.agent.as_ref().map(|a| a.as_str()).unwrap_or("");
         Ok(match (me, req.envelope_kind) {
             ("agent-0", Some(EnvelopeKind::UserMessage)) => {
@@ -67,10 +75,20 @@ fn delegating() -> Arc<FnLlm> {
             ("agent-1", _) => ChatResponse::text("42"),
             _ => ChatResponse::text("The answer is 42."),
         })
-    }))
+    }
 }
 
-async fn organization(config: OrgConfig, llm: Arc<FnLlm>) -> Organization {
+/// Answers every message at once.
+fn echo() -> Arc<Stub> {
+    Arc::new(Stub { delegate: false })
+}
+
+/// The delegator (`agent-0`) delegates every user message to `agent-1` and answers the result.
+fn delegating() -> Arc<Stub> {
+    Arc::new(Stub { delegate: true })
+}
+
+async fn organization(config: OrgConfig, llm: Arc<Stub>) -> Organization {
     let org = Organization::builder(config)
         .stores(Stores::memory())
         .llm(llm)
@@ -157,7 +175,7 @@ fn turn_scaling(c: &mut Criterion) {
 
 fn org_throughput(c: &mut Criterion) {
     const AGENTS: usize = 1_000;
-    const MESSAGES: usize = 20_000;
+    const MESSAGES: usize = 100_000;
     let mut group = c.benchmark_group("org_throughput");
     group
         .sample_size(10)

@@ -5,17 +5,33 @@
 //! [`AgentId::parse`]; ids minted by the runtime use [`LinkId::new_random`] and friends.
 
 use std::fmt;
+use std::sync::Arc;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::InvalidInput;
 
+/// The shared text of an id.
+fn shared(text: impl Into<String>) -> Arc<str> {
+    let text: String = text.into();
+    text.into()
+}
+
 macro_rules! string_id {
     ($(#[$meta:meta])* $name:ident) => {
         $(#[$meta])*
-        #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-        #[serde(transparent)]
-        pub struct $name(String);
+        ///
+        /// The text is shared (`Arc<str>`): a clone is a reference count, not a copy.
+        #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub struct $name(Arc<str>);
+
+        impl Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.serialize_str(&self.0)
+            }
+        }
 
         impl<'de> Deserialize<'de> for $name {
             fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -32,7 +48,7 @@ macro_rules! string_id {
 
             /// Consumes the id and returns the inner string.
             pub fn into_inner(self) -> String {
-                self.0
+                self.0.to_string()
             }
         }
 
@@ -90,7 +106,7 @@ impl AgentId {
                 ),
             ));
         }
-        Ok(Self(id))
+        Ok(Self(id.into()))
     }
 }
 
@@ -115,17 +131,17 @@ string_id!(
 
 impl LinkId {
     fn from_wire(text: String) -> Result<Self, InvalidInput> {
-        Ok(Self(text))
+        Ok(Self(text.into()))
     }
 
     /// Wraps an existing link id (for example one read back from a store).
     pub fn new(id: impl Into<String>) -> Self {
-        Self(id.into())
+        Self(shared(id))
     }
 
     /// A fresh random (UUID v4) link id.
     pub fn new_random() -> Self {
-        Self(uuid::Uuid::new_v4().to_string())
+        Self(uuid::Uuid::new_v4().to_string().into())
     }
 }
 
@@ -139,12 +155,12 @@ string_id!(
 
 impl ChannelId {
     fn from_wire(text: String) -> Result<Self, InvalidInput> {
-        Ok(Self(text))
+        Ok(Self(text.into()))
     }
 
     /// Wraps a channel id.
     pub fn new(id: impl Into<String>) -> Self {
-        Self(id.into())
+        Self(shared(id))
     }
 
     /// The owner's side of the link channel between `owner` and `peer`: `link:{owner}:{peer}`.
@@ -156,12 +172,12 @@ impl ChannelId {
     /// assert_eq!(ChannelId::link(&a, &b).as_str(), "link:a:b");
     /// ```
     pub fn link(owner: &AgentId, peer: &AgentId) -> Self {
-        Self(format!("link:{owner}:{peer}"))
+        Self(format!("link:{owner}:{peer}").into())
     }
 
     /// The application chat channel of an agent: `portal:chat:{agent}`.
     pub fn portal(agent: &AgentId) -> Self {
-        Self(format!("portal:chat:{agent}"))
+        Self(format!("portal:chat:{agent}").into())
     }
 
     /// If this is a link channel `link:{owner}:{peer}`, its owner and peer.
@@ -179,17 +195,27 @@ string_id!(
 
 impl EnvelopeId {
     fn from_wire(text: String) -> Result<Self, InvalidInput> {
-        Ok(Self(text))
+        Ok(Self(text.into()))
     }
 
     /// Wraps an existing envelope id.
     pub fn new(id: impl Into<String>) -> Self {
-        Self(id.into())
+        Self(shared(id))
     }
 
-    /// A fresh random (UUID v4) envelope id.
+    /// A fresh unique envelope id: 96 random bits drawn once per process (from a UUID v4), then
+    /// a counter, as `{24 hex digits}-{counter in hex}`. Unique across processes and restarts like
+    /// a UUID v4, without drawing random numbers per envelope.
     pub fn new_random() -> Self {
-        Self(uuid::Uuid::new_v4().to_string())
+        static PREFIX: OnceLock<String> = OnceLock::new();
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let prefix = PREFIX.get_or_init(|| {
+            let mut text = uuid::Uuid::new_v4().simple().to_string();
+            text.truncate(24);
+            text
+        });
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        Self(format!("{prefix}-{n:x}").into())
     }
 }
 
@@ -200,17 +226,17 @@ string_id!(
 
 impl ConversationId {
     fn from_wire(text: String) -> Result<Self, InvalidInput> {
-        Ok(Self(text))
+        Ok(Self(text.into()))
     }
 
     /// Wraps an existing conversation id.
     pub fn new(id: impl Into<String>) -> Self {
-        Self(id.into())
+        Self(shared(id))
     }
 
     /// A fresh random (UUID v4) conversation id.
     pub fn new_random() -> Self {
-        Self(uuid::Uuid::new_v4().to_string())
+        Self(uuid::Uuid::new_v4().to_string().into())
     }
 }
 

@@ -137,8 +137,9 @@ pub struct ChatRequest {
     pub model: Option<String>,
     /// The conversation.
     pub messages: Vec<ChatMessage>,
-    /// Tools offered.
-    pub tools: Vec<ToolDefinition>,
+    /// Tools offered. Shared (`Arc`): the runtime renders an agent's definitions once per link
+    /// graph and hands the same list to every request (build one with `vec![...].into()`).
+    pub tools: std::sync::Arc<[ToolDefinition]>,
     /// Tool choice.
     pub tool_choice: Option<ToolChoice>,
     /// Sampling temperature.

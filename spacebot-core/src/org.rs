@@ -436,7 +436,7 @@ type PromptKey = (AgentId, Option<AgentId>);
 #[derive(Debug, Default)]
 pub(crate) struct RenderCache {
     prompts: Mutex<HashMap<PromptKey, Versioned<Arc<str>>>>,
-    definitions: Mutex<HashMap<AgentId, Versioned<Arc<Vec<crate::llm::ToolDefinition>>>>>,
+    definitions: Mutex<HashMap<AgentId, Versioned<Arc<[crate::llm::ToolDefinition]>>>>,
 }
 
 impl RenderCache {
@@ -451,7 +451,7 @@ impl RenderCache {
     pub(crate) fn definitions(
         &self,
         agent: &AgentId,
-    ) -> Option<Versioned<Arc<Vec<crate::llm::ToolDefinition>>>> {
+    ) -> Option<Versioned<Arc<[crate::llm::ToolDefinition]>>> {
         lock(&self.definitions).get(agent).cloned()
     }
 
@@ -459,7 +459,7 @@ impl RenderCache {
         &self,
         agent: AgentId,
         version: u64,
-        defs: Arc<Vec<crate::llm::ToolDefinition>>,
+        defs: Arc<[crate::llm::ToolDefinition]>,
     ) {
         lock(&self.definitions).insert(agent, (version, defs));
     }

@@ -460,7 +460,8 @@ mod tests {
                 name: "get_weather".into(),
                 description: "Weather for a city".into(),
                 parameters: serde_json::json!({"type":"object","properties":{"city":{"type":"string"}}}),
-            }],
+            }]
+            .into(),
             tool_choice: Some(ToolChoice::Function("get_weather".into())),
             temperature: Some(0.2),
             max_tokens: Some(64),
@@ -520,7 +521,7 @@ mod tests {
             body(&r, &Dialect::llama_cpp(), false)["tool_choice"],
             "none"
         );
-        r.tools.clear();
+        r.tools = Default::default();
         assert!(
             body(&r, &Dialect::llama_cpp(), false)
                 .get("tool_choice")

@@ -190,7 +190,8 @@ fn request_bodies_of_every_dialect_match_the_request_schema() {
             name: "f".into(),
             description: String::new(),
             parameters: json!({"type": "object", "properties": {}}),
-        }],
+        }]
+        .into(),
         tool_choice: Some(ToolChoice::Function("f".into())),
         temperature: Some(1.5),
         max_tokens: Some(1),
@@ -265,7 +266,7 @@ fn arb_request() -> impl Strategy<Value = ChatRequest> {
                 agent: None,
                 model,
                 messages,
-                tools,
+                tools: tools.into(),
                 tool_choice,
                 temperature,
                 max_tokens,

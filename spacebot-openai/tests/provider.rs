@@ -80,7 +80,7 @@ fn after_tool_round() -> ChatRequest {
             },
             ChatMessage::tool("call_1", "18 C, clear"),
         ],
-        tools: vec![weather_tool()],
+        tools: vec![weather_tool()].into(),
         tool_choice: Some(ToolChoice::Auto),
         ..ChatRequest::default()
     }
@@ -234,7 +234,7 @@ async fn tool_choice_words() {
         let server = FixtureServer::start(vec![Reply::json("openai/plain.json")]).await;
         let (provider, _) = make(config(&server));
         let mut request = ask("hi");
-        request.tools = vec![weather_tool()];
+        request.tools = vec![weather_tool()].into();
         request.tool_choice = Some(choice);
         provider.complete(request).await.unwrap();
         assert_eq!(server.only_body()["tool_choice"], wire);
@@ -248,7 +248,7 @@ async fn several_tool_calls_in_one_response() {
     cfg.dialect.parallel_tool_calls = Some(true);
     let (provider, _) = make(cfg);
     let mut request = ask("Weather in Paris and Tokyo?");
-    request.tools = vec![weather_tool()];
+    request.tools = vec![weather_tool()].into();
     let response = provider.complete(request).await.unwrap();
     let cities: Vec<Value> = response
         .tool_calls
@@ -291,7 +291,7 @@ async fn streamed_parallel_tool_calls_end_as_complete_would() {
     .await;
     let (provider, _) = make(config(&server));
     let mut request = ask("Weather in Paris and Tokyo?");
-    request.tools = vec![weather_tool()];
+    request.tools = vec![weather_tool()].into();
     let events = collect(&provider, request.clone()).await;
     let streamed = done(&events);
     let completed = provider.complete(request).await.unwrap();
@@ -391,7 +391,7 @@ async fn ollama_stream_sends_calls_whole_under_one_index() {
         FixtureServer::start(vec![Reply::sse("compat/ollama_stream_tool_calls.sse")]).await;
     let (provider, _) = make(config(&server).with_dialect(Dialect::ollama()));
     let mut request = ask("Weather in Paris and Tokyo?");
-    request.tools = vec![weather_tool()];
+    request.tools = vec![weather_tool()].into();
     let response = done(&collect(&provider, request).await);
     let ids: Vec<&str> = response.tool_calls.iter().map(|c| c.id.as_str()).collect();
     assert_eq!(ids, ["call_4x7b1k2m", "call_9q3w8e5r"]);
@@ -481,7 +481,7 @@ async fn streamed_tool_arguments_that_are_not_json_name_the_tool_when_checked() 
     .await;
     let (provider, _) = make(config(&server).with_check_tool_arguments(true));
     let mut request = ask("Weather?");
-    request.tools = vec![weather_tool()];
+    request.tools = vec![weather_tool()].into();
     let events = collect(&provider, request).await;
     let error = last_error(&events);
     assert!(matches!(error, LlmError::MalformedResponse(_)), "{error}");
@@ -902,7 +902,7 @@ async fn a_dialect_without_tools_refuses_tools_before_sending() {
     cfg.dialect.supports_tools = false;
     let (provider, _) = make(cfg);
     let mut request = ask("hi");
-    request.tools = vec![weather_tool()];
+    request.tools = vec![weather_tool()].into();
     let error = provider.complete(request).await.unwrap_err();
     assert!(error.to_string().contains("tools"), "{error}");
     assert_eq!(server.count(), 0);
@@ -997,7 +997,7 @@ async fn environment_switches_override_the_preset() {
     .unwrap();
     let (provider, _) = make(with_test_clock(cfg));
     let mut request = ask("hi");
-    request.tools = vec![weather_tool()];
+    request.tools = vec![weather_tool()].into();
     provider.complete(request).await.unwrap();
     let body = server.only_body();
     assert!(body.get("tool_choice").is_none(), "{body}");
@@ -1103,7 +1103,7 @@ async fn tool_choice_per_dialect() {
         .await;
         let (provider, _) = make(config(&server).with_dialect(dialect.clone()));
         let mut with_tools = ask("hi");
-        with_tools.tools = vec![weather_tool()];
+        with_tools.tools = vec![weather_tool()].into();
         provider.complete(with_tools.clone()).await.unwrap();
         // A choice the request names is sent as it is, whatever the dialect.
         with_tools.tool_choice = Some(ToolChoice::Required);
@@ -1172,7 +1172,7 @@ async fn malformed_tool_arguments_are_passed_through_not_errors() {
     .await;
     let (provider, _) = make(config(&server).with_dialect(Dialect::llama_cpp()));
     let mut request = ask("Weather?");
-    request.tools = vec![weather_tool()];
+    request.tools = vec![weather_tool()].into();
     let response = provider.complete(request.clone()).await.unwrap();
     assert_eq!(response.finish_reason, Some(FinishReason::ToolCalls));
     assert_eq!(response.tool_calls[0].name, "get_weather");

@@ -623,17 +623,17 @@ fn cached_system_prompt(
 }
 
 /// The tool definitions offered to the agent of `scope`, rendered once per link graph.
-fn cached_definitions(org: &OrgInner, scope: &ToolCapability) -> Vec<crate::llm::ToolDefinition> {
+fn cached_definitions(org: &OrgInner, scope: &ToolCapability) -> Arc<[crate::llm::ToolDefinition]> {
     let version = graph_version(org);
     if let Some((v, defs)) = org.caches.definitions(scope.agent())
         && v == version
     {
-        return defs.as_ref().clone();
+        return defs;
     }
-    let defs = Arc::new(org.tools.definitions_for(scope));
+    let defs: Arc<[crate::llm::ToolDefinition]> = org.tools.definitions_for(scope).into();
     org.caches
         .set_definitions(scope.agent().clone(), version, defs.clone());
-    defs.as_ref().clone()
+    defs
 }
 
 /// The system prompt of `agent` answering in `channel`.
@@ -779,7 +779,7 @@ pub(crate) async fn run_turn(
     let system = cached_system_prompt(inner, agent, &channel).map_err(|e| failure(e, &frames))?;
     let mut messages = Vec::with_capacity(history.len() + 4);
     messages.push(ChatMessage::system(system.to_string()));
-    messages.extend(history::to_messages(&history));
+    messages.extend(history::into_messages(history));
     messages.push(ChatMessage::user(merge_backlog(&frames[0].envelopes)));
 
     let tools = &inner.tools;

@@ -15,17 +15,23 @@ use crate::llm::ChatMessage;
 /// assert!(to_messages(&[]).is_empty());
 /// ```
 pub fn to_messages(records: &[ChannelRecord]) -> Vec<crate::llm::ChatMessage> {
+    into_messages(records.to_vec())
+}
+
+/// [`to_messages`] for records the caller owns: their texts move into the messages instead of being
+/// copied.
+pub(crate) fn into_messages(records: Vec<ChannelRecord>) -> Vec<ChatMessage> {
     records
-        .iter()
+        .into_iter()
         .filter_map(|r| {
-            let rec = &r.record;
+            let rec = r.record;
             match rec.kind {
                 RecordKind::User => Some(ChatMessage::user(if rec.author == "user" {
-                    rec.content.clone()
+                    rec.content
                 } else {
                     format!("[{}] {}", rec.author, rec.content)
                 })),
-                RecordKind::Assistant => Some(ChatMessage::assistant(rec.content.clone())),
+                RecordKind::Assistant => Some(ChatMessage::assistant(rec.content)),
                 RecordKind::Sent => Some(ChatMessage::assistant(format!("(sent) {}", rec.content))),
                 RecordKind::System => Some(ChatMessage::user(format!("[system] {}", rec.content))),
                 _ => None,
