@@ -599,8 +599,11 @@ impl Task {
                     S::Waiting
                 };
             }
+            // A child's end is recorded whatever the parent is doing, short of having ended: a
+            // parent requeued after a crash (ready, claimed again later) keeps it, and its next
+            // `Wait` finds the child ended instead of waiting for a notice that was already sent.
             (
-                S::InProgress | S::Waiting,
+                S::PendingApproval | S::Backlog | S::Ready | S::InProgress | S::Waiting,
                 TaskEvent::ChildEnded {
                     child,
                     status,

@@ -34,6 +34,9 @@ fn allowed(from: TaskStatus, event: TaskEventKind) -> Option<&'static [TaskStatu
         (S::Waiting, E::AddChild) => &[S::Waiting],
         (S::Waiting, E::ChildEnded) => &[S::Waiting, S::Ready],
         (S::Waiting, E::Resume) => &[S::Ready],
+        (S::PendingApproval, E::ChildEnded) => &[S::PendingApproval],
+        (S::Backlog, E::ChildEnded) => &[S::Backlog],
+        (S::Ready, E::ChildEnded) => &[S::Ready],
         (s, E::Cancel) if !s.is_terminal() => &[S::Cancelled],
         _ => return None,
     })

@@ -37,6 +37,7 @@ macro_rules! __task_store_tests {
                 task_store_lease_expiry_uses_given_now,
                 task_store_requeue_then_fail_at_max_attempts,
                 task_store_waiting_on_children,
+                task_store_child_end_kept_while_requeued,
                 task_store_outbox_written_with_terminal_transition,
                 task_store_outbox_only_for_delegated_tasks,
                 task_store_outbox_mark_sent_idempotent,
@@ -970,6 +971,95 @@ pub async fn task_store_waiting_on_children(store: &dyn TaskStore) -> Result<(),
         outcomes,
         vec![(c1, Some("first".into())), (c2, Some("second".into()))],
         "children in the order they were added, with outcomes"
+    );
+    Ok(())
+}
+
+/// A child that ends while its parent was requeued (its worker died: ready, not claimed yet) is
+/// recorded on the parent, and the parent's next `Wait` goes straight to ready: the notice of that
+/// child is sent once, and must not be lost because the parent was between claims.
+pub async fn task_store_child_end_kept_while_requeued(
+    store: &dyn TaskStore,
+) -> Result<(), ConformanceError> {
+    let (a, b) = (agent("alpha")?, agent("beta")?);
+    ensure_empty(store, &[&a]).await?;
+    ok!(store.create(&a, NewTask::new("parent", ""), T0));
+    ok!(store.claim_next(&a, "w1", LEASE, T0));
+    let child = TaskRef::new(b.clone(), 1);
+    ok!(store.transition(
+        &a,
+        1,
+        Expect::any(),
+        TaskEvent::AddChild {
+            child: child.clone()
+        },
+        T0
+    ));
+    // The worker dies; its attempt fails and the parent is ready again.
+    let tr = ok!(store.transition(
+        &a,
+        1,
+        Expect::any(),
+        TaskEvent::Fail {
+            holder: "w1".into(),
+            error: "the process ended".into()
+        },
+        T0
+    ));
+    ensure_eq!(tr.task.status, TaskStatus::Ready, "requeued");
+    let tr = ok!(store.transition(
+        &a,
+        1,
+        Expect::any(),
+        TaskEvent::ChildEnded {
+            child: child.clone(),
+            status: TaskStatus::Done,
+            outcome: "forty-two".into(),
+        },
+        T0
+    ));
+    ensure_eq!(tr.task.status, TaskStatus::Ready, "still ready");
+    ensure_eq!(
+        tr.task.metadata.children.first().map(|c| c.ended),
+        Some(Some(TaskStatus::Done)),
+        "the child's end is recorded"
+    );
+    // Claimed again, the turn delegates the same child (an idempotent create) and waits: the
+    // child has ended already, so the parent is ready to resume at once.
+    ok!(store.claim_next(&a, "w2", LEASE, T0));
+    ok!(store.transition(
+        &a,
+        1,
+        Expect::any(),
+        TaskEvent::AddChild {
+            child: child.clone()
+        },
+        T0
+    ));
+    let tr = ok!(store.transition(
+        &a,
+        1,
+        Expect::any(),
+        TaskEvent::Wait {
+            holder: "w2".into()
+        },
+        T0
+    ));
+    ensure_eq!(
+        tr.task.status,
+        TaskStatus::Ready,
+        "nothing left to wait for"
+    );
+    let stored = get(store, &a, 1).await?;
+    ensure_eq!(
+        stored.metadata.children.len(),
+        1,
+        "the child is listed once"
+    );
+    ensure_eq!(
+        stored.metadata.children[0].outcome.as_deref(),
+        Some("forty-two"),
+        "with its outcome"
     );
     Ok(())
 }
