@@ -100,8 +100,9 @@ CREATE UNIQUE INDEX tasks_idempotency_key ON tasks (agent_id, idempotency_key)
     WHERE idempotency_key IS NOT NULL;
 -- Serves the claim in the order it sorts: highest priority, then lowest number.
 CREATE INDEX tasks_claim ON tasks (agent_id, priority DESC, number) WHERE status = 'ready';
--- Serves the search for expired leases.
-CREATE INDEX tasks_lease ON tasks (agent_id, lease_expires_at) WHERE status = 'in_progress';
+-- Serves the search for expired leases: an agent's in-progress tasks (few: one per running
+-- worker) in number order, filtered by expiry.
+CREATE INDEX tasks_lease ON tasks (agent_id, number) WHERE status = 'in_progress';
 CREATE INDEX tasks_delegated_by ON tasks (agent_id, delegated_by, number)
     WHERE delegated_by IS NOT NULL;
 

@@ -62,6 +62,13 @@ pub use crate::links::PgLinkStore;
 pub use crate::options::PgOptions;
 pub use crate::tasks::PgTaskStore;
 
+/// The statements of a claim, of the search for expired leases and of the outbox, for the tests
+/// that check which index serves them. Not a stable API.
+#[doc(hidden)]
+pub mod sql {
+    pub use crate::tasks::{CLAIM_SQL, EXPIRED_SQL, OUTBOX_PENDING_SQL};
+}
+
 /// Connects to the database at `url` with the default [`PgOptions`] (the connection's default
 /// schema, normally `public`), migrates it, and returns the [`Stores`] bundle.
 ///

@@ -52,15 +52,15 @@ const LOCK_ONE_SQL: &str = "SELECT number, title, description, status, priority,
 
 /// The next ready task in claim order (served by the `tasks_claim` index), locked; tasks another
 /// transaction holds (another claim, a transition) are skipped, not waited for.
-pub(crate) const CLAIM_SQL: &str = "SELECT number, title, description, status, priority, \
+pub const CLAIM_SQL: &str = "SELECT number, title, description, status, priority, \
      created_by, metadata, attempts, max_attempts, lease_holder, lease_expires_at, revision, \
      result, error, created_at, updated_at FROM tasks \
      WHERE agent_id = $1 AND status = 'ready' \
      ORDER BY priority DESC, number ASC LIMIT 1 FOR UPDATE SKIP LOCKED";
 
-/// In-progress tasks whose lease expired (served by the `tasks_lease` index), locked; tasks
-/// another transaction holds are left for the next call.
-pub(crate) const EXPIRED_SQL: &str = "SELECT number, title, description, status, priority, \
+/// In-progress tasks whose lease expired (served by the `tasks_lease` index of in-progress tasks
+/// in number order), locked; tasks another transaction holds are left for the next call.
+pub const EXPIRED_SQL: &str = "SELECT number, title, description, status, priority, \
      created_by, metadata, attempts, max_attempts, lease_holder, lease_expires_at, revision, \
      result, error, created_at, updated_at FROM tasks \
      WHERE agent_id = $1 AND status = 'in_progress' AND lease_expires_at <= $2 \
@@ -79,7 +79,7 @@ const OUTBOX_INSERT_SQL: &str = "INSERT INTO outbox (agent_id, key, task_number,
      created_at) VALUES ($1, $2, $3, $4, $5)";
 
 /// Unsent notices of one agent, oldest first (served by the `outbox_unsent` index).
-pub(crate) const OUTBOX_PENDING_SQL: &str =
+pub const OUTBOX_PENDING_SQL: &str =
     "SELECT notice FROM outbox WHERE agent_id = $1 AND NOT sent ORDER BY seq";
 
 fn decode(location: &str, agent: &AgentId, row: &PgRow) -> Result<Task, StoreError> {
