@@ -48,7 +48,10 @@ fn decode(location: &str, row: &PgRow) -> Result<Conversation, StoreError> {
         members: Vec::new(),
         initiator: AgentId::parse(r.get::<String>("initiator")?).map_err(invalid("initiator"))?,
         initiated_from: r.opt_text("initiated_from")?.map(ChannelId::new),
-        status: r.get::<String>("status")?.parse().map_err(invalid("status"))?,
+        status: r
+            .get::<String>("status")?
+            .parse()
+            .map_err(invalid("status"))?,
         budget_remaining: r.u32("budget_remaining")?,
         pair_key: r.opt_text("pair_key")?,
         summary: r.opt_text("summary")?,
@@ -59,7 +62,11 @@ fn decode(location: &str, row: &PgRow) -> Result<Conversation, StoreError> {
 }
 
 /// The member on this row, if the conversation has any.
-fn decode_member(location: &str, id: &ConversationId, row: &PgRow) -> Result<Option<Member>, StoreError> {
+fn decode_member(
+    location: &str,
+    id: &ConversationId,
+    row: &PgRow,
+) -> Result<Option<Member>, StoreError> {
     let what = format!("conversation {id} member");
     let r = Reader {
         row,
@@ -114,10 +121,10 @@ where
         if !same {
             out.push(decode(location, row)?);
         }
-        if let Some(c) = out.last_mut() {
-            if let Some(member) = decode_member(location, &c.id, row)? {
-                c.members.push(member);
-            }
+        if let Some(c) = out.last_mut()
+            && let Some(member) = decode_member(location, &c.id, row)?
+        {
+            c.members.push(member);
         }
     }
     Ok(out)
@@ -225,7 +232,8 @@ impl ConversationStore for PgConversationStore {
     async fn get(&self, id: &ConversationId) -> Result<Option<Conversation>, StoreError> {
         let db = self.0.db()?;
         let mut q = select();
-        q.push(" AND c.id = ").push_bind(id.as_str().as_bytes().to_vec());
+        q.push(" AND c.id = ")
+            .push_bind(id.as_str().as_bytes().to_vec());
         // One statement: the conversation and its members come from one snapshot.
         Ok(load(&db.pool, &db.location, q).await?.pop())
     }
@@ -242,21 +250,23 @@ impl ConversationStore for PgConversationStore {
             Box::pin(async move {
                 let loc = &*location;
                 // Lock the row: a concurrent update waits, then sees the new revision.
-                let locked: Option<i64> =
-                    sqlx::query_scalar("SELECT revision FROM conversations WHERE id = $1 FOR UPDATE")
-                        .bind(next.id.as_str().as_bytes())
-                        .fetch_optional(&mut *conn)
-                        .await
-                        .map_err(|e| db_error(loc, "locking a conversation", e))?;
+                let locked: Option<i64> = sqlx::query_scalar(
+                    "SELECT revision FROM conversations WHERE id = $1 FOR UPDATE",
+                )
+                .bind(next.id.as_str().as_bytes())
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(|e| db_error(loc, "locking a conversation", e))?;
                 if locked.is_none() {
                     return Err(StoreError::not_found(format!("conversation {}", next.id)));
                 }
                 let mut q = select();
                 q.push(" AND c.id = ")
                     .push_bind(next.id.as_str().as_bytes().to_vec());
-                let current = load(&mut *conn, loc, q).await?.pop().ok_or_else(|| {
-                    StoreError::not_found(format!("conversation {}", next.id))
-                })?;
+                let current = load(&mut *conn, loc, q)
+                    .await?
+                    .pop()
+                    .ok_or_else(|| StoreError::not_found(format!("conversation {}", next.id)))?;
                 if current.revision != expected_revision {
                     return Err(StoreError::Conflict {
                         what: format!("conversation {}", next.id),
@@ -272,7 +282,12 @@ impl ConversationStore for PgConversationStore {
                      budget_remaining = $3, pair_key = $4, summary = $5, revision = $6, \
                      created_at = $7, updated_at = $8 WHERE id = $9 AND revision = $10",
                 )
-                .bind(stored.initiated_from.as_ref().map(|ch| ch.as_str().as_bytes()))
+                .bind(
+                    stored
+                        .initiated_from
+                        .as_ref()
+                        .map(|ch| ch.as_str().as_bytes()),
+                )
                 .bind(stored.status.as_str())
                 .bind(i64::from(stored.budget_remaining))
                 .bind(stored.pair_key.as_deref().map(str::as_bytes))

@@ -135,7 +135,10 @@ fn describe(options: &PgConnectOptions, schema: Option<&str>) -> String {
         None => format!("{}:{}", options.get_host(), options.get_port()),
     };
     let db = options.get_database().unwrap_or(options.get_username());
-    let schema = schema.map_or_else(|| "the default schema".to_string(), |s| format!("schema {s}"));
+    let schema = schema.map_or_else(
+        || "the default schema".to_string(),
+        |s| format!("schema {s}"),
+    );
     format!(
         "postgres://{}@{host}/{db} ({schema})",
         options.get_username()
@@ -156,7 +159,10 @@ async fn migrate(
         .await
         .map_err(fail("starting the migration transaction"))?;
     sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
-        .bind(format!("spacebot-postgres migrate {}", schema.unwrap_or("")))
+        .bind(format!(
+            "spacebot-postgres migrate {}",
+            schema.unwrap_or("")
+        ))
         .execute(&mut *tx)
         .await
         .map_err(fail("locking the schema to migrate it"))?;
@@ -184,7 +190,9 @@ async fn migrate(
         .run_direct(None, &mut *tx, false)
         .await
         .map_err(|e| migrate_error(location, e))?;
-    tx.commit().await.map_err(fail("committing the migrations"))?;
+    tx.commit()
+        .await
+        .map_err(fail("committing the migrations"))?;
     Ok(())
 }
 
@@ -213,7 +221,11 @@ async fn check_schema(
                 "schema {schema} holds tables of another application ({}{}) and no spacebot_meta: \
                  refusing to touch it; name an empty or new schema with PgOptions::schema",
                 shown.join(", "),
-                if tables.len() > shown.len() { ", ..." } else { "" }
+                if tables.len() > shown.len() {
+                    ", ..."
+                } else {
+                    ""
+                }
             ),
         ));
     }

@@ -59,9 +59,8 @@ impl DeliveryStore for PgDeliveryStore {
         .map_err(|e| db_error(&db.location, "reading pending deliveries", e))?;
         rows.iter()
             .map(|json| {
-                serde_json::from_str(json).map_err(|e| {
-                    corrupt(&db.location, format!("pending delivery of {agent}: {e}"))
-                })
+                serde_json::from_str(json)
+                    .map_err(|e| corrupt(&db.location, format!("pending delivery of {agent}: {e}")))
             })
             .collect()
     }

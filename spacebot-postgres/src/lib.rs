@@ -117,7 +117,9 @@ impl Drop for Inner {
                     .enable_all()
                     .build();
                 match runtime {
-                    Ok(runtime) => runtime.block_on(db::drop_schema(&base, &schema)).map_err(|e| e.to_string()),
+                    Ok(runtime) => runtime
+                        .block_on(db::drop_schema(&base, &schema))
+                        .map_err(|e| e.to_string()),
                     Err(e) => Err(e.to_string()),
                 }
                 .map_err(|e| (schema, e))

@@ -46,11 +46,7 @@ const UPSERT_SQL: &str = "INSERT INTO agent_links (id, from_agent_id, to_agent_i
 pub struct PgLinkStore(pub(crate) PgStores);
 
 impl PgLinkStore {
-    async fn query(
-        &self,
-        sql: &'static str,
-        binds: &[&str],
-    ) -> Result<Vec<AgentLink>, StoreError> {
+    async fn query(&self, sql: &'static str, binds: &[&str]) -> Result<Vec<AgentLink>, StoreError> {
         let db = self.0.db()?;
         let mut query = sqlx::query(sql);
         for b in binds {

@@ -144,7 +144,16 @@ mod tests {
             assert!(check_schema_name(good).is_ok(), "{good}");
         }
         let long = "a".repeat(64);
-        for bad in ["", "0a", "Spacebot", "a-b", "a b", "a\"b", "ä", long.as_str()] {
+        for bad in [
+            "",
+            "0a",
+            "Spacebot",
+            "a-b",
+            "a b",
+            "a\"b",
+            "ä",
+            long.as_str(),
+        ] {
             assert!(
                 matches!(check_schema_name(bad), Err(StoreError::Invalid(_))),
                 "{bad}"

@@ -235,7 +235,11 @@ async fn expired_leases_are_requeued_once_whichever_processes_look() {
         .map(|tr| tr.task.number)
         .collect();
     let unique: BTreeSet<u64> = requeued.iter().copied().collect();
-    assert_eq!(requeued.len(), 12, "each expired lease requeued once: {requeued:?}");
+    assert_eq!(
+        requeued.len(),
+        12,
+        "each expired lease requeued once: {requeued:?}"
+    );
     assert_eq!(unique, (1..=12).collect());
     let ready = first
         .tasks()
@@ -383,7 +387,11 @@ async fn bad_settings_are_refused_with_clear_errors() {
     let e = PgStores::connect("not a url").await.unwrap_err();
     assert!(matches!(e, StoreError::Invalid(_)), "{e}");
     for schema in ["Bad", "1x", "a-b", ""] {
-        let e = PgOptions::new().schema(schema).connect(&url).await.unwrap_err();
+        let e = PgOptions::new()
+            .schema(schema)
+            .connect(&url)
+            .await
+            .unwrap_err();
         assert!(matches!(e, StoreError::Invalid(_)), "{schema:?}: {e}");
     }
     // Nothing listens on port 1: a backend error naming the server, and never a password.
@@ -404,11 +412,7 @@ async fn calls_after_close_fail_naming_the_database() {
         return;
     };
     stores.close().await;
-    let e = stores
-        .tasks()
-        .get(&agent("worker"), 1)
-        .await
-        .unwrap_err();
+    let e = stores.tasks().get(&agent("worker"), 1).await.unwrap_err();
     assert!(matches!(e, StoreError::Backend { .. }), "{e}");
     assert!(e.to_string().contains("closed"), "{e}");
     assert!(e.to_string().contains(stores.schema().unwrap()), "{e}");
@@ -434,7 +438,10 @@ async fn a_temporary_schema_is_dropped_with_its_last_clone() {
         n == 1
     };
     drop(stores);
-    assert!(exists(url.clone(), schema.clone()).await, "a clone still holds it");
+    assert!(
+        exists(url.clone(), schema.clone()).await,
+        "a clone still holds it"
+    );
     drop(clone);
     assert!(!exists(url, schema).await, "dropped with the last clone");
 }
@@ -474,7 +481,8 @@ async fn the_claim_and_the_outbox_are_served_by_their_indexes() {
         (OUTBOX_PENDING_SQL, "outbox_unsent"),
         (EXPIRED_SQL, "tasks_lease"),
     ] {
-        let explain = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("EXPLAIN {sql}"))).bind("worker");
+        let explain =
+            sqlx::query_scalar(sqlx::AssertSqlSafe(format!("EXPLAIN {sql}"))).bind("worker");
         let explain = if sql.contains("$2") {
             explain.bind(5_i64)
         } else {

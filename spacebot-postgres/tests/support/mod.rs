@@ -1,5 +1,11 @@
 //! Fresh stores for each test, in a schema of their own in the database at `DATABASE_URL`.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, dead_code, unreachable_pub)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    dead_code,
+    unreachable_pub
+)]
 
 use spacebot_postgres::{PgOptions, PgStores};
 
