@@ -9,12 +9,18 @@
 //! cargo run --example delegation -- --data-dir ./orgdata  # keep the data; run twice to see it survive
 //! cargo run --example delegation -- --store memory
 //! cargo run --example delegation --features redb -- --store redb
+//! DATABASE_URL=postgres://... cargo run --example delegation --features postgres -- --store postgres
+//! DATABASE_URL=postgres://... cargo run --example delegation --features postgres -- --store postgres --schema org1
 //! OPENAI_API_KEY=... cargo run --example delegation --features openai   # the real provider
 //! ```
 //!
 //! Offline (no `OPENAI_API_KEY`) every agent runs on the scripted mock LLM, so the run is the same
 //! every time. With `OPENAI_API_KEY` set (and optionally `OPENAI_BASE_URL`, `SPACEBOT_MODEL`) and the
 //! `openai` feature on, the same organization runs on the real provider.
+//!
+//! On PostgreSQL (`--store postgres`, feature `postgres`) the organization runs in the database at
+//! `DATABASE_URL`: in a new schema dropped at the end, or with `--schema NAME` in that schema, kept
+//! (run again to see it survive, or run several processes on it).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -38,22 +44,33 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 struct Args {
     store: String,
     data_dir: Option<PathBuf>,
+    /// The PostgreSQL schema to keep the data in (`None`: a temporary one).
+    schema: Option<String>,
 }
 
 fn args() -> Result<Args, BoxError> {
     let mut args = Args {
         store: "sqlite".into(),
         data_dir: None,
+        schema: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         match arg.as_str() {
-            "--store" => args.store = it.next().ok_or("--store needs sqlite, redb or memory")?,
+            "--store" => {
+                args.store = it
+                    .next()
+                    .ok_or("--store needs sqlite, redb, postgres or memory")?
+            }
+            "--schema" => args.schema = Some(it.next().ok_or("--schema needs a schema name")?),
             "--data-dir" => {
                 args.data_dir = Some(it.next().ok_or("--data-dir needs a path")?.into())
             }
             "-h" | "--help" => {
-                println!("usage: delegation [--store sqlite|redb|memory] [--data-dir DIR]");
+                println!(
+                    "usage: delegation [--store sqlite|redb|postgres|memory] [--data-dir DIR] \
+                     [--schema NAME (postgres; DATABASE_URL names the database)]"
+                );
                 std::process::exit(0);
             }
             other => return Err(format!("unknown argument {other:?} (try --help)").into()),
@@ -62,15 +79,35 @@ fn args() -> Result<Args, BoxError> {
     Ok(args)
 }
 
-async fn stores(args: &Args, dir: &std::path::Path) -> Result<Stores, BoxError> {
+/// The stores `args` ask for, and where they keep their data.
+async fn stores(args: &Args, dir: &std::path::Path) -> Result<(Stores, String), BoxError> {
+    let in_dir = || dir.display().to_string();
     match args.store.as_str() {
-        "memory" => Ok(Stores::memory()),
-        "sqlite" => Ok(spacebot_sqlite::open(dir).await?),
+        "memory" => Ok((Stores::memory(), "memory".into())),
+        "sqlite" => Ok((spacebot_sqlite::open(dir).await?, in_dir())),
         #[cfg(feature = "redb")]
-        "redb" => Ok(spacebot_redb::open(dir)?),
+        "redb" => Ok((spacebot_redb::open(dir)?, in_dir())),
         #[cfg(not(feature = "redb"))]
         "redb" => Err("this build has no redb backend: run with --features redb".into()),
-        other => Err(format!("unknown store {other:?}: use sqlite, redb or memory").into()),
+        #[cfg(feature = "postgres")]
+        "postgres" => {
+            let url = std::env::var("DATABASE_URL")
+                .map_err(|_| "--store postgres needs DATABASE_URL (postgres://user@host/db)")?;
+            let options = spacebot_postgres::PgOptions::new();
+            // The stores (and a temporary schema) live as long as the bundle's last clone.
+            let pg = match &args.schema {
+                Some(schema) => options.schema(schema.clone()).connect(&url).await?,
+                None => options.temporary(&url).await?,
+            };
+            Ok((pg.stores(), pg.location().to_string()))
+        }
+        #[cfg(not(feature = "postgres"))]
+        "postgres" => {
+            Err("this build has no PostgreSQL backend: run with --features postgres".into())
+        }
+        other => {
+            Err(format!("unknown store {other:?}: use sqlite, redb, postgres or memory").into())
+        }
     }
 }
 
@@ -140,12 +177,11 @@ async fn main() -> Result<(), BoxError> {
         .clone()
         .unwrap_or_else(|| temp.path().to_path_buf());
     std::fs::create_dir_all(&dir)?;
-    let stores = stores(&args, &dir).await?;
+    let (stores, place) = stores(&args, &dir).await?;
     let (llm, llm_name) = provider()?;
     println!(
-        "spacebot delegation example: store {} in {}, {llm_name}\n",
+        "spacebot delegation example: store {} in {place}, {llm_name}\n",
         args.store,
-        dir.display()
     );
 
     // Chief superior of the tech lead, tech lead superior of the community manager (seed 000).
@@ -220,11 +256,13 @@ async fn main() -> Result<(), BoxError> {
         }
         println!();
     }
-    if args.data_dir.is_some() {
-        println!(
-            "The data stays in {}: run again to see the boards and logs grow.",
-            dir.display()
-        );
+    let kept = match args.store.as_str() {
+        "postgres" => args.schema.is_some(),
+        "memory" => false,
+        _ => args.data_dir.is_some(),
+    };
+    if kept {
+        println!("The data stays in {place}: run again to see the boards and logs grow.");
     }
     Ok(())
 }

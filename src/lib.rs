@@ -2,9 +2,9 @@
 //!
 //! Agents are joined by policy-checked links (who may start an exchange with whom, who is whose
 //! superior); they delegate durable tasks to each other, hold conversations that always end, and
-//! each has one steerable inbound queue. Storage and the model are traits, with SQLite, redb and
-//! an OpenAI-compatible provider behind features; everything runs offline in tests with the mock
-//! LLM of `spacebot::testing` (feature `testing`).
+//! each has one steerable inbound queue. Storage and the model are traits, with SQLite, redb,
+//! PostgreSQL and an OpenAI-compatible provider behind features; everything runs offline in tests
+//! with the mock LLM of `spacebot::testing` (feature `testing`).
 //!
 //! This crate is the facade applications depend on: it re-exports [`spacebot_core`] (the domain,
 //! the traits, the policy, the runtime and the in-memory backends) and, by feature, the backend
@@ -45,6 +45,7 @@
 //! | `tokio` | `TokioSpawner` and `TokioClock` in `spacebot::rt` | yes |
 //! | `sqlite` | the SQLite backends, as `spacebot::sqlite` (implies `tokio`) | yes |
 //! | `redb` | the redb backends, as `spacebot::redb` (implies `tokio`) | no |
+//! | `postgres` | the PostgreSQL backends, as `spacebot::postgres`: one database for many agents and several processes (implies `tokio`) | no |
 //! | `openai` | the OpenAI-compatible Chat Completions provider, as `spacebot::openai` (implies `tokio`) | no |
 //! | `http` | the HTTP API, event stream and dashboard, as `spacebot::http` (implies `tokio`; see `docs/http.md`) | no |
 //! | `testing` | the mock LLMs and a recording event sink, in `spacebot::testing` | no |
@@ -68,6 +69,13 @@ pub mod sqlite {
 #[cfg_attr(docsrs, doc(cfg(feature = "redb")))]
 pub mod redb {
     pub use spacebot_redb::*;
+}
+
+/// PostgreSQL backends of every store (`spacebot-postgres`).
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub mod postgres {
+    pub use spacebot_postgres::*;
 }
 
 /// The OpenAI-compatible Chat Completions provider (`spacebot-openai`).

@@ -1,5 +1,9 @@
 //! The scenario suites (`tests/scenarios/*.rs`) on every backend: in memory, SQLite and redb, each
-//! in a fresh temporary directory. One binary, so the suites link once.
+//! in a fresh temporary directory, and PostgreSQL (feature `postgres`), each in a fresh schema of
+//! the database at `DATABASE_URL`. One binary, so the suites link once.
+//!
+//! Without `DATABASE_URL` the PostgreSQL scenarios say so on stderr and pass; under
+//! `SPACEBOT_REQUIRE_POSTGRES=1` (CI) they fail instead. See the README to run a local server.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod scenarios;
@@ -16,11 +20,46 @@ enum Backend {
     Sqlite,
     #[cfg(feature = "redb")]
     Redb,
+    #[cfg(feature = "postgres")]
+    Postgres,
 }
 
-/// The stores of `backend`, and the directory that holds them (kept for the test's duration).
-async fn open(backend: Backend) -> (Stores, Option<tempfile::TempDir>) {
+/// Whether `backend` can run here: PostgreSQL needs `DATABASE_URL` (without it this says so on
+/// stderr, or fails the test under `SPACEBOT_REQUIRE_POSTGRES=1`).
+fn available(backend: Backend) -> bool {
     match backend {
+        #[cfg(feature = "postgres")]
+        Backend::Postgres => database_url().is_some(),
+        _ => true,
+    }
+}
+
+/// The PostgreSQL database the scenarios run on, if `DATABASE_URL` names one.
+#[cfg(feature = "postgres")]
+fn database_url() -> Option<String> {
+    match std::env::var("DATABASE_URL") {
+        Ok(url) if !url.trim().is_empty() => Some(url),
+        _ => {
+            if std::env::var("SPACEBOT_REQUIRE_POSTGRES").as_deref() == Ok("1") {
+                panic!(
+                    "DATABASE_URL not set but SPACEBOT_REQUIRE_POSTGRES=1: the PostgreSQL tests \
+                     must run; start a server with `eval \"$(.ci/postgres start)\"` (see README)"
+                );
+            }
+            eprintln!("DATABASE_URL not set: PostgreSQL tests not run; see README");
+            None
+        }
+    }
+}
+
+/// The stores of `backend`, and the directory that holds them (kept for the test's duration);
+/// `None` when the backend cannot run here (see [`available`]). A PostgreSQL schema is dropped
+/// with the last clone of its stores.
+async fn open(backend: Backend) -> Option<(Stores, Option<tempfile::TempDir>)> {
+    if !available(backend) {
+        return None;
+    }
+    Some(match backend {
         Backend::Memory => (Stores::memory(), None),
         Backend::Sqlite => {
             let dir = tempfile::tempdir().unwrap();
@@ -33,7 +72,18 @@ async fn open(backend: Backend) -> (Stores, Option<tempfile::TempDir>) {
             let stores = spacebot::redb::open(dir.path()).unwrap();
             (stores, Some(dir))
         }
-    }
+        #[cfg(feature = "postgres")]
+        Backend::Postgres => {
+            let url = database_url()?;
+            // A small pool: the scenarios run in parallel against one server.
+            let stores = spacebot::postgres::PgOptions::new()
+                .max_connections(5)
+                .temporary(&url)
+                .await
+                .unwrap();
+            (stores.stores(), None)
+        }
+    })
 }
 
 /// Opens fresh stores of `backend` on every call; the directories live as long as the opener.
@@ -42,7 +92,9 @@ fn opener(backend: Backend) -> OpenStores {
     Arc::new(move || {
         let dirs = dirs.clone();
         Box::pin(async move {
-            let (stores, dir) = open(backend).await;
+            let (stores, dir) = open(backend)
+                .await
+                .expect("the scenario checked that its backend is available");
             dirs.lock().unwrap().extend(dir);
             stores
         })
@@ -50,7 +102,7 @@ fn opener(backend: Backend) -> OpenStores {
 }
 
 /// `on_every_backend!(suite: a, b)` runs `scenarios::suite::a(stores)` and `b` on every backend,
-/// as `suite::memory::a`, `suite::sqlite::a`, `suite::redb::a`. The scenarios listed after `fresh:`
+/// as `suite::memory::a`, `suite::sqlite::a`, `suite::redb::a`, `suite::postgres::a`. The scenarios listed after `fresh:`
 /// take an [`OpenStores`] instead, to build several organizations. The scenarios run on Tokio's
 /// current-thread runtime unless the suite names another test attribute (`suite #[attr]: ...`).
 macro_rules! on_every_backend {
@@ -66,6 +118,8 @@ macro_rules! on_every_backend {
             on_every_backend!(@backend $suite, sqlite, Sqlite, $test, $names, $fresh);
             #[cfg(feature = "redb")]
             on_every_backend!(@backend $suite, redb, Redb, $test, $names, $fresh);
+            #[cfg(feature = "postgres")]
+            on_every_backend!(@backend $suite, postgres, Postgres, $test, $names, $fresh);
         }
     };
     (@backend $suite:ident, $module:ident, $backend:ident, $test:meta, [$($name:ident),*], [$($fresh:ident),*]) => {
@@ -73,13 +127,18 @@ macro_rules! on_every_backend {
             $(
                 #[$test]
                 async fn $name() {
-                    let (stores, _dir) = crate::open(crate::Backend::$backend).await;
+                    let Some((stores, _dir)) = crate::open(crate::Backend::$backend).await else {
+                        return;
+                    };
                     crate::scenarios::$suite::$name(stores).await;
                 }
             )*
             $(
                 #[$test]
                 async fn $fresh() {
+                    if !crate::available(crate::Backend::$backend) {
+                        return;
+                    }
                     crate::scenarios::$suite::$fresh(crate::opener(crate::Backend::$backend)).await;
                 }
             )*

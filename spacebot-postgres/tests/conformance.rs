@@ -1,0 +1,28 @@
+//! The storage conformance suite of spacebot-core, on PostgreSQL: each store on its own and the
+//! whole bundle, every test in a new schema of the database at `DATABASE_URL`.
+//!
+//! Without `DATABASE_URL` each test says so on stderr and passes (it fails instead under
+//! `SPACEBOT_REQUIRE_POSTGRES=1`, as in CI): see the README for running a local server.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+/// Evaluates to a future of `$access` on fresh stores, or returns from the test (which passes)
+/// when there is no database to run on. The conformance macros insert this block in each test's
+/// body, so its `return` ends that test.
+macro_rules! fresh {
+    ($stores:ident => $access:expr) => {{
+        let Some($stores) = support::fresh().await else {
+            return Ok(());
+        };
+        std::future::ready($access)
+    }};
+}
+
+spacebot_core::link_store_conformance!(links, fresh!(s => s.links()));
+spacebot_core::task_store_conformance!(tasks, fresh!(s => s.tasks()));
+spacebot_core::channel_store_conformance!(channels, fresh!(s => s.channels()));
+spacebot_core::delivery_store_conformance!(deliveries, fresh!(s => s.deliveries()));
+spacebot_core::conversation_store_conformance!(conversations, fresh!(s => s.conversations()));
+
+spacebot_core::all_store_conformance!(bundle, fresh!(s => s.stores()));

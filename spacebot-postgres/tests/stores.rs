@@ -1,0 +1,527 @@
+//! What PostgreSQL adds to the conformance suite: several processes (here: several pools, each
+//! its own `PgStores`, as separate processes would have) on one schema, connecting and migrating,
+//! refusing foreign or newer schemas, and errors that name the database.
+//!
+//! Every test runs in a new schema of the database at `DATABASE_URL`; without it each says so on
+//! stderr and passes (it fails instead under `SPACEBOT_REQUIRE_POSTGRES=1`, as in CI).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use futures::future::join_all;
+use spacebot_core::task::{Expect, TaskEvent, TaskMetadata};
+use spacebot_core::{
+    AgentId, DeliveryStore, NewTask, StoreError, TaskStatus, TaskStore, Timestamp,
+};
+use spacebot_postgres::{PgOptions, PgStores};
+
+fn agent(s: &str) -> AgentId {
+    AgentId::parse(s).unwrap()
+}
+
+/// A temporary schema and `n` more stores on it, each with a pool of its own: the view of `n`
+/// processes sharing one organization. `None` without a database.
+async fn processes(n: usize) -> Option<(PgStores, Vec<PgStores>)> {
+    let url = support::database_url()?;
+    let first = support::options().temporary(&url).await.unwrap();
+    let schema = first.schema().unwrap().to_string();
+    let mut others = Vec::new();
+    for _ in 0..n {
+        others.push(
+            support::options()
+                .schema(schema.clone())
+                .connect(&url)
+                .await
+                .unwrap(),
+        );
+    }
+    Some((first, others))
+}
+
+/// A fresh schema name (the caller drops it).
+fn schema_name() -> String {
+    format!("spacebot_test_{:016x}", fastrand::u64(..))
+}
+
+/// Runs `sql` on the database itself (outside any spacebot schema).
+async fn admin(url: &str, sql: &str) {
+    use sqlx::Connection;
+    let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_string()))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    conn.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_from_several_processes_take_each_task_once() {
+    let Some((first, procs)) = processes(3).await else {
+        return;
+    };
+    let w = agent("worker");
+    for i in 0..40 {
+        let mut t = NewTask::new(format!("t{i}"), "");
+        t.status = TaskStatus::Ready;
+        first.tasks().create(&w, t, Timestamp(1)).await.unwrap();
+    }
+    // 90 claims from three pools at once: 40 tasks, each claimed once, the rest find nothing.
+    let claims = procs.iter().enumerate().flat_map(|(p, store)| {
+        let w = w.clone();
+        (0..30).map(move |c| {
+            let tasks = store.tasks();
+            let w = w.clone();
+            async move {
+                tasks
+                    .claim_next(
+                        &w,
+                        &format!("p{p}c{c}"),
+                        Duration::from_secs(60),
+                        Timestamp(2),
+                    )
+                    .await
+                    .unwrap()
+            }
+        })
+    });
+    let claimed: Vec<_> = join_all(claims).await.into_iter().flatten().collect();
+    let numbers: BTreeSet<u64> = claimed.iter().map(|t| t.number).collect();
+    assert_eq!(claimed.len(), 40, "every task claimed exactly once");
+    assert_eq!(numbers, (1..=40).collect(), "no task claimed twice");
+    // The board agrees: every task in progress under the lease its claim returned.
+    for t in &claimed {
+        let stored = first.tasks().get(&w, t.number).await.unwrap().unwrap();
+        assert_eq!(stored.status, TaskStatus::InProgress);
+        assert_eq!(stored.lease, t.lease);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_lease_holder_acks_and_the_notice_comes_with_the_ack() {
+    let Some((first, procs)) = processes(1).await else {
+        return;
+    };
+    let (w, lead) = (agent("worker"), agent("lead"));
+    let mut t = NewTask::new("report", "");
+    t.status = TaskStatus::Ready;
+    t.metadata = TaskMetadata {
+        delegated_by: Some(lead.clone()),
+        ..TaskMetadata::default()
+    };
+    first.tasks().create(&w, t, Timestamp(1)).await.unwrap();
+    let claimed = procs[0]
+        .tasks()
+        .claim_next(&w, "holder", Duration::from_secs(60), Timestamp(2))
+        .await
+        .unwrap()
+        .unwrap();
+    // Another process may not complete it.
+    let e = first
+        .tasks()
+        .transition(
+            &w,
+            claimed.number,
+            Expect::any(),
+            TaskEvent::Complete {
+                holder: "intruder".into(),
+                result: "no".into(),
+            },
+            Timestamp(3),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(e, StoreError::NotLeaseHolder { .. }), "{e}");
+    assert!(first.tasks().outbox_pending(&w).await.unwrap().is_empty());
+    // The holder completes it, from its own process; the notice is there with the status.
+    first
+        .tasks()
+        .transition(
+            &w,
+            claimed.number,
+            Expect::any(),
+            TaskEvent::Complete {
+                holder: "holder".into(),
+                result: "yes".into(),
+            },
+            Timestamp(4),
+        )
+        .await
+        .unwrap();
+    let notices = procs[0].tasks().outbox_pending(&w).await.unwrap();
+    assert_eq!(notices.len(), 1);
+    assert_eq!(notices[0].status, TaskStatus::Done);
+    assert_eq!(notices[0].delegated_by, lead);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyed_creates_and_applied_keys_from_several_processes_happen_once() {
+    let Some((first, procs)) = processes(3).await else {
+        return;
+    };
+    let w = agent("worker");
+    let creates = procs.iter().flat_map(|store| {
+        (0..8).map(|i| {
+            let tasks = store.tasks();
+            let w = w.clone();
+            async move {
+                let mut t = NewTask::new(format!("attempt {i}"), "");
+                t.idempotency_key = Some("turn:e1:0:0".into());
+                tasks.create(&w, t, Timestamp(1)).await.unwrap()
+            }
+        })
+    });
+    let made: BTreeSet<u64> = join_all(creates)
+        .await
+        .into_iter()
+        .map(|t| t.number)
+        .collect();
+    assert_eq!(made, BTreeSet::from([1]));
+    assert_eq!(
+        first
+            .tasks()
+            .list(&w, &Default::default())
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    let marks = procs.iter().flat_map(|store| {
+        (0..8).map(|_| {
+            let deliveries = store.deliveries();
+            let w = w.clone();
+            async move {
+                deliveries
+                    .mark_applied(&w, "lead#1:done", Timestamp(5))
+                    .await
+                    .unwrap()
+            }
+        })
+    });
+    let firsts = join_all(marks).await.into_iter().filter(|m| *m).count();
+    assert_eq!(firsts, 1, "exactly one mark_applied is the first");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_leases_are_requeued_once_whichever_processes_look() {
+    let Some((first, procs)) = processes(2).await else {
+        return;
+    };
+    let w = agent("worker");
+    for i in 0..12 {
+        let mut t = NewTask::new(format!("t{i}"), "");
+        t.status = TaskStatus::Ready;
+        first.tasks().create(&w, t, Timestamp(1)).await.unwrap();
+        first
+            .tasks()
+            .claim_next(&w, "gone", Duration::from_millis(10), Timestamp(1))
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    let sweeps = procs
+        .iter()
+        .flat_map(|store| (0..4).map(|_| store.tasks()))
+        .map(|tasks| {
+            let w = w.clone();
+            async move { tasks.requeue_expired(&w, Timestamp(100)).await.unwrap() }
+        });
+    let requeued: Vec<u64> = join_all(sweeps)
+        .await
+        .into_iter()
+        .flatten()
+        .map(|tr| tr.task.number)
+        .collect();
+    let unique: BTreeSet<u64> = requeued.iter().copied().collect();
+    assert_eq!(
+        requeued.len(),
+        12,
+        "each expired lease requeued once: {requeued:?}"
+    );
+    assert_eq!(unique, (1..=12).collect());
+    let ready = first
+        .tasks()
+        .list(
+            &w,
+            &spacebot_core::task::TaskFilter {
+                statuses: vec![TaskStatus::Ready],
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(ready.len(), 12);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_connecting_at_once_migrate_a_new_schema_once() {
+    let Some(url) = support::database_url() else {
+        return;
+    };
+    let schema = schema_name();
+    let connects = (0..6).map(|_| {
+        let (url, schema) = (url.clone(), schema.clone());
+        async move {
+            PgOptions::new()
+                .max_connections(2)
+                .schema(schema)
+                .connect(&url)
+                .await
+        }
+    });
+    let connected: Vec<_> = join_all(connects).await;
+    let outcome: Result<Vec<PgStores>, StoreError> = connected.into_iter().collect();
+    let stores = outcome.unwrap();
+    let applied: i64 = sqlx::query_scalar("SELECT count(*) FROM _sqlx_migrations")
+        .fetch_one(stores[0].pool())
+        .await
+        .unwrap();
+    let known = i64::try_from(std::fs::read_dir("migrations").unwrap().count()).unwrap();
+    for s in &stores {
+        s.close().await;
+    }
+    drop(stores);
+    admin(&url, &format!("DROP SCHEMA \"{schema}\" CASCADE")).await;
+    assert_eq!(applied, known, "each migration applied once");
+}
+
+#[tokio::test]
+async fn a_schema_of_another_application_is_refused_and_left_alone() {
+    let Some(url) = support::database_url() else {
+        return;
+    };
+    let schema = schema_name();
+    admin(
+        &url,
+        &format!("CREATE SCHEMA \"{schema}\"; CREATE TABLE \"{schema}\".tasks (id int)"),
+    )
+    .await;
+    let e = PgOptions::new()
+        .schema(schema.clone())
+        .connect(&url)
+        .await
+        .unwrap_err();
+    // Still only the foreign table: nothing was created.
+    let conn_url = url.clone();
+    let tables: Vec<String> = {
+        use sqlx::Connection;
+        let mut conn = sqlx::PgConnection::connect(&conn_url).await.unwrap();
+        let t = sqlx::query_scalar(
+            "SELECT tablename::text FROM pg_tables WHERE schemaname = $1 ORDER BY 1",
+        )
+        .bind(&schema)
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+        conn.close().await.unwrap();
+        t
+    };
+    admin(&url, &format!("DROP SCHEMA \"{schema}\" CASCADE")).await;
+    match e {
+        StoreError::Corrupt { location, reason } => {
+            assert!(location.contains(&schema), "{location}");
+            assert!(reason.contains("another application"), "{reason}");
+        }
+        other => panic!("expected Corrupt, got {other}"),
+    }
+    assert_eq!(tables, ["tasks"]);
+}
+
+#[tokio::test]
+async fn a_schema_from_a_newer_build_is_refused() {
+    let Some((first, _)) = processes(0).await else {
+        return;
+    };
+    let schema = first.schema().unwrap().to_string();
+    sqlx::query(
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+         VALUES (9999, 'from the future', TRUE, '\\x00', 0)",
+    )
+    .execute(first.pool())
+    .await
+    .unwrap();
+    let url = support::database_url().unwrap();
+    let e = PgOptions::new()
+        .schema(schema.clone())
+        .connect(&url)
+        .await
+        .unwrap_err();
+    match e {
+        StoreError::Corrupt { location, reason } => {
+            assert!(location.contains(&schema), "{location}");
+            assert!(reason.contains("newer build"), "{reason}");
+        }
+        other => panic!("expected Corrupt, got {other}"),
+    }
+}
+
+#[tokio::test]
+async fn reconnecting_keeps_the_data() {
+    let Some((first, _)) = processes(0).await else {
+        return;
+    };
+    let w = agent("worker");
+    first
+        .tasks()
+        .create(&w, NewTask::new("kept", ""), Timestamp(1))
+        .await
+        .unwrap();
+    let url = support::database_url().unwrap();
+    let again = PgOptions::new()
+        .schema(first.schema().unwrap())
+        .connect(&url)
+        .await
+        .unwrap();
+    let task = again.tasks().get(&w, 1).await.unwrap().unwrap();
+    assert_eq!(task.title, "kept");
+    assert!(again.deliveries().is_durable());
+}
+
+#[tokio::test]
+async fn bad_settings_are_refused_with_clear_errors() {
+    let Some(url) = support::database_url() else {
+        return;
+    };
+    let e = PgStores::connect("not a url").await.unwrap_err();
+    assert!(matches!(e, StoreError::Invalid(_)), "{e}");
+    for schema in ["Bad", "1x", "a-b", ""] {
+        let e = PgOptions::new()
+            .schema(schema)
+            .connect(&url)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, StoreError::Invalid(_)), "{schema:?}: {e}");
+    }
+    // Nothing listens on port 1: a backend error naming the server, and never a password.
+    let e = PgOptions::new()
+        .acquire_timeout(Duration::from_secs(5))
+        .connect("postgres://someone:secret-pw@127.0.0.1:1/nowhere")
+        .await
+        .unwrap_err();
+    let text = e.to_string();
+    assert!(matches!(e, StoreError::Backend { .. }), "{text}");
+    assert!(text.contains("127.0.0.1:1/nowhere"), "{text}");
+    assert!(!text.contains("secret-pw"), "{text}");
+}
+
+#[tokio::test]
+async fn calls_after_close_fail_naming_the_database() {
+    let Some(stores) = support::fresh().await else {
+        return;
+    };
+    stores.close().await;
+    let e = stores.tasks().get(&agent("worker"), 1).await.unwrap_err();
+    assert!(matches!(e, StoreError::Backend { .. }), "{e}");
+    assert!(e.to_string().contains("closed"), "{e}");
+    assert!(e.to_string().contains(stores.schema().unwrap()), "{e}");
+}
+
+#[tokio::test]
+async fn a_temporary_schema_is_dropped_with_its_last_clone() {
+    let Some(url) = support::database_url() else {
+        return;
+    };
+    let stores = support::options().temporary(&url).await.unwrap();
+    let schema = stores.schema().unwrap().to_string();
+    let clone = stores.clone();
+    let exists = |url: String, schema: String| async move {
+        use sqlx::Connection;
+        let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_namespace WHERE nspname = $1")
+            .bind(&schema)
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+        conn.close().await.unwrap();
+        n == 1
+    };
+    drop(stores);
+    assert!(
+        exists(url.clone(), schema.clone()).await,
+        "a clone still holds it"
+    );
+    drop(clone);
+    assert!(!exists(url, schema).await, "dropped with the last clone");
+}
+
+#[tokio::test]
+async fn the_claim_and_the_outbox_are_served_by_their_indexes() {
+    let Some(stores) = support::fresh().await else {
+        return;
+    };
+    let w = agent("worker");
+    for i in 0..20 {
+        let mut t = NewTask::new(format!("t{i}"), "");
+        t.status = TaskStatus::Ready;
+        stores.tasks().create(&w, t, Timestamp(1)).await.unwrap();
+    }
+    for _ in 0..5 {
+        stores
+            .tasks()
+            .claim_next(&w, "h", Duration::from_secs(1), Timestamp(1))
+            .await
+            .unwrap();
+    }
+    let mut conn = stores.pool().acquire().await.unwrap();
+    sqlx::query("ANALYZE tasks")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    // With so few rows a sequential scan is cheaper: forbid it to see which index serves.
+    sqlx::query("SET enable_seqscan = off")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    // Each query and the index that serves it in the order it sorts.
+    use spacebot_postgres::sql::{CLAIM_SQL, EXPIRED_SQL, OUTBOX_PENDING_SQL};
+    for (sql, index) in [
+        (CLAIM_SQL, "tasks_claim"),
+        (OUTBOX_PENDING_SQL, "outbox_unsent"),
+        (EXPIRED_SQL, "tasks_lease"),
+    ] {
+        let explain =
+            sqlx::query_scalar(sqlx::AssertSqlSafe(format!("EXPLAIN {sql}"))).bind("worker");
+        let explain = if sql.contains("$2") {
+            explain.bind(5_i64)
+        } else {
+            explain
+        };
+        let plan: Vec<String> = explain.fetch_all(&mut *conn).await.unwrap();
+        let plan = plan.join("\n");
+        assert!(plan.contains(index), "{sql}:\n{plan}");
+        assert!(!plan.contains("Sort"), "{sql} sorts:\n{plan}");
+    }
+    sqlx::query("RESET enable_seqscan")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn many_agents_share_one_schema_without_seeing_each_other() {
+    let Some(stores) = support::fresh().await else {
+        return;
+    };
+    for name in ["a", "b", "c"] {
+        let a = agent(name);
+        for _ in 0..3 {
+            stores
+                .tasks()
+                .create(&a, NewTask::new(format!("{name} task"), ""), Timestamp(1))
+                .await
+                .unwrap();
+        }
+    }
+    for name in ["a", "b", "c"] {
+        let tasks = stores
+            .tasks()
+            .list(&agent(name), &Default::default())
+            .await
+            .unwrap();
+        let numbers: Vec<u64> = tasks.iter().map(|t| t.number).collect();
+        assert_eq!(numbers, [1, 2, 3], "{name}: numbered from 1 per agent");
+        assert!(tasks.iter().all(|t| t.title == format!("{name} task")));
+    }
+}
