@@ -234,6 +234,9 @@ pub struct PlacementOptions {
     pub process: ProcessId,
     /// How many agents this process hosts at most.
     pub capacity: usize,
+    /// How many free agents one renewal round acquires at most: processes starting together then
+    /// share the agents instead of the first one taking all it may.
+    pub acquire_per_round: usize,
     /// How long a granted lease lasts.
     pub lease: Duration,
     /// How often the leases held are renewed (and free agents looked for).
@@ -250,12 +253,13 @@ pub struct PlacementOptions {
 }
 
 impl PlacementOptions {
-    /// The defaults for `process`: capacity unbounded, lease 30 s, renewal every 5 s, checks every
+    /// The defaults for `process`: capacity unbounded, 8 agents acquired per round, lease 30 s, renewal every 5 s, checks every
     /// 5 s, margin 10 s, every agent.
     pub fn new(process: ProcessId) -> Self {
         Self {
             process,
             capacity: usize::MAX,
+            acquire_per_round: 8,
             lease: Duration::from_secs(30),
             renew_interval: Duration::from_secs(5),
             check_interval: Duration::from_secs(5),
@@ -267,6 +271,12 @@ impl PlacementOptions {
     /// Sets the capacity.
     pub fn with_capacity(mut self, capacity: usize) -> Self {
         self.capacity = capacity;
+        self
+    }
+
+    /// Sets how many free agents one round acquires at most.
+    pub fn with_acquire_per_round(mut self, n: usize) -> Self {
+        self.acquire_per_round = n;
         self
     }
 
@@ -299,8 +309,11 @@ impl PlacementOptions {
     /// a renewal that comes round before the fencing deadline (`renew_interval < lease - margin`).
     pub fn validate(&self) -> Result<(), InvalidInput> {
         let what = "placement options";
-        if self.capacity == 0 {
-            return Err(InvalidInput::new(what, "capacity must be at least 1"));
+        if self.capacity == 0 || self.acquire_per_round == 0 {
+            return Err(InvalidInput::new(
+                what,
+                "capacity and acquire_per_round must be at least 1",
+            ));
         }
         if self.renew_interval.is_zero() || self.check_interval.is_zero() || self.margin.is_zero() {
             return Err(InvalidInput::new(

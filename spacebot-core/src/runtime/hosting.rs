@@ -178,8 +178,11 @@ async fn keep_round(org: &Organization, hosting: &Arc<Hosting>) {
         .filter(|a| hosting.may_host(a))
         .collect();
     candidates.sort();
+    let mut acquired = 0;
     for agent in candidates {
-        if lock(&hosting.deadlines).len() >= options.capacity {
+        if lock(&hosting.deadlines).len() >= options.capacity
+            || acquired >= options.acquire_per_round
+        {
             break;
         }
         if lock(&hosting.deadlines).contains_key(&agent) || lock(&hosting.fencing).contains(&agent)
@@ -201,6 +204,7 @@ async fn keep_round(org: &Organization, hosting: &Arc<Hosting>) {
                     continue;
                 }
                 lock(&hosting.deadlines).insert(agent.clone(), deadline);
+                acquired += 1;
                 if let Err(e) = org.start_local(&agent).await {
                     lock(&hosting.deadlines).remove(&agent);
                     report_error(inner, &agent, None, format!("not started here: {e}"));
@@ -346,5 +350,34 @@ pub(crate) async fn hand_over_stored(inner: &OrgInner, rt: &AgentRuntime) {
             rt.forget(std::slice::from_ref(&envelope.id));
             rt.pending.store(true, Ordering::Release);
         }
+    }
+}
+
+impl Organization {
+    /// This process's id under a placement (see
+    /// [`OrganizationBuilder::placement`](crate::OrganizationBuilder::placement)), `None` without.
+    pub fn process(&self) -> Option<&crate::placement::ProcessId> {
+        self.inner.hosting.as_ref().map(|h| &h.options.process)
+    }
+
+    /// The configured agents whose loop runs in this process, sorted: under a placement those it
+    /// holds a lease on and runs; without one, every running configured agent.
+    pub fn hosted_agents(&self) -> Vec<AgentId> {
+        let mut agents: Vec<AgentId> = self
+            .inner
+            .config
+            .agents
+            .iter()
+            .map(|a| a.id.clone())
+            .filter(|a| self.is_running(a))
+            .filter(|a| {
+                self.inner
+                    .hosting
+                    .as_ref()
+                    .is_none_or(|h| lock(&h.deadlines).contains_key(a))
+            })
+            .collect();
+        agents.sort();
+        agents
     }
 }
