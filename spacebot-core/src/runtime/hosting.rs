@@ -163,7 +163,13 @@ async fn keep_round(org: &Organization, hosting: &Arc<Hosting>) {
             Ok(None) => {
                 let removed = lock(&hosting.deadlines).remove(&agent).is_some();
                 if removed {
-                    fence(org, hosting, &agent, "its lease was taken by another process").await;
+                    fence(
+                        org,
+                        hosting,
+                        &agent,
+                        "its lease was taken by another process",
+                    )
+                    .await;
                 }
             }
             // The watchdog fences the agent if no renewal succeeds by its deadline.
