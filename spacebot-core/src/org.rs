@@ -148,7 +148,7 @@ impl InboundMessage {
     /// earlier, unacknowledged `deliver` made.
     ///
     /// ```
-    /// use spacebot::InboundMessage;
+    /// use spacebot_core::InboundMessage;
     ///
     /// let message = InboundMessage::new("portal", "u1", "hello").with_idempotency_key("msg-42");
     /// assert_eq!(message.idempotency_key.as_deref(), Some("msg-42"));
