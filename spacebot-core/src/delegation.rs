@@ -702,6 +702,13 @@ impl Organization {
     pub(crate) fn ring(&self, agent: &AgentId) {
         if let Some(crate::org::Slot::Running(rt)) = self.inner.slot(agent) {
             rt.ring();
+        } else if self.inner.hosting.is_some() {
+            // Hosted in another process (under a placement): a hint wakes its task loop there.
+            let inner = self.inner.clone();
+            let agent = agent.clone();
+            self.inner.spawner.spawn(Box::pin(async move {
+                inner.wake_elsewhere(&agent).await;
+            }));
         }
     }
 }
@@ -733,11 +740,18 @@ async fn run_task_loop(
     let inner = org.inner.clone();
     let me = agent.id().clone();
     let loop_id = uuid::Uuid::new_v4().simple().to_string();
+    // Under a placement a claim names its process (after an `@`): the start-up recovery of the
+    // agent's next host tells its own claims from others'.
+    let process = inner
+        .hosting
+        .as_ref()
+        .map(|h| format!("@{}", h.options.process))
+        .unwrap_or_default();
     let mut claims: u64 = 0;
     let limit = inner.settings.task_concurrency.max(1);
     // The agent is not idle while a round runs: the start-up recovery is the first.
     let mut round = Some(agent.round(&org));
-    recover_orphaned_claims(&org, &me).await;
+    recover_orphaned_claims(&org, &me, executor.is_some()).await;
     loop {
         if agent.is_stopping() {
             break;
@@ -767,11 +781,11 @@ async fn run_task_loop(
         }
         org.flush_outbox(&me).await;
         free_stale_claims(&org, &agent).await;
-        while agent.running() < limit {
+        while agent.running() < limit && !agent.is_stopping() {
             // Every claim gets its own holder id: a worker that outlived its lease cannot complete
             // the task once another attempt claimed it.
             claims += 1;
-            let holder = format!("{me}:worker:{loop_id}:{claims}");
+            let holder = format!("{me}:worker:{loop_id}:{claims}{process}");
             let claimed = inner
                 .stores
                 .tasks
@@ -839,7 +853,12 @@ async fn run_task_loop(
 /// At start, a task still in progress under a claim nobody in this process works on was left by a
 /// worker that died with its process (a crash): that attempt fails now and the task is requeued
 /// (or fails for good past its attempts), instead of waiting for its lease to run out.
-async fn recover_orphaned_claims(org: &Organization, me: &AgentId) {
+///
+/// Under a placement, a claim another process made (its holder names the process) is recovered
+/// only when it ran through the agent's own loop: that loop stopped before this process could take
+/// the agent (the fencing rule of [`Placement`](crate::Placement)). A custom executor's claim made
+/// elsewhere may still be worked on there (executors are not fenced): it is left to its lease.
+async fn recover_orphaned_claims(org: &Organization, me: &AgentId, custom_executor: bool) {
     let filter = crate::task::TaskFilter {
         statuses: vec![TaskStatus::InProgress],
         ..Default::default()
@@ -862,6 +881,15 @@ async fn recover_orphaned_claims(org: &Organization, me: &AgentId) {
         };
         if org.inner.live_claim(&lease.holder) {
             continue;
+        }
+        if let Some(hosting) = &org.inner.hosting {
+            let foreign = lease
+                .holder
+                .rsplit_once('@')
+                .is_none_or(|(_, p)| p != hosting.options.process.as_str());
+            if foreign && custom_executor {
+                continue;
+            }
         }
         let event = TaskEvent::Fail {
             holder: lease.holder,

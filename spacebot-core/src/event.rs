@@ -175,6 +175,20 @@ pub enum EventKind {
     AgentStarted,
     /// An agent stopped.
     AgentStopped,
+    /// This process took `agent` under a placement lease (an organization spread over several
+    /// processes) and started it here.
+    AgentPlaced {
+        /// This process.
+        process: String,
+    },
+    /// This process stopped hosting `agent`: its lease was taken, or not renewed in time. Another
+    /// process takes it over; nothing stored is lost.
+    PlacementLost {
+        /// This process.
+        process: String,
+        /// Why.
+        reason: String,
+    },
     /// Something failed that no caller was waiting for (delivered as an event so it is never only logged).
     Error {
         /// What failed.

@@ -68,6 +68,7 @@ pub mod memory;
 pub mod org;
 pub mod org_api;
 pub mod org_builder;
+pub mod placement;
 pub mod policy;
 pub mod prompts;
 pub mod runtime;
@@ -102,6 +103,7 @@ pub use org::{
 };
 pub use org_api::LinkChange;
 pub use org_builder::OrganizationBuilder;
+pub use placement::{MemoryPlacement, Placement, PlacementLease, PlacementOptions, ProcessId};
 pub use policy::{ApprovalPolicy, LinkGraph, OrgChart};
 pub use prompts::{Identity, Prompts};
 pub use runtime::behaviour::{AgentWorker, Answer, Behaviour};

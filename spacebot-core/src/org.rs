@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
 use futures::channel::{mpsc, oneshot};
-use futures::future::AbortHandle;
+use futures::future::{AbortHandle, Abortable};
 
 use crate::config::{ConfigError, OrgConfig, Settings};
 use crate::envelope::{Envelope, EnvelopeKind, Source};
@@ -148,7 +148,7 @@ impl InboundMessage {
     /// earlier, unacknowledged `deliver` made.
     ///
     /// ```
-    /// use spacebot::InboundMessage;
+    /// use spacebot_core::InboundMessage;
     ///
     /// let message = InboundMessage::new("portal", "u1", "hello").with_idempotency_key("msg-42");
     /// assert_eq!(message.idempotency_key.as_deref(), Some("msg-42"));
@@ -271,6 +271,9 @@ pub(crate) struct AgentRuntime {
     /// the pending deliveries over when its queue runs empty.
     pub(crate) pending: AtomicBool,
     pub(crate) abort: Mutex<Option<AbortHandle>>,
+    /// Aborts the whole loop at once, without committing the running turn (a placement lease
+    /// lost: see [`Organization::fence_agent`]).
+    pub(crate) fence: Mutex<Option<AbortHandle>>,
     pub(crate) stopped: Mutex<Option<oneshot::Receiver<()>>>,
     /// Wakes the behaviours' workers of this agent (capacity 1: a ring while one is pending is a
     /// no-op).
@@ -423,6 +426,8 @@ pub(crate) struct OrgInner {
     pub(crate) instance_tag: String,
     /// One gate per agent serializing its outbox flushes (a notice is delivered by one at a time).
     pub(crate) flush_gates: Mutex<HashMap<AgentId, Arc<futures::lock::Mutex<()>>>>,
+    /// This process's part in placement, when the organization spans several processes.
+    pub(crate) hosting: Option<Arc<crate::runtime::hosting::Hosting>>,
 }
 
 /// A rendering with the link-graph version it was made for.
@@ -485,7 +490,7 @@ impl OrgInner {
         self.agents.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn write_agents(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<AgentId, Slot>> {
+    pub(crate) fn write_agents(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<AgentId, Slot>> {
         self.agents.write().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -522,6 +527,32 @@ impl OrgInner {
         }
     }
 
+    /// Whether every delivery is stored before it is queued: on a durable delivery store, and
+    /// under a placement (the shared store is the queue of an agent hosted in another process,
+    /// and the record an agent taken over starts from).
+    pub(crate) fn stores_every_delivery(&self) -> bool {
+        self.hosting.is_some() || self.stores.deliveries.is_durable()
+    }
+
+    /// Wakes the process hosting `agent` when it is not running here (under a placement): a hint
+    /// only, its failure is an error event (the host's periodic check finds the work anyway).
+    pub(crate) async fn wake_elsewhere(&self, agent: &AgentId) {
+        let Some(hosting) = &self.hosting else {
+            return;
+        };
+        if matches!(self.slot(agent), Some(Slot::Running(_))) {
+            return;
+        }
+        if let Err(e) = hosting.placement.notify(agent).await {
+            crate::runtime::agent::report_error(
+                self,
+                agent,
+                None,
+                format!("wake-up hint not sent (the host's periodic check finds the work): {e}"),
+            );
+        }
+    }
+
     /// Hands `envelope` to `agent`. On a durable store it is stored first (acknowledged means
     /// stored), then queued when the agent runs (the queue is the fast path and the wake-up). On a
     /// memory store it is queued when the agent runs and kept in the pending deliveries when it is
@@ -533,7 +564,7 @@ impl OrgInner {
         envelope: Envelope,
         overflow_to_store: bool,
     ) -> Result<(), DeliveryError> {
-        let durable = self.stores.deliveries.is_durable();
+        let durable = self.stores_every_delivery();
         match self.slot(agent) {
             Some(Slot::Running(rt)) => {
                 if !overflow_to_store && rt.queue.len() >= rt.queue.capacity() {
@@ -593,6 +624,7 @@ impl OrgInner {
             let mut event = self.event(agent, EventKind::DeliveryPersisted);
             event.channel = Some(envelope.channel.clone());
             self.emit(event);
+            self.wake_elsewhere(agent).await;
             return Ok(());
         }
         self.persist(agent, envelope.clone()).await?;
@@ -978,9 +1010,18 @@ impl Organization {
     }
 
     /// Starts every configured agent that is not running.
+    ///
+    /// Under a placement ([`OrganizationBuilder::placement`](crate::OrganizationBuilder::placement))
+    /// it starts the hosting loops instead: this process acquires leases on free agents up to its
+    /// capacity and starts those (the first round before this returns), renews them, and takes
+    /// over agents whose host died.
     pub async fn start_all(&self) -> Result<(), OrgError> {
         for behaviour in &self.inner.behaviours {
             behaviour.on_start_all(self).await?;
+        }
+        if let Some(hosting) = &self.inner.hosting {
+            crate::runtime::hosting::start(self, hosting).await;
+            return Ok(());
         }
         for agent in self.agent_ids() {
             self.start_agent(&agent).await?;
@@ -990,7 +1031,27 @@ impl Organization {
 
     /// Starts an agent: creates its queue, hands over its pending deliveries (once, in the order
     /// they were persisted) and spawns its loop. Starting a running agent does nothing.
+    ///
+    /// Under a placement a configured agent runs where its lease is held: starting one this
+    /// process does not hold is refused ([`OrgError::Invalid`]); `start_all` places them.
     pub async fn start_agent(&self, agent: &AgentId) -> Result<(), OrgError> {
+        if let Some(hosting) = &self.inner.hosting
+            && self.inner.config.agents.iter().any(|a| &a.id == agent)
+            && !hosting.hosted().contains(agent)
+        {
+            return Err(OrgError::Invalid(InvalidInput::new(
+                "start_agent",
+                format!(
+                    "agent {agent} is placed by lease; this process ({}) does not hold it",
+                    hosting.options.process
+                ),
+            )));
+        }
+        self.start_local(agent).await
+    }
+
+    /// Starts an agent here, whatever the placement (its caller holds the lease).
+    pub(crate) async fn start_local(&self, agent: &AgentId) -> Result<(), OrgError> {
         let spec = match self.inner.slot(agent) {
             Some(Slot::Running(_)) => return Ok(()),
             Some(Slot::Stopped(spec)) => spec,
@@ -1004,6 +1065,7 @@ impl Organization {
             queue: BoundedQueue::new(agent.clone(), self.inner.settings.queue_capacity),
             pending: AtomicBool::new(false),
             abort: Mutex::new(None),
+            fence: Mutex::new(None),
             stopped: Mutex::new(Some(done_rx)),
             doorbell: Mutex::new(Some(bell_tx)),
             bell_rx: Mutex::new(Some(bell_rx)),
@@ -1063,8 +1125,16 @@ impl Organization {
             .emit(self.inner.event(agent, EventKind::AgentStarted));
         let inner = self.inner.clone();
         let loop_runtime = runtime.clone();
+        let (fence, fenced) = AbortHandle::new_pair();
+        *lock(&runtime.fence) = Some(fence);
         self.inner.spawner.spawn(Box::pin(async move {
-            crate::runtime::agent::run_loop(inner, loop_runtime).await;
+            let id = loop_runtime.id().clone();
+            let run = crate::runtime::agent::run_loop(inner.clone(), loop_runtime);
+            if Abortable::new(run, fenced).await.is_err() {
+                // Fenced: the loop ended mid-way, the end of `run_loop` did not run.
+                inner.behaviours_agent_stopped(&id).await;
+                inner.emit(inner.event(&id, EventKind::AgentStopped));
+            }
             let _ = done_tx.send(());
         }));
         let worker = crate::runtime::behaviour::AgentWorker { rt: runtime };
@@ -1072,6 +1142,34 @@ impl Organization {
             behaviour.on_agent_started(self, worker.clone());
         }
         Ok(())
+    }
+
+    /// Stops hosting an agent at once (its placement lease was lost or not renewed in time): it is
+    /// marked stopped, its queue closed and its doorbell taken (the task loop ends), and its loop
+    /// aborted wherever it is. The running turn is not committed: the envelopes it consumed stay
+    /// in the store (every delivery is stored under a placement) and its next host runs it again,
+    /// its effects kept from repeating by their idempotency keys. Waits for the loop to end.
+    pub(crate) async fn fence_agent(&self, agent: &AgentId) {
+        let runtime = {
+            let mut agents = self.inner.write_agents();
+            match agents.get(agent) {
+                Some(Slot::Running(rt)) => {
+                    let rt = rt.clone();
+                    agents.insert(agent.clone(), Slot::Stopped(rt.spec.clone()));
+                    rt
+                }
+                _ => return,
+            }
+        };
+        let _ = runtime.queue.close();
+        lock(&runtime.doorbell).take();
+        if let Some(fence) = lock(&runtime.fence).take() {
+            fence.abort();
+        }
+        let done = lock(&runtime.stopped).take();
+        if let Some(done) = done {
+            let _ = done.await;
+        }
     }
 
     /// Stops an agent: closes its queue, persists what was still queued (handed over again at the
@@ -1097,7 +1195,7 @@ impl Organization {
             .unwrap_or_else(|e| e.into_inner())
             .take();
         // A durable store holds every queued envelope already.
-        let rest = if self.inner.stores.deliveries.is_durable() {
+        let rest = if self.inner.stores_every_delivery() {
             Vec::new()
         } else {
             rest
@@ -1122,8 +1220,12 @@ impl Organization {
         Ok(())
     }
 
-    /// Stops every running agent.
+    /// Stops every running agent. Under a placement it also stops the hosting loops and releases
+    /// this process's leases, so that other processes take its agents over at once.
     pub async fn shutdown(&self) -> Result<(), OrgError> {
+        if let Some(hosting) = &self.inner.hosting {
+            crate::runtime::hosting::shutdown(self, hosting).await;
+        }
         let running: Vec<AgentId> = self
             .inner
             .read_agents()
@@ -1189,7 +1291,7 @@ impl Organization {
             spec.task,
             self.inner.clock.now(),
         );
-        self.start_agent(&child).await?;
+        self.start_local(&child).await?;
         self.inner
             .enqueue(&child, task, true)
             .await

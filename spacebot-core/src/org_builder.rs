@@ -12,6 +12,7 @@ use crate::event::{EventSink, NullSink};
 use crate::ids::AgentId;
 use crate::llm::LlmProvider;
 use crate::org::{AgentSpec, OrgError, OrgInner, Organization, Slot};
+use crate::placement::{Placement, PlacementOptions};
 use crate::policy::LinkGraph;
 use crate::prompts::{Identity, Prompts};
 use crate::runtime::behaviour::Behaviour;
@@ -35,6 +36,7 @@ pub struct OrganizationBuilder {
     tools: Vec<Arc<dyn Tool>>,
     executors: HashMap<AgentId, Arc<dyn TaskExecutor>>,
     behaviours: Vec<Arc<dyn Behaviour>>,
+    placement: Option<(Arc<dyn Placement>, PlacementOptions)>,
 }
 
 impl Organization {
@@ -53,6 +55,7 @@ impl Organization {
             tools: Vec::new(),
             executors: HashMap::new(),
             behaviours: Vec::new(),
+            placement: None,
         }
     }
 }
@@ -113,6 +116,20 @@ impl OrganizationBuilder {
         self.behaviours.push(behaviour);
         self
     }
+    /// Spreads the organization over several processes (or hosts) sharing the stores and the
+    /// placement table: this organization is one of them, with `options.process` as its id.
+    ///
+    /// Each configured agent then runs in exactly one process at a time, the one holding its lease:
+    /// [`Organization::start_all`] starts the hosting loops instead of every agent. A delivery to an
+    /// agent hosted elsewhere is stored and its host woken with a hint; every delivery is stored
+    /// before it is queued (so the delivery store must be shared by every process: one database,
+    /// or in tests one [`Stores`] bundle given to every organization). Child agents stay in the
+    /// process that spawned them. Without a placement every agent is local. See
+    /// `docs/scale-out.md`.
+    pub fn placement(mut self, placement: Arc<dyn Placement>, options: PlacementOptions) -> Self {
+        self.placement = Some((placement, options));
+        self
+    }
     /// A tool every agent gets.
     pub fn tool(mut self, tool: Arc<dyn Tool>) -> Self {
         self.tools.push(tool);
@@ -157,6 +174,15 @@ impl OrganizationBuilder {
             tools.register(tool)?;
         }
         let prompts = self.prompts.unwrap_or_default();
+        let hosting = match self.placement {
+            Some((placement, options)) => {
+                options.validate()?;
+                Some(Arc::new(crate::runtime::hosting::Hosting::new(
+                    placement, options,
+                )))
+            }
+            None => None,
+        };
 
         config
             .sync_links(stores.links.as_ref(), clock.now())
@@ -200,6 +226,7 @@ impl OrganizationBuilder {
                 caches: crate::org::RenderCache::default(),
                 graph_version: AtomicU64::new(0),
                 flush_gates: Mutex::new(HashMap::new()),
+                hosting,
                 instance_tag: uuid::Uuid::new_v4().simple().to_string()[..8].to_string(),
             }),
         })

@@ -20,6 +20,10 @@ spacebot_core::task_store_conformance!(async { MemoryTaskStore::new() });
 spacebot_core::channel_store_conformance!(async { MemoryChannelStore::new() });
 spacebot_core::delivery_store_conformance!(async { MemoryDeliveryStore::default() });
 spacebot_core::conversation_store_conformance!(async { MemoryConversationStore::new() });
+spacebot_core::placement_conformance!(async { spacebot_core::MemoryPlacement::new() });
+spacebot_core::placement_conformance!(placement_through_arc_dyn, async {
+    Arc::new(spacebot_core::MemoryPlacement::new()) as Arc<dyn spacebot_core::Placement>
+});
 
 mod through_arc_dyn {
     use super::*;

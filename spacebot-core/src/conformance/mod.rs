@@ -39,6 +39,9 @@
 //! `tokio` with the `macros` and `rt-multi-thread` features. The tests run on a multi-threaded
 //! runtime.
 //!
+//! The [`Placement`](crate::Placement) of an organization spread over several processes has its
+//! own checks (`placement_*`), run with [`placement_conformance!`](crate::placement_conformance).
+//!
 //! # Concurrency checks
 //!
 //! Checks such as [`task_store_concurrent_claims`] issue many operations at once as futures
@@ -51,6 +54,7 @@ mod channel;
 mod conversation;
 mod delivery;
 mod link;
+mod placement;
 mod support;
 mod task;
 
@@ -58,6 +62,7 @@ pub use channel::*;
 pub use conversation::*;
 pub use delivery::*;
 pub use link::*;
+pub use placement::*;
 pub use support::ConformanceError;
 pub use task::*;
 

@@ -187,29 +187,76 @@ pub(crate) struct Exchange<'a> {
 }
 
 /// Notes that the exchange `cause` took a turn of `conversation`.
-fn note_exchange(org: &Organization, conversation: &ConversationId, cause: &EnvelopeId) {
-    let mut exchanges = org
+///
+/// The ledger lives in this process's memory. Under a placement (an organization spread over
+/// several processes) an exchange may continue in another process, so the note is also stored, as
+/// an applied key `exchange:{conversation}:{cause}` of the conversation's initiator in the shared
+/// delivery store, where every process's [`used_by`] finds it.
+async fn note_exchange(
+    org: &Organization,
+    conversation: &Conversation,
+    cause: &EnvelopeId,
+) -> Result<(), StoreError> {
+    let fresh = {
+        let mut exchanges = org
+            .inner
+            .exchanges
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let causes = exchanges.entry(conversation.id.clone()).or_default();
+        let fresh = !causes.contains(cause);
+        if fresh {
+            if causes.len() >= 16 {
+                causes.remove(0);
+            }
+            causes.push(cause.clone());
+        }
+        fresh
+    };
+    if fresh && org.inner.hosting.is_some() {
+        org.inner
+            .stores
+            .deliveries
+            .mark_applied(
+                &conversation.initiator,
+                &exchange_key(&conversation.id, cause),
+                org.inner.clock.now(),
+            )
+            .await?;
+    }
+    Ok(())
+}
+
+/// The stored form of an exchange's note (see [`note_exchange`]).
+fn exchange_key(conversation: &ConversationId, cause: &EnvelopeId) -> String {
+    format!("exchange:{conversation}:{cause}")
+}
+
+/// Whether the exchange `cause` took turns of `conversation` (in this process, or under a
+/// placement in any).
+async fn used_by(
+    org: &Organization,
+    conversation: &Conversation,
+    cause: &EnvelopeId,
+) -> Result<bool, StoreError> {
+    let here = org
         .inner
         .exchanges
         .lock()
-        .unwrap_or_else(|e| e.into_inner());
-    let causes = exchanges.entry(conversation.clone()).or_default();
-    if !causes.contains(cause) {
-        if causes.len() >= 16 {
-            causes.remove(0);
-        }
-        causes.push(cause.clone());
-    }
-}
-
-/// Whether the exchange `cause` took turns of `conversation`.
-fn used_by(org: &Organization, conversation: &ConversationId, cause: &EnvelopeId) -> bool {
-    org.inner
-        .exchanges
-        .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .get(conversation)
-        .is_some_and(|c| c.contains(cause))
+        .get(&conversation.id)
+        .is_some_and(|c| c.contains(cause));
+    if here || org.inner.hosting.is_none() {
+        return Ok(here);
+    }
+    org.inner
+        .stores
+        .deliveries
+        .is_applied(
+            &conversation.initiator,
+            &exchange_key(&conversation.id, cause),
+        )
+        .await
 }
 
 fn meta(id: &ConversationId) -> serde_json::Map<String, serde_json::Value> {
@@ -388,15 +435,15 @@ async fn spent_by(
         statuses: vec![ConversationStatus::Severed],
     };
     let list = org.inner.stores.conversations.list(&filter).await?;
-    Ok(list
-        .into_iter()
-        .rev()
-        .find(|c| {
-            c.pair_key.as_deref() == Some(key)
-                && c.budget_remaining == 0
-                && used_by(org, &c.id, cause)
-        })
-        .map(|c| c.id))
+    for c in list.into_iter().rev() {
+        if c.pair_key.as_deref() == Some(key)
+            && c.budget_remaining == 0
+            && used_by(org, &c, cause).await?
+        {
+            return Ok(Some(c.id));
+        }
+    }
+    Ok(None)
 }
 
 /// Finds the open conversation holding `key`, reopens the latest concluded one, or creates
@@ -545,7 +592,7 @@ pub(crate) async fn deliver_turn(
         });
     };
     check_links(org, conversation, from).await?;
-    note_exchange(org, &conversation.id, exchange.cause);
+    note_exchange(org, conversation, exchange.cause).await?;
     let charged = charge_turn(org, &conversation.id, from).await?;
     if sent_record {
         append(

@@ -393,7 +393,7 @@ async fn process(org: &Arc<OrgInner>, agent: &Arc<AgentRuntime>, envelope: Envel
 /// An envelope the loop could not process because the agent is stopping: in memory-only stores it
 /// is kept in the pending deliveries (durable stores hold it already).
 async fn keep_for_later(org: &OrgInner, agent: &AgentRuntime, envelope: Envelope) {
-    if org.stores.deliveries.is_durable() {
+    if org.stores_every_delivery() {
         return;
     }
     if let Err(e) = org.persist(agent.id(), envelope).await {

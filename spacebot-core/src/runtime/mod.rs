@@ -7,6 +7,7 @@
 pub(crate) mod agent;
 pub mod behaviour;
 pub mod history;
+pub(crate) mod hosting;
 pub mod outbound;
 pub mod queue;
 pub mod steer;
