@@ -196,10 +196,19 @@ async fn an_id_from_an_earlier_run_replays_the_whole_window() {
     let mut watcher = s.events(None).await;
     let envelope = chat(&s, "lead", "hello").await;
     let happened = until_settled(&mut watcher, &envelope, "lead").await;
-    assert_eq!(happened[0].id, Some(1));
+    let newest = happened.last().and_then(|e| e.id).unwrap();
+    // An id this run never gave: the whole window, from the run's first event (the agents'
+    // start-up came before the watcher connected), through what the watcher saw.
     let mut again = s.events(Some(10_000)).await;
-    for e in &happened {
-        let replayed = again.next().await;
+    let mut replayed = Vec::new();
+    while replayed.last().and_then(|e: &Sse| e.id) != Some(newest) {
+        replayed.push(again.next().await);
+    }
+    assert_eq!(replayed[0].id, Some(1), "the whole window");
+    let ids: Vec<u64> = replayed.iter().filter_map(|e| e.id).collect();
+    assert!(ids.windows(2).all(|w| w[1] == w[0] + 1), "{ids:?}");
+    let tail = &replayed[replayed.len() - happened.len()..];
+    for (replayed, e) in tail.iter().zip(&happened) {
         assert_eq!(
             (replayed.id, &replayed.event, &replayed.data),
             (e.id, &e.event, &e.data)

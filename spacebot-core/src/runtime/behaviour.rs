@@ -93,13 +93,15 @@ impl AgentWorker {
 
     /// Marks one round of the worker's work (woken, doing what is due, about to wait again): the
     /// agent is not idle while the returned guard lives, and the rings before it are taken up.
-    /// Dropping the guard emits `AgentIdle` when the agent is idle then.
+    /// Dropping the guard emits `AgentIdle` when the agent is idle then and the round was due (a
+    /// ring or the worker's start; a periodic round finding nothing to do is silent).
     pub fn round(&self, org: &Organization) -> WorkerRound {
         self.rt.worker_rounds.fetch_add(1, Ordering::AcqRel);
-        self.rt.worker_due.store(false, Ordering::Release);
+        let due = self.rt.worker_due.swap(false, Ordering::AcqRel);
         WorkerRound {
             org: org.clone(),
             rt: self.rt.clone(),
+            due,
         }
     }
 
@@ -139,12 +141,13 @@ impl AgentWorker {
 pub struct WorkerRound {
     org: Organization,
     rt: Arc<AgentRuntime>,
+    due: bool,
 }
 
 impl Drop for WorkerRound {
     fn drop(&mut self) {
         self.rt.worker_rounds.fetch_sub(1, Ordering::AcqRel);
-        if self.rt.settled() {
+        if self.due && self.rt.settled() {
             let inner = &self.org.inner;
             inner.emit(inner.event(self.rt.id(), crate::event::EventKind::AgentIdle));
         }
