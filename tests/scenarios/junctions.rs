@@ -1089,3 +1089,83 @@ pub async fn a_failed_outcome_write_is_retried_with_the_result_kept(stores: Stor
     });
     assert_eq!(told, 3, "each failed write is told");
 }
+
+const CHIEF_AND_LEAD: &str = r#"
+[[agents]]
+id = "chief"
+name = "Chief"
+[[agents]]
+id = "lead"
+name = "Lead"
+[[links]]
+from = "chief"
+to = "lead"
+direction = "one_way"
+relationship = "superior"
+"#;
+
+/// The chain's model: the chief delegates a user's request and reports the result when woken;
+/// the lead answers.
+fn chain_model(req: &spacebot::ChatRequest) -> ChatResponse {
+    let me = req.agent.as_ref().map(AgentId::as_str).unwrap_or("");
+    match (me, req.envelope_kind) {
+        ("chief", Some(EnvelopeKind::UserMessage)) => ChatResponse::tool_calls(vec![tool_call(
+            "send_agent_message",
+            json!({"target": "lead", "message": "count the stars"}),
+        )]),
+        ("chief", _) => ChatResponse::text("FINAL: the lead says seven"),
+        _ => ChatResponse::text("seven"),
+    }
+}
+
+/// The answer to a delegated job reaches the user who asked even when the delegator was restarted
+/// between the delegation and the result: where replies in a channel go is kept with its history,
+/// not only in the memory of the process that saw the user's message.
+pub async fn a_result_after_a_restart_is_answered_to_the_user(stores: Stores) {
+    let llm = Arc::new(FnLlm::new(|req| Ok(chain_model(req))));
+    let (chief, lead) = (id("chief"), id("lead"));
+    let mut first = OrgHarness::builder(CHIEF_AND_LEAD)
+        .stores(stores.clone())
+        .llm(llm.clone())
+        .build()
+        .await;
+    first.org.start_agent(&chief).await.unwrap();
+    first
+        .org
+        .deliver("chief", InboundMessage::new("portal", "u7", "count them"))
+        .await
+        .unwrap();
+    // The delegating turn ends with the delegation; the chief answers when the result comes.
+    first.wait_idle("chief").await;
+    assert!(first.replies_now().is_empty(), "nothing to say yet");
+    let waiting = first
+        .org
+        .stores()
+        .tasks
+        .list(&lead, &spacebot::task::TaskFilter::default())
+        .await
+        .unwrap();
+    assert_eq!(waiting.len(), 1, "the task waits on the lead's board");
+    first.org.shutdown().await.unwrap();
+    drop(first);
+
+    // The next run of the application: the lead works the task, the chief is woken by the result.
+    let mut second = OrgHarness::builder(CHIEF_AND_LEAD)
+        .stores(stores)
+        .llm(llm)
+        .build()
+        .await;
+    second.org.start_agent(&chief).await.unwrap();
+    second.org.start_agent(&lead).await.unwrap();
+    let fin = second.reply().await;
+    assert_eq!(fin.agent, chief);
+    assert_eq!(fin.content, "FINAL: the lead says seven");
+    assert_eq!(
+        fin.source,
+        spacebot::Source::External {
+            platform: "portal".into(),
+            reply_target: "u7".into(),
+        },
+        "the result goes back to the user who asked"
+    );
+}

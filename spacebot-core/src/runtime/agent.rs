@@ -288,6 +288,13 @@ fn user_record(envelope: &Envelope) -> NewRecord {
         "envelope".into(),
         serde_json::Value::String(envelope.id.to_string()),
     );
+    // Where replies in this channel go, kept with the history: a retrigger answered after a
+    // restart (or in another process) still reaches the application's user.
+    if matches!(envelope.source, Source::External { .. })
+        && let Ok(source) = serde_json::to_value(&envelope.source)
+    {
+        record.metadata.insert(META_REPLY_SOURCE.into(), source);
+    }
     if let Some(conversation) = &envelope.conversation {
         record.metadata.insert(
             crate::envelope::META_CONVERSATION.into(),
@@ -566,6 +573,30 @@ async fn report_to_parent(org: &OrgInner, agent: &AgentRuntime, text: String) {
     }
 }
 
+/// The record metadata key holding the external source of a user's message.
+const META_REPLY_SOURCE: &str = "reply_source";
+
+/// Remembers the last external source recorded in a channel's `history` when this process has
+/// none for it yet (after a restart, or an agent taken over from another process).
+fn recall_source(agent: &AgentRuntime, channel: &ChannelId, history: &[crate::ChannelRecord]) {
+    let mut known = agent
+        .reply_sources
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if known.contains_key(channel) {
+        return;
+    }
+    let recorded = history.iter().rev().find_map(|r| {
+        r.record
+            .metadata
+            .get(META_REPLY_SOURCE)
+            .and_then(|v| serde_json::from_value::<Source>(v.clone()).ok())
+    });
+    if let Some(source) = recorded {
+        known.insert(channel.clone(), source);
+    }
+}
+
 /// Remembers the external sources of `current`, per channel.
 fn remember_sources(agent: &AgentRuntime, current: &[Envelope]) {
     let mut known = agent
@@ -774,6 +805,7 @@ pub(crate) async fn run_turn(
         log.record(user_record(envelope));
         log.consume(envelope);
     }
+    recall_source(agent, &channel, &history);
     remember_sources(agent, &frames[0].envelopes);
     log.flush_records(inner, &me).await;
     let system = cached_system_prompt(inner, agent, &channel).map_err(|e| failure(e, &frames))?;
