@@ -30,8 +30,8 @@ enum Command {
     /// Run an organization with the HTTP API and the dashboard; prints the URL and the token.
     ///
     /// The model is a scripted mock by default (chat messages are delegated down the hierarchy and
-    /// answered); built with `--features openai`, a real provider is used when OPENAI_API_KEY or a
-    /// SPACEBOT_* variable is set.
+    /// answered); built with `--features openai`, a real provider is used when OPENAI_API_KEY,
+    /// OPENAI_BASE_URL, SPACEBOT_MODEL or SPACEBOT_DIALECT is set.
     Serve(ServeArgs),
     /// Validate an organization config and print every problem found.
     Check {

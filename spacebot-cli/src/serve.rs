@@ -22,12 +22,22 @@ fn failed(message: impl Into<String>) -> CliError {
     CliError::Failed(message.into())
 }
 
+/// Setting any of these selects the OpenAI-compatible provider (built with `--features openai`).
+#[cfg(feature = "openai")]
+const PROVIDER_VARS: [&str; 4] = [
+    "OPENAI_API_KEY",
+    "OPENAI_BASE_URL",
+    "SPACEBOT_MODEL",
+    "SPACEBOT_DIALECT",
+];
+
 #[cfg(feature = "openai")]
 fn provider(config: &OrgConfig) -> Result<(Arc<dyn LlmProvider>, String), CliError> {
-    let configured = std::env::vars_os().any(|(k, _)| {
-        let k = k.to_string_lossy();
-        k == "OPENAI_API_KEY" || (k.starts_with("SPACEBOT_") && k != "SPACEBOT_TOKEN")
-    });
+    // The variables that choose a model or a server; the provider's tuning variables alone (or
+    // unrelated SPACEBOT_* ones, such as a test database's) keep the demo model.
+    let configured = PROVIDER_VARS
+        .iter()
+        .any(|k| std::env::var_os(k).is_some_and(|v| !v.is_empty()));
     if configured {
         let settings = spacebot_openai::OpenAiConfig::from_env()
             .map_err(|e| failed(format!("provider settings: {e}")))?;

@@ -481,9 +481,9 @@ async fn serve_prints_the_url_and_token_and_serves_the_api() {
             .args(["--store", store, "--addr", "127.0.0.1:0"])
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
-        // The scripted demo model, whatever the environment: built with `openai`, `serve` picks the
-        // real provider when OPENAI_API_KEY or any SPACEBOT_* variable is set (CI sets
-        // SPACEBOT_REQUIRE_POSTGRES, for instance); SPACEBOT_TOKEN would fix the token.
+        // The scripted demo model, whatever the developer's environment: built with `openai`,
+        // `serve` picks the real provider when OPENAI_API_KEY, OPENAI_BASE_URL, SPACEBOT_MODEL or
+        // SPACEBOT_DIALECT is set; SPACEBOT_TOKEN would fix the token.
         for (name, _) in std::env::vars_os() {
             let text = name.to_string_lossy();
             if text.starts_with("SPACEBOT_") || text.starts_with("OPENAI_") {
