@@ -90,6 +90,35 @@ impl ChannelStore for MemoryChannelStore {
         Ok(records[skip..].to_vec())
     }
 
+    async fn history_without_metadata(
+        &self,
+        agent: &AgentId,
+        channel: &ChannelId,
+        limit: Option<usize>,
+    ) -> Result<Vec<ChannelRecord>, StoreError> {
+        let agents = lock(&self.agents);
+        let Some(records) = agents.get(agent).and_then(|a| a.channels.get(channel)) else {
+            return Ok(Vec::new());
+        };
+        let skip = limit.map_or(0, |l| records.len().saturating_sub(l));
+        // Without the metadata maps: copying and dropping them was most of a turn's history read.
+        Ok(records[skip..]
+            .iter()
+            .map(|r| ChannelRecord {
+                seq: r.seq,
+                agent: r.agent.clone(),
+                record: NewRecord {
+                    channel: r.record.channel.clone(),
+                    kind: r.record.kind,
+                    author: r.record.author.clone(),
+                    content: r.record.content.clone(),
+                    metadata: serde_json::Map::new(),
+                    at: r.record.at,
+                },
+            })
+            .collect())
+    }
+
     async fn ensure_channel(&self, agent: &AgentId, channel: &ChannelId) -> Result<(), StoreError> {
         let mut agents = lock(&self.agents);
         agents

@@ -766,7 +766,7 @@ pub(crate) async fn run_turn(
         inner
             .stores
             .channels
-            .history(&me, &channel, Some(HISTORY_LIMIT))
+            .history_without_metadata(&me, &channel, Some(HISTORY_LIMIT))
     })
     .await
     .map_err(|e| failure(e, &frames))?;
