@@ -1079,7 +1079,10 @@ pub async fn a_failed_outcome_write_is_retried_with_the_result_kept(stores: Stor
     .unwrap();
     assert_eq!(ended.status, TaskStatus::Done);
     assert_eq!(ended.result.as_deref(), Some("parsed"));
-    assert_eq!(ended.attempts, 0, "no attempt failed: the first one's result was kept");
+    assert_eq!(
+        ended.attempts, 0,
+        "no attempt failed: the first one's result was kept"
+    );
     assert_eq!(exec.0.load(Ordering::SeqCst), 1, "the executor ran once");
     let told = h.count(|k| {
         matches!(k, EventKind::Error { message } if message.contains("not updated") && message.contains("retrying"))
