@@ -40,25 +40,23 @@ impl MemoryChannelStore {
         let mut agents = lock(&self.agents);
         let state = agents.entry(agent.clone()).or_default();
         for record in records {
-            state.append(agent, record.clone());
+            state.push(agent, record.clone());
         }
     }
 }
 
 impl AgentChannels {
     /// Appends one record with the next sequence number and returns it as stored.
-    fn append(&mut self, agent: &AgentId, record: NewRecord) -> ChannelRecord {
+    fn push(&mut self, agent: &AgentId, record: NewRecord) -> &ChannelRecord {
         self.last_seq += 1;
-        let stored = ChannelRecord {
+        let records = self.channels.entry(record.channel.clone()).or_default();
+        records.push(ChannelRecord {
             seq: self.last_seq,
             agent: agent.clone(),
             record,
-        };
-        self.channels
-            .entry(stored.record.channel.clone())
-            .or_default()
-            .push(stored.clone());
-        stored
+        });
+        // Just pushed: the channel's records are not empty.
+        &records[records.len() - 1]
     }
 }
 
@@ -73,7 +71,8 @@ impl ChannelStore for MemoryChannelStore {
         Ok(agents
             .entry(agent.clone())
             .or_default()
-            .append(agent, record))
+            .push(agent, record)
+            .clone())
     }
 
     async fn history(
