@@ -495,7 +495,8 @@ impl Organization {
             .await?;
         self.report_transition(&transition);
         if transition.notice.is_some() {
-            self.flush_outbox(agent).await;
+            self.flush_outbox_knowing(agent, Some(&transition.task))
+                .await;
         }
         Ok(transition)
     }
@@ -526,6 +527,12 @@ impl Organization {
     /// Delivers every unsent completion notice in `agent`'s outbox, marking each sent once it was
     /// handed over. A failure leaves the notice in the outbox for the next flush.
     pub async fn flush_outbox(&self, agent: &AgentId) {
+        self.flush_outbox_knowing(agent, None).await;
+    }
+
+    /// [`flush_outbox`](Self::flush_outbox), with the task that just ended when the caller has it
+    /// (a notice about it then does not read it again).
+    async fn flush_outbox_knowing(&self, agent: &AgentId, ended: Option<&Task>) {
         let gate = self.inner.flush_gate(agent);
         let _serialized = gate.lock().await;
         let pending = match self.inner.stores.tasks.outbox_pending(agent).await {
@@ -541,7 +548,7 @@ impl Organization {
             }
         };
         for notice in pending {
-            match self.deliver_notice(&notice).await {
+            match self.deliver_notice(&notice, ended).await {
                 Ok(()) => {
                     if let Err(e) = self
                         .inner
@@ -571,8 +578,12 @@ impl Organization {
         }
     }
 
-    /// Hands one notice to its delegator.
-    async fn deliver_notice(&self, notice: &CompletionNotice) -> Result<(), String> {
+    /// Hands one notice to its delegator. `ended`: the task as it ended, when the caller has it.
+    async fn deliver_notice(
+        &self,
+        notice: &CompletionNotice,
+        ended: Option<&Task>,
+    ) -> Result<(), String> {
         let inner = &self.inner;
         let target = &notice.task.agent;
         let delegator = &notice.delegated_by;
@@ -666,7 +677,15 @@ impl Organization {
                 .originating_channel
                 .clone()
                 .unwrap_or_else(|| ChannelId::link(delegator, target));
-            let (round, cause) = notice_round(notice, inner).await;
+            let (round, cause) = match ended {
+                // Round and cause are set when the task is created and never change.
+                Some(task)
+                    if task.agent == notice.task.agent && task.number == notice.task.number =>
+                {
+                    (task.metadata.round, task.metadata.cause.clone())
+                }
+                _ => notice_round(notice, inner).await,
+            };
             let mut envelope = Envelope::new(
                 Source::System,
                 channel,
