@@ -16,6 +16,11 @@
 //!   to `b-i` (`send_agent_message`), `b-i`'s model answers the task, `a-i` is woken by the
 //!   completion notice and answers the user: three model calls per round trip, 1 or 64 chains at
 //!   once;
+//! - `durable_history/{sqlite_normal,redb}/{after_100,after_20000}`: one round trip of a single
+//!   chain (as in `durable_delegation`) after 100 earlier round trips on the same agents and after
+//!   20,000 (`SPACEBOT_BENCH_HISTORY` sets another count), on two organizations built first and
+//!   then measured one right after the other. A round trip must cost about the same however long
+//!   the boards and channels already are;
 //! - `durable_store_persist/{backend}/64_concurrent`: the stores alone, 64 concurrent
 //!   `DeliveryStore::persist` calls to one agent's database (what group commit is for);
 //! - `raw_fsync/write_4k_sync_data`: write 4 KiB at the start of a temporary file and
@@ -45,7 +50,8 @@ use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, measurem
 use futures::StreamExt;
 use futures::channel::mpsc::UnboundedReceiver;
 use serde_json::json;
-use spacebot::llm::ChatResponse;
+use spacebot::error::LlmError;
+use spacebot::llm::{ChatRequest, ChatResponse, LlmProvider};
 use spacebot::rt::{TokioClock, TokioSpawner};
 use spacebot::testing::{FnLlm, tool_call};
 use spacebot::{
@@ -103,6 +109,34 @@ impl Backend {
     }
 }
 
+/// The chains' model: `a-i` delegates a user message to `b-i`, `b-i` answers, `a-i` relays.
+fn chains_answer(req: &ChatRequest) -> ChatResponse {
+    let me = req.agent.as_ref().map(AgentId::as_str).unwrap_or("");
+    match (me.split_once('-'), req.envelope_kind) {
+        (Some(("a", n)), Some(EnvelopeKind::UserMessage)) => {
+            ChatResponse::tool_calls(vec![tool_call(
+                "send_agent_message",
+                json!({"target": format!("b-{n}"), "message": "Compute the answer."}),
+            )])
+        }
+        (Some(("b", _)), _) => ChatResponse::text("42"),
+        (Some(("a", _)), _) => ChatResponse::text("42, relayed"),
+        _ => ChatResponse::text("ok"),
+    }
+}
+
+/// [`chains_answer`] without keeping the requests (`FnLlm` keeps a copy of each: over 20,000
+/// round trips that log would take gigabytes).
+#[derive(Debug)]
+struct Chains;
+
+#[async_trait::async_trait]
+impl LlmProvider for Chains {
+    async fn complete(&self, req: ChatRequest) -> Result<ChatResponse, LlmError> {
+        Ok(chains_answer(&req))
+    }
+}
+
 /// A running organization in its own temporary directory.
 struct Running {
     org: Organization,
@@ -111,29 +145,22 @@ struct Running {
 }
 
 impl Running {
-    async fn start(backend: Backend, toml: &str) -> Self {
+    /// `recording`: the model is `FnLlm` (which keeps every request, as the figures of this bench
+    /// were first measured with); otherwise [`Chains`], which keeps nothing (long runs).
+    async fn start(backend: Backend, toml: &str, recording: bool) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("spacebot-bench-")
             .tempdir()
             .unwrap();
         let stores = backend.open(dir.path()).await;
-        let llm = FnLlm::new(|req| {
-            let me = req.agent.as_ref().map(AgentId::as_str).unwrap_or("");
-            Ok(match (me.split_once('-'), req.envelope_kind) {
-                (Some(("a", n)), Some(EnvelopeKind::UserMessage)) => {
-                    ChatResponse::tool_calls(vec![tool_call(
-                        "send_agent_message",
-                        json!({"target": format!("b-{n}"), "message": "Compute the answer."}),
-                    )])
-                }
-                (Some(("b", _)), _) => ChatResponse::text("42"),
-                (Some(("a", _)), _) => ChatResponse::text("42, relayed"),
-                _ => ChatResponse::text("ok"),
-            })
-        });
+        let llm: Arc<dyn LlmProvider> = if recording {
+            Arc::new(FnLlm::new(|req| Ok(chains_answer(&req))))
+        } else {
+            Arc::new(Chains)
+        };
         let org = Organization::builder(OrgConfig::from_toml_str(toml).unwrap())
             .stores(stores)
-            .llm(Arc::new(llm))
+            .llm(llm)
             .spawner(Arc::new(TokioSpawner::current()))
             .clock(Arc::new(TokioClock))
             .build()
@@ -243,7 +270,7 @@ fn deliveries(c: &mut Criterion) {
     ];
     for backend in Backend::ALL {
         for (name, agents, targets) in &cases {
-            let mut running = rt.block_on(Running::start(backend, &agents_config(*agents)));
+            let mut running = rt.block_on(Running::start(backend, &agents_config(*agents), true));
             group.throughput(Throughput::Elements(targets.len() as u64));
             group.bench_function(format!("{}/{name}", backend.name()), |b| {
                 b.iter_custom(|iters| {
@@ -268,7 +295,7 @@ fn delegation(c: &mut Criterion) {
     configure(&mut group);
     for backend in Backend::ALL {
         for chains in [1usize, 64] {
-            let mut running = rt.block_on(Running::start(backend, &chains_config(chains)));
+            let mut running = rt.block_on(Running::start(backend, &chains_config(chains), true));
             group.throughput(Throughput::Elements(chains as u64));
             group.bench_function(format!("{}/{chains}_chains", backend.name()), |b| {
                 b.iter_custom(|iters| {
@@ -281,6 +308,56 @@ fn delegation(c: &mut Criterion) {
                     })
                 })
             });
+            rt.block_on(running.stop());
+        }
+    }
+    group.finish();
+}
+
+/// One round trip after 100 earlier ones and after many (20,000 by default), on the defaults of
+/// each backend (SQLite with `synchronous = NORMAL`, redb with one `fsync` per commit). Both
+/// organizations are built first, then measured one right after the other, so that a change in the
+/// machine's load between the two measurements is unlikely.
+fn history(c: &mut Criterion) {
+    let rt = runtime();
+    let mut group = c.benchmark_group("durable_history");
+    configure(&mut group);
+    group.throughput(Throughput::Elements(1));
+    let long: usize = std::env::var("SPACEBOT_BENCH_HISTORY")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(20_000);
+    for backend in [Backend::SqliteNormal, Backend::Redb] {
+        let mut built = Vec::new();
+        for earlier in [100, long] {
+            let set_up = Instant::now();
+            let mut running = rt.block_on(Running::start(backend, &chains_config(1), false));
+            rt.block_on(async {
+                for _ in 0..earlier {
+                    running.round_trips(1).await;
+                }
+            });
+            eprintln!(
+                "durable_history/{}: {earlier} round trips of set-up in {:.1} s",
+                backend.name(),
+                set_up.elapsed().as_secs_f64()
+            );
+            built.push((earlier, running));
+        }
+        for (earlier, running) in &mut built {
+            group.bench_function(format!("{}/after_{earlier}", backend.name()), |b| {
+                b.iter_custom(|iters| {
+                    rt.block_on(async {
+                        let start = Instant::now();
+                        for _ in 0..iters {
+                            running.round_trips(1).await;
+                        }
+                        start.elapsed()
+                    })
+                })
+            });
+        }
+        for (_, running) in built {
             rt.block_on(running.stop());
         }
     }
@@ -357,7 +434,14 @@ fn raw_fsync(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, raw_fsync, store_persists, deliveries, delegation);
+criterion_group!(
+    benches,
+    raw_fsync,
+    store_persists,
+    deliveries,
+    delegation,
+    history
+);
 
 fn main() {
     benches();

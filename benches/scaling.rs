@@ -6,8 +6,10 @@
 //! - `turn_scaling/history/{100,20000}`: one delegation round trip (delegate, the worker answers,
 //!   the delegator is woken and answers: 3 model calls) after 100 and after 20,000 earlier round
 //!   trips on the same boards. A round trip must not scan an agent's whole task history.
+//! - `runtime/{turn,round_trip}/{current_thread,multi_thread}`: one turn, and one delegation round
+//!   trip, of a 10-agent ring on each runtime (2 workers), driven from a spawned task.
 //! - `org_throughput/{current_thread,multi_thread}`: 1,000 agents, 100,000 messages delivered round-robin,
-//!   then all answered; messages per second.
+//!   then all answered, driven from a spawned task; messages per second.
 //!
 //! ```text
 //! cargo bench --bench scaling
@@ -185,38 +187,92 @@ fn org_throughput(c: &mut Criterion) {
         ("current_thread", current_thread()),
         ("multi_thread", multi_thread()),
     ] {
-        let (org, mut replies) = rt.block_on(async {
+        let (org, replies) = rt.block_on(async {
             let org = organization(ring(AGENTS), echo()).await;
             let replies = org.take_replies().expect("replies");
             (org, replies)
         });
-        let names: Vec<String> = (0..AGENTS).map(|i| format!("agent-{i}")).collect();
+        let names: Arc<Vec<String>> = Arc::new((0..AGENTS).map(|i| format!("agent-{i}")).collect());
+        let mut replies = Some(replies);
         group.bench_function(name, |b| {
             b.iter_custom(|iters| {
-                rt.block_on(async {
-                    let start = Instant::now();
-                    for _ in 0..iters {
-                        for i in 0..MESSAGES {
-                            org.deliver(
-                                &names[i % AGENTS],
-                                InboundMessage::new("portal", "u", "hi"),
-                            )
-                            .await
-                            .unwrap();
+                let org = org.clone();
+                let names = names.clone();
+                let mut rx = replies.take().expect("replies");
+                // Driven from a spawned task (a worker thread of the multi-thread runtime).
+                let (elapsed, rx) = rt
+                    .block_on(rt.spawn(async move {
+                        let start = Instant::now();
+                        for _ in 0..iters {
+                            for i in 0..MESSAGES {
+                                org.deliver(
+                                    &names[i % AGENTS],
+                                    InboundMessage::new("portal", "u", "hi"),
+                                )
+                                .await
+                                .unwrap();
+                            }
+                            for _ in 0..MESSAGES {
+                                rx.next().await.unwrap();
+                            }
                         }
-                        for _ in 0..MESSAGES {
-                            replies.next().await.unwrap();
-                        }
-                    }
-                    start.elapsed()
-                })
+                        (start.elapsed(), rx)
+                    }))
+                    .expect("the driver");
+                replies = Some(rx);
+                elapsed
             })
         });
     }
     group.finish();
 }
 
-criterion_group!(benches, turn_scaling, org_throughput);
+/// One agent's turn and one delegation round trip on each runtime, driven from a spawned task as
+/// an application's own task would (a `block_on` thread is not a worker of the multi-thread
+/// runtime: driving from it makes every delivery and reply cross threads).
+fn runtimes(c: &mut Criterion) {
+    let mut group = c.benchmark_group("runtime");
+    group
+        .sample_size(20)
+        .measurement_time(Duration::from_secs(4));
+    group.throughput(Throughput::Elements(1));
+    for (what, llm) in [("turn", echo()), ("round_trip", delegating())] {
+        for (name, rt) in [
+            ("current_thread", current_thread()),
+            ("multi_thread", multi_thread()),
+        ] {
+            let (org, replies) = rt.block_on(async {
+                let org = organization(ring(10), llm.clone()).await;
+                let replies = org.take_replies().expect("replies");
+                (org, replies)
+            });
+            let mut replies = Some(replies);
+            group.bench_function(format!("{what}/{name}"), |b| {
+                b.iter_custom(|iters| {
+                    let org = org.clone();
+                    let mut rx = replies.take().expect("replies");
+                    let (elapsed, rx) = rt
+                        .block_on(rt.spawn(async move {
+                            let start = Instant::now();
+                            for _ in 0..iters {
+                                org.deliver("agent-0", InboundMessage::new("portal", "u", "go"))
+                                    .await
+                                    .unwrap();
+                                rx.next().await.unwrap();
+                            }
+                            (start.elapsed(), rx)
+                        }))
+                        .expect("the driver");
+                    replies = Some(rx);
+                    elapsed
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, turn_scaling, runtimes, org_throughput);
 
 fn main() {
     benches();

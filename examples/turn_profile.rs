@@ -1,6 +1,7 @@
 //! A fixed amount of work for a profiler: `n` turns of one agent (deliver, a stub model answers at
 //! once, the reply is out), or `n` delegation round trips, on memory stores and a `current_thread`
-//! runtime (`multi` for the 2-worker runtime). Prints the rate it reached.
+//! runtime (`multi` for the 2-worker runtime), driven from a spawned task. Prints the rate it
+//! reached.
 //!
 //! ```text
 //! cargo build --release --example turn_profile
@@ -131,7 +132,9 @@ fn main() {
         memory(&rt, n);
         return;
     }
-    rt.block_on(async {
+    // Driven from a spawned task, as an application's own tasks would be: on the multi-thread
+    // runtime a `block_on` thread is not a worker, so every delivery and reply would cross threads.
+    let run = rt.spawn(async move {
         let org = Organization::builder(config(10))
             .stores(Stores::memory())
             .llm(Arc::new(Stub {
@@ -152,4 +155,5 @@ fn main() {
         let secs = start.elapsed().as_secs_f64();
         println!("{what}: {n} in {secs:.3} s = {:.0}/s", n as f64 / secs);
     });
+    rt.block_on(run).expect("the run");
 }

@@ -103,6 +103,18 @@ pub trait ChannelStore: Send + Sync + fmt::Debug {
         channel: &ChannelId,
         limit: Option<usize>,
     ) -> Result<Vec<ChannelRecord>, StoreError>;
+    /// [`history`](Self::history) for a model's input: the same records in the same order, except
+    /// that their metadata may be left empty. A turn reads its channel's history with it. The
+    /// default calls `history`; a store that can skip copying or decoding the metadata overrides
+    /// it (the memory store does).
+    async fn history_without_metadata(
+        &self,
+        agent: &AgentId,
+        channel: &ChannelId,
+        limit: Option<usize>,
+    ) -> Result<Vec<ChannelRecord>, StoreError> {
+        self.history(agent, channel, limit).await
+    }
     /// Registers a channel.
     async fn ensure_channel(&self, agent: &AgentId, channel: &ChannelId) -> Result<(), StoreError>;
     /// The agent's channels, sorted.
@@ -128,6 +140,16 @@ impl<T: ChannelStore + ?Sized> ChannelStore for std::sync::Arc<T> {
         limit: Option<usize>,
     ) -> Result<Vec<ChannelRecord>, StoreError> {
         (**self).history(agent, channel, limit).await
+    }
+    async fn history_without_metadata(
+        &self,
+        agent: &AgentId,
+        channel: &ChannelId,
+        limit: Option<usize>,
+    ) -> Result<Vec<ChannelRecord>, StoreError> {
+        (**self)
+            .history_without_metadata(agent, channel, limit)
+            .await
     }
     async fn ensure_channel(&self, agent: &AgentId, channel: &ChannelId) -> Result<(), StoreError> {
         (**self).ensure_channel(agent, channel).await

@@ -495,7 +495,8 @@ impl Organization {
             .await?;
         self.report_transition(&transition);
         if transition.notice.is_some() {
-            self.flush_outbox(agent).await;
+            self.flush_outbox_knowing(agent, Some(&transition.task))
+                .await;
         }
         Ok(transition)
     }
@@ -526,6 +527,12 @@ impl Organization {
     /// Delivers every unsent completion notice in `agent`'s outbox, marking each sent once it was
     /// handed over. A failure leaves the notice in the outbox for the next flush.
     pub async fn flush_outbox(&self, agent: &AgentId) {
+        self.flush_outbox_knowing(agent, None).await;
+    }
+
+    /// [`flush_outbox`](Self::flush_outbox), with the task that just ended when the caller has it
+    /// (a notice about it then does not read it again).
+    async fn flush_outbox_knowing(&self, agent: &AgentId, ended: Option<&Task>) {
         let gate = self.inner.flush_gate(agent);
         let _serialized = gate.lock().await;
         let pending = match self.inner.stores.tasks.outbox_pending(agent).await {
@@ -541,7 +548,7 @@ impl Organization {
             }
         };
         for notice in pending {
-            match self.deliver_notice(&notice).await {
+            match self.deliver_notice(&notice, ended).await {
                 Ok(()) => {
                     if let Err(e) = self
                         .inner
@@ -571,8 +578,12 @@ impl Organization {
         }
     }
 
-    /// Hands one notice to its delegator.
-    async fn deliver_notice(&self, notice: &CompletionNotice) -> Result<(), String> {
+    /// Hands one notice to its delegator. `ended`: the task as it ended, when the caller has it.
+    async fn deliver_notice(
+        &self,
+        notice: &CompletionNotice,
+        ended: Option<&Task>,
+    ) -> Result<(), String> {
         let inner = &self.inner;
         let target = &notice.task.agent;
         let delegator = &notice.delegated_by;
@@ -666,7 +677,15 @@ impl Organization {
                 .originating_channel
                 .clone()
                 .unwrap_or_else(|| ChannelId::link(delegator, target));
-            let (round, cause) = notice_round(notice, inner).await;
+            let (round, cause) = match ended {
+                // Round and cause are set when the task is created and never change.
+                Some(task)
+                    if task.agent == notice.task.agent && task.number == notice.task.number =>
+                {
+                    (task.metadata.round, task.metadata.cause.clone())
+                }
+                _ => notice_round(notice, inner).await,
+            };
             let mut envelope = Envelope::new(
                 Source::System,
                 channel,
@@ -730,6 +749,9 @@ async fn notice_round(
 
 /// The task loop of one agent: requeue expired leases, flush the outbox, claim ready tasks up to the
 /// concurrency limit and hand them to the executor; sleep until rung or until the next lease check.
+///
+/// The steps it awaits are boxed, so the loop of an idle agent holds a small future instead of the
+/// state of a notice delivery (about 5 KB), for every agent.
 async fn run_task_loop(
     org: Organization,
     agent: AgentWorker,
@@ -751,7 +773,7 @@ async fn run_task_loop(
     let limit = inner.settings.task_concurrency.max(1);
     // The agent is not idle while a round runs: the start-up recovery is the first.
     let mut round = Some(agent.round(&org));
-    recover_orphaned_claims(&org, &me, executor.is_some()).await;
+    Box::pin(recover_orphaned_claims(&org, &me, executor.is_some())).await;
     loop {
         if agent.is_stopping() {
             break;
@@ -769,7 +791,7 @@ async fn run_task_loop(
                     org.report_transition(t);
                 }
                 if ended {
-                    org.flush_outbox(&me).await;
+                    Box::pin(org.flush_outbox(&me)).await;
                 }
             }
             Err(e) => crate::runtime::agent::report_error(
@@ -779,8 +801,8 @@ async fn run_task_loop(
                 format!("expired leases not requeued: {e}"),
             ),
         }
-        org.flush_outbox(&me).await;
-        free_stale_claims(&org, &agent).await;
+        Box::pin(org.flush_outbox(&me)).await;
+        Box::pin(free_stale_claims(&org, &agent)).await;
         while agent.running() < limit && !agent.is_stopping() {
             // Every claim gets its own holder id: a worker that outlived its lease cannot complete
             // the task once another attempt claimed it.
@@ -815,7 +837,7 @@ async fn run_task_loop(
             inner.emit(event);
             agent.claim_started(task.number, &holder);
             match &executor {
-                None => dispatch_to_queue(&org, &agent, &task, &holder).await,
+                None => Box::pin(dispatch_to_queue(&org, &agent, &task, &holder)).await,
                 Some(executor) => {
                     let ctx = TaskContext {
                         org: org.clone(),

@@ -220,7 +220,8 @@ pub async fn channel_store_concurrent_appends(
 }
 
 /// Records with unusual text, every kind, empty and nested metadata, a megabyte of content and
-/// extreme timestamps round-trip exactly.
+/// extreme timestamps round-trip exactly; `history_without_metadata` returns the same records
+/// (metadata may be left empty).
 pub async fn channel_store_round_trip(store: &dyn ChannelStore) -> Result<(), ConformanceError> {
     let a = agent("alpha")?;
     ensure_empty(store, &[&a]).await?;
@@ -267,6 +268,20 @@ pub async fn channel_store_round_trip(store: &dyn ChannelStore) -> Result<(), Co
         expected,
         "history round-trips"
     );
+    // `history_without_metadata` returns the same records, with their metadata or without it.
+    let light = ok!(store.history_without_metadata(&a, &channel, Some(4)));
+    ensure_eq!(light.len(), 4, "history_without_metadata keeps the limit");
+    for (got, want) in light.iter().zip(&expected[1..]) {
+        let mut want = want.clone();
+        if got.record.metadata.is_empty() {
+            want.record.metadata.clear();
+        }
+        ensure_eq!(
+            got,
+            &want,
+            "history_without_metadata returns the same records"
+        );
+    }
     ensure_eq!(
         ok!(store.channels(&a)),
         vec![channel],

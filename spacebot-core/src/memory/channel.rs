@@ -40,25 +40,23 @@ impl MemoryChannelStore {
         let mut agents = lock(&self.agents);
         let state = agents.entry(agent.clone()).or_default();
         for record in records {
-            state.append(agent, record.clone());
+            state.push(agent, record.clone());
         }
     }
 }
 
 impl AgentChannels {
     /// Appends one record with the next sequence number and returns it as stored.
-    fn append(&mut self, agent: &AgentId, record: NewRecord) -> ChannelRecord {
+    fn push(&mut self, agent: &AgentId, record: NewRecord) -> &ChannelRecord {
         self.last_seq += 1;
-        let stored = ChannelRecord {
+        let records = self.channels.entry(record.channel.clone()).or_default();
+        records.push(ChannelRecord {
             seq: self.last_seq,
             agent: agent.clone(),
             record,
-        };
-        self.channels
-            .entry(stored.record.channel.clone())
-            .or_default()
-            .push(stored.clone());
-        stored
+        });
+        // Just pushed: the channel's records are not empty.
+        &records[records.len() - 1]
     }
 }
 
@@ -73,7 +71,8 @@ impl ChannelStore for MemoryChannelStore {
         Ok(agents
             .entry(agent.clone())
             .or_default()
-            .append(agent, record))
+            .push(agent, record)
+            .clone())
     }
 
     async fn history(
@@ -88,6 +87,35 @@ impl ChannelStore for MemoryChannelStore {
         };
         let skip = limit.map_or(0, |l| records.len().saturating_sub(l));
         Ok(records[skip..].to_vec())
+    }
+
+    async fn history_without_metadata(
+        &self,
+        agent: &AgentId,
+        channel: &ChannelId,
+        limit: Option<usize>,
+    ) -> Result<Vec<ChannelRecord>, StoreError> {
+        let agents = lock(&self.agents);
+        let Some(records) = agents.get(agent).and_then(|a| a.channels.get(channel)) else {
+            return Ok(Vec::new());
+        };
+        let skip = limit.map_or(0, |l| records.len().saturating_sub(l));
+        // Without the metadata maps: copying and dropping them was most of a turn's history read.
+        Ok(records[skip..]
+            .iter()
+            .map(|r| ChannelRecord {
+                seq: r.seq,
+                agent: r.agent.clone(),
+                record: NewRecord {
+                    channel: r.record.channel.clone(),
+                    kind: r.record.kind,
+                    author: r.record.author.clone(),
+                    content: r.record.content.clone(),
+                    metadata: serde_json::Map::new(),
+                    at: r.record.at,
+                },
+            })
+            .collect())
     }
 
     async fn ensure_channel(&self, agent: &AgentId, channel: &ChannelId) -> Result<(), StoreError> {

@@ -123,16 +123,19 @@ impl TurnLog {
 }
 
 /// The loop of one agent: take an envelope, run a turn, repeat until the queue closes.
+///
+/// What it awaits besides the queue is boxed, so an idle agent's loop holds a small future instead
+/// of the state of a whole turn (about 4 KB), for every agent.
 pub(crate) async fn run_loop(org: Arc<OrgInner>, agent: Arc<AgentRuntime>) {
     loop {
         if agent.queue.is_empty() && agent.pending.swap(false, Ordering::AcqRel) {
-            hand_over_pending(&org, &agent).await;
+            Box::pin(hand_over_pending(&org, &agent)).await;
         }
         let Some(envelope) = agent.queue.recv().await else {
             break;
         };
         agent.busy.store(true, Ordering::Release);
-        process(&org, &agent, envelope).await;
+        Box::pin(process(&org, &agent, envelope)).await;
         agent.busy.store(false, Ordering::Release);
         if agent.queue.is_empty() {
             org.emit(org.event(agent.id(), EventKind::AgentIdle));
@@ -144,7 +147,7 @@ pub(crate) async fn run_loop(org: Arc<OrgInner>, agent: Arc<AgentRuntime>) {
             let handle = Organization { inner: org.clone() };
             let leftovers = handle.end_agent(agent.id());
             for envelope in leftovers {
-                report_to_parent(
+                Box::pin(report_to_parent(
                     &org,
                     &agent,
                     format!(
@@ -153,13 +156,13 @@ pub(crate) async fn run_loop(org: Arc<OrgInner>, agent: Arc<AgentRuntime>) {
                         source_label(&envelope.source),
                         envelope.content
                     ),
-                )
+                ))
                 .await;
             }
             break;
         }
     }
-    org.behaviours_agent_stopped(agent.id()).await;
+    Box::pin(org.behaviours_agent_stopped(agent.id())).await;
     org.emit(org.event(agent.id(), EventKind::AgentStopped));
 }
 
@@ -576,16 +579,42 @@ async fn report_to_parent(org: &OrgInner, agent: &AgentRuntime, text: String) {
 /// The record metadata key holding the external source of a user's message.
 const META_REPLY_SOURCE: &str = "reply_source";
 
-/// Remembers the last external source recorded in a channel's `history` when this process has
-/// none for it yet (after a restart, or an agent taken over from another process).
-fn recall_source(agent: &AgentRuntime, channel: &ChannelId, history: &[crate::ChannelRecord]) {
-    let mut known = agent
-        .reply_sources
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
-    if known.contains_key(channel) {
+/// Before a turn on a system message (a retrigger) in `channel`: when this process knows no
+/// external source for that channel yet (after a restart, or an agent taken over from another
+/// process), recalls the last one recorded in the channel's history, so the answer reaches the
+/// user. Read only in that case: the turn's own history read skips metadata.
+async fn recall_source(
+    org: &OrgInner,
+    agent: &AgentRuntime,
+    channel: &ChannelId,
+    first: &Envelope,
+) {
+    if first.source != Source::System
+        || agent
+            .reply_sources
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(channel)
+    {
         return;
     }
+    let history = match org
+        .stores
+        .channels
+        .history(agent.id(), channel, Some(HISTORY_LIMIT))
+        .await
+    {
+        Ok(history) => history,
+        Err(e) => {
+            report_error(
+                org,
+                agent.id(),
+                None,
+                format!("the reply target of {channel} not recalled: {e}"),
+            );
+            return;
+        }
+    };
     let recorded = history.iter().rev().find_map(|r| {
         r.record
             .metadata
@@ -593,7 +622,12 @@ fn recall_source(agent: &AgentRuntime, channel: &ChannelId, history: &[crate::Ch
             .and_then(|v| serde_json::from_value::<Source>(v.clone()).ok())
     });
     if let Some(source) = recorded {
-        known.insert(channel.clone(), source);
+        agent
+            .reply_sources
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(channel.clone())
+            .or_insert(source);
     }
 }
 
@@ -797,7 +831,7 @@ pub(crate) async fn run_turn(
         inner
             .stores
             .channels
-            .history(&me, &channel, Some(HISTORY_LIMIT))
+            .history_without_metadata(&me, &channel, Some(HISTORY_LIMIT))
     })
     .await
     .map_err(|e| failure(e, &frames))?;
@@ -805,7 +839,7 @@ pub(crate) async fn run_turn(
         log.record(user_record(envelope));
         log.consume(envelope);
     }
-    recall_source(agent, &channel, &history);
+    recall_source(inner, agent, &channel, &frames[0].envelopes[0]).await;
     remember_sources(agent, &frames[0].envelopes);
     log.flush_records(inner, &me).await;
     let system = cached_system_prompt(inner, agent, &channel).map_err(|e| failure(e, &frames))?;

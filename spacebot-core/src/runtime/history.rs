@@ -29,11 +29,13 @@ pub(crate) fn into_messages(records: Vec<ChannelRecord>) -> Vec<ChatMessage> {
                 RecordKind::User => Some(ChatMessage::user(if rec.author == "user" {
                     rec.content
                 } else {
-                    format!("[{}] {}", rec.author, rec.content)
+                    ["[", &rec.author, "] ", &rec.content].concat()
                 })),
                 RecordKind::Assistant => Some(ChatMessage::assistant(rec.content)),
-                RecordKind::Sent => Some(ChatMessage::assistant(format!("(sent) {}", rec.content))),
-                RecordKind::System => Some(ChatMessage::user(format!("[system] {}", rec.content))),
+                RecordKind::Sent => {
+                    Some(ChatMessage::assistant(["(sent) ", &rec.content].concat()))
+                }
+                RecordKind::System => Some(ChatMessage::user(["[system] ", &rec.content].concat())),
                 _ => None,
             }
         })
