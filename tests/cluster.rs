@@ -345,7 +345,8 @@ async fn child(dir: PathBuf) {
                 false,
             );
         }
-        if dir.join("stop").exists() {
+        // The parent is done (or failed and removed the run directory).
+        if dir.join("stop").exists() || !dir.exists() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -829,6 +830,18 @@ impl Cluster {
             }
         }
         self.front.shutdown().await.unwrap();
+    }
+}
+
+impl Drop for Cluster {
+    /// A failed test leaves no child behind.
+    fn drop(&mut self) {
+        for child in self.children.values_mut() {
+            if child.try_wait().ok().flatten().is_none() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
     }
 }
 
