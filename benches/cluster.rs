@@ -166,7 +166,10 @@ impl Running {
         if let Case::Pg(_) = case {
             let start = Instant::now();
             while orgs.iter().map(|o| o.hosted_agents().len()).sum::<usize>() < 2 * chains {
-                assert!(start.elapsed() < Duration::from_secs(60), "agents not placed");
+                assert!(
+                    start.elapsed() < Duration::from_secs(60),
+                    "agents not placed"
+                );
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
@@ -181,14 +184,15 @@ impl Running {
     /// One round trip on each chain at once, delivered through the first organization.
     async fn round_trips(&mut self, chains: usize) {
         let org = &self.orgs[0];
-        for r in futures::future::join_all((0..chains).map(|i| {
+        let done = futures::future::join_all((0..chains).map(|i| async move {
             org.deliver(
                 &format!("a-{i}"),
                 InboundMessage::new("portal", format!("u{i}"), "What is the answer?"),
             )
+            .await
         }))
-        .await
-        {
+        .await;
+        for r in done {
             r.unwrap();
         }
         let mut answered = 0;

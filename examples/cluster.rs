@@ -36,7 +36,11 @@ struct LocalModel;
 #[async_trait]
 impl LlmProvider for LocalModel {
     async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, LlmError> {
-        let me = request.agent.as_ref().map_or("", |a| a.as_str()).to_string();
+        let me = request
+            .agent
+            .as_ref()
+            .map_or("", |a| a.as_str())
+            .to_string();
         let after_tool = matches!(request.messages.last(), Some(ChatMessage::Tool { .. }));
         if let Some(n) = me.strip_prefix("chief-") {
             if request.envelope_kind == Some(EnvelopeKind::UserMessage) && !after_tool {
@@ -56,7 +60,7 @@ impl LlmProvider for LocalModel {
     }
 }
 
-fn config() -> OrgConfig {
+fn config() -> Result<OrgConfig, spacebot::config::ConfigError> {
     let mut toml = String::new();
     for i in 0..CHAINS {
         toml.push_str(&format!(
@@ -64,7 +68,7 @@ fn config() -> OrgConfig {
              [[links]]\nfrom = \"chief-{i}\"\nto = \"lead-{i}\"\nrelationship = \"superior\"\n\n"
         ));
     }
-    OrgConfig::from_toml_str(&toml).expect("a valid configuration")
+    OrgConfig::from_toml_str(&toml)
 }
 
 #[tokio::main]
@@ -89,7 +93,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             Duration::from_secs(2),
         )
         .with_check_interval(Duration::from_secs(1));
-    let org = Organization::builder(config())
+    let org = Organization::builder(config()?)
         .stores(pg.stores())
         .llm(Arc::new(LocalModel))
         .placement(Arc::new(pg.placement()), options)
@@ -119,11 +123,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             hosted = now;
         }
         n += 1;
-        if n % 3 == 0 {
+        if n.is_multiple_of(3) {
             let chief = format!("chief-{}", (n / 3) % CHAINS as u64);
             let question = format!("question {n} from {process}");
             match org
-                .deliver(&chief, InboundMessage::new("terminal", process.as_str(), question))
+                .deliver(
+                    &chief,
+                    InboundMessage::new("terminal", process.as_str(), question),
+                )
                 .await
             {
                 Ok(_) => println!("{process} asked {chief} (question {n})"),

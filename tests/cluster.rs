@@ -232,14 +232,22 @@ struct CallEnd(PathBuf, u64, String);
 
 impl Drop for CallEnd {
     fn drop(&mut self) {
-        append(&self.0, &format!("E {} {} {}", self.1, self.2, now_ms()), false);
+        append(
+            &self.0,
+            &format!("E {} {} {}", self.1, self.2, now_ms()),
+            false,
+        );
     }
 }
 
 #[async_trait]
 impl LlmProvider for LoggedModel {
     async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, LlmError> {
-        let agent = request.agent.clone().map(|a| a.to_string()).unwrap_or_default();
+        let agent = request
+            .agent
+            .clone()
+            .map(|a| a.to_string())
+            .unwrap_or_default();
         let n = self.next.fetch_add(1, Ordering::SeqCst);
         append(&self.path, &format!("B {n} {agent} {}", now_ms()), false);
         let _end = CallEnd(self.path.clone(), n, agent);
@@ -283,7 +291,11 @@ impl EventSink for EventFile {
             EventKind::Error { .. } => format!("error {:?}", event.kind),
             _ => return,
         };
-        append(&self.0, &format!("{} {} {what}", now_ms(), event.agent), false);
+        append(
+            &self.0,
+            &format!("{} {} {what}", now_ms(), event.agent),
+            false,
+        );
     }
 }
 
@@ -329,7 +341,9 @@ async fn child(dir: PathBuf) {
             path: dir.join(format!("replies-{process}.jsonl")),
             lock: Mutex::new(()),
         }))
-        .events(Arc::new(EventFile(dir.join(format!("events-{process}.log")))))
+        .events(Arc::new(EventFile(
+            dir.join(format!("events-{process}.log")),
+        )))
         .placement(Arc::new(pg.placement()), options)
         .build()
         .await
@@ -534,8 +548,8 @@ impl Cluster {
     fn stderr_tails(&self) -> String {
         let mut out = String::new();
         for process in self.children.keys() {
-            let text =
-                std::fs::read_to_string(self.path(&format!("{process}.stderr"))).unwrap_or_default();
+            let text = std::fs::read_to_string(self.path(&format!("{process}.stderr")))
+                .unwrap_or_default();
             let lines: Vec<&str> = text.lines().collect();
             out.push_str(&format!(
                 "--- {process} stderr (end)\n{}\n",
@@ -583,6 +597,7 @@ impl Cluster {
             let mut still = VecDeque::new();
             while let Some(c) = waiting.pop_front() {
                 let (agent, _) = job(c);
+                #[allow(clippy::map_entry)] // an await between the check and the insert
                 if open.contains_key(&agent) {
                     still.push_back(c);
                 } else {
@@ -665,10 +680,7 @@ impl Cluster {
                 c.never_answered += 1;
             }
         }
-        let answered_ids: BTreeSet<&str> = replies
-            .iter()
-            .flat_map(|r| r.key.split('+'))
-            .collect();
+        let answered_ids: BTreeSet<&str> = replies.iter().flat_map(|r| r.key.split('+')).collect();
         let mut pending = BTreeSet::new();
         for agent in all_agents() {
             for e in stores.deliveries.pending(&agent).await.unwrap() {
@@ -702,7 +714,8 @@ impl Cluster {
                         let open_children = open_children.count() as u64;
                         if open_children > 0 {
                             c.notices_lost += open_children;
-                            symptoms.push(format!("{agent}#{}: a child's end not applied", t.number));
+                            symptoms
+                                .push(format!("{agent}#{}: a child's end not applied", t.number));
                         }
                     }
                 }
@@ -911,7 +924,10 @@ async fn a_cluster_survives_two_kills() {
             }
         }
         let took = firsts.values().max().map_or(0, |ms| ms - at);
-        takeover.push((process.clone(), Duration::from_millis(u64::try_from(took).unwrap())));
+        takeover.push((
+            process.clone(),
+            Duration::from_millis(u64::try_from(took).unwrap()),
+        ));
     }
     c.wait_answered(total).await;
     let counts = c.check(total).await;
@@ -982,7 +998,11 @@ async fn a_partitioned_process_never_overlaps_its_successor() {
     loop {
         let lost: BTreeSet<String> = complete_lines(&c.path("events-p1.log"))
             .iter()
-            .filter(|l| l.splitn(3, ' ').nth(2).is_some_and(|w| w.starts_with("lost")))
+            .filter(|l| {
+                l.splitn(3, ' ')
+                    .nth(2)
+                    .is_some_and(|w| w.starts_with("lost"))
+            })
             .map(|l| l.split(' ').nth(1).unwrap().to_string())
             .collect();
         if p1_held.is_subset(&lost) {
