@@ -29,6 +29,12 @@ pub(crate) enum PgError {
         #[source]
         source: sqlx::Error,
     },
+    /// The stores were cut off from the database (a simulated partition).
+    #[error("the stores of {location} are cut off from the database (PgStores::cut_off)")]
+    CutOff {
+        /// The database and schema.
+        location: String,
+    },
     /// The stores were closed.
     #[error("the stores of {location} are closed")]
     Closed {
@@ -114,6 +120,14 @@ pub(crate) fn db_error(location: &str, doing: &str, e: sqlx::Error) -> StoreErro
 /// The error of a call made after [`PgStores::close`](crate::PgStores::close).
 pub(crate) fn closed(location: &str) -> StoreError {
     PgError::Closed {
+        location: location.to_string(),
+    }
+    .into()
+}
+
+/// The error of a call made after [`PgStores::cut_off`](crate::PgStores::cut_off).
+pub(crate) fn cut_off(location: &str) -> StoreError {
+    PgError::CutOff {
         location: location.to_string(),
     }
     .into()

@@ -47,6 +47,7 @@ mod deliveries;
 mod error;
 mod links;
 mod options;
+mod placement;
 mod tasks;
 
 use std::sync::Arc;
@@ -60,6 +61,7 @@ use crate::db::Db;
 pub use crate::deliveries::PgDeliveryStore;
 pub use crate::links::PgLinkStore;
 pub use crate::options::PgOptions;
+pub use crate::placement::PgPlacement;
 pub use crate::tasks::PgTaskStore;
 
 /// The statements of a claim, of the search for expired leases and of the outbox, for the tests
@@ -97,6 +99,8 @@ struct Inner {
     temporary: bool,
     /// Set by [`PgStores::close`].
     closed: AtomicBool,
+    /// `true` between [`PgStores::cut_off`] and [`PgStores::reconnect`].
+    cut: tokio::sync::watch::Sender<bool>,
 }
 
 impl Drop for Inner {
@@ -183,6 +187,7 @@ impl PgStores {
                 db,
                 temporary,
                 closed: AtomicBool::new(false),
+                cut: tokio::sync::watch::Sender::new(false),
             }),
         }
     }
@@ -250,10 +255,38 @@ impl PgStores {
         self.inner.db.pool.close().await;
     }
 
-    /// The database, or an error once the stores are closed.
+    /// Simulates a network partition between this process and the database, for tests: from
+    /// now on every call of these stores and of their [`PgPlacement`] (and of every clone of
+    /// them) fails with [`StoreError::Backend`] before reaching the server, and every wake-up
+    /// stream of the placement ends. Calls already sent complete (a real partition could cut
+    /// them too); other processes, with stores of their own, are not affected. Undone by
+    /// [`PgStores::reconnect`].
+    pub fn cut_off(&self) {
+        self.inner.cut.send_replace(true);
+    }
+
+    /// Undoes [`PgStores::cut_off`]: calls reach the server again.
+    pub fn reconnect(&self) {
+        self.inner.cut.send_replace(false);
+    }
+
+    /// Whether the stores are cut off ([`PgStores::cut_off`]).
+    pub fn is_cut_off(&self) -> bool {
+        *self.inner.cut.borrow()
+    }
+
+    /// A receiver of the cut-off flag, for the wake-up streams.
+    pub(crate) fn cut_watch(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.inner.cut.subscribe()
+    }
+
+    /// The database, or an error once the stores are closed or cut off.
     pub(crate) fn db(&self) -> Result<&Db, StoreError> {
         if self.inner.closed.load(Ordering::SeqCst) {
             return Err(error::closed(&self.inner.db.location));
+        }
+        if self.is_cut_off() {
+            return Err(error::cut_off(&self.inner.db.location));
         }
         Ok(&self.inner.db)
     }

@@ -26,3 +26,5 @@ spacebot_core::delivery_store_conformance!(deliveries, fresh!(s => s.deliveries(
 spacebot_core::conversation_store_conformance!(conversations, fresh!(s => s.conversations()));
 
 spacebot_core::all_store_conformance!(bundle, fresh!(s => s.stores()));
+
+spacebot_core::placement_conformance!(placement, fresh!(s => s.placement()));

@@ -525,3 +525,78 @@ async fn many_agents_share_one_schema_without_seeing_each_other() {
         assert!(tasks.iter().all(|t| t.title == format!("{name} task")));
     }
 }
+
+/// Two processes on one schema: a hint sent by one reaches the other's wake-up stream; after
+/// `cut_off` every store and placement call of the cut process fails and its stream ends, while
+/// the other process's calls go on; after `reconnect` the cut process works again.
+#[tokio::test]
+async fn placement_hints_between_processes_and_a_simulated_partition() {
+    use futures::StreamExt;
+    use spacebot_core::placement::{Placement, ProcessId};
+    let Some((_keep, others)) = processes(2).await else {
+        return;
+    };
+    let (one, two) = (&others[0], &others[1]);
+    let (p1, p2, a) = (
+        ProcessId::new("p1").unwrap(),
+        ProcessId::new("p2").unwrap(),
+        agent("a"),
+    );
+    let lease = Duration::from_secs(30);
+    let (t1, t2) = (one.placement(), two.placement());
+    assert_eq!(t1.channel(), t2.channel());
+    let granted = t1
+        .acquire(&a, &p1, lease, Timestamp(1_000))
+        .await
+        .unwrap()
+        .unwrap();
+    let mut hints = t1.wakeups(&p1);
+    // The subscription is set up while the hints are sent: send until one arrives.
+    let got = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            t2.notify(&a).await.unwrap();
+            if let Ok(Some(hint)) =
+                tokio::time::timeout(Duration::from_millis(100), hints.next()).await
+            {
+                return hint;
+            }
+        }
+    })
+    .await
+    .expect("no hint within 10 s");
+    assert_eq!(got, a);
+
+    one.cut_off();
+    let ended = tokio::time::timeout(Duration::from_secs(10), hints.next()).await;
+    assert!(
+        matches!(ended, Ok(None)),
+        "the stream did not end: {ended:?}"
+    );
+    assert!(t1.acquire(&a, &p1, lease, Timestamp(2_000)).await.is_err());
+    assert!(one.deliveries().pending(&a).await.is_err());
+    assert!(t1.wakeups(&p1).next().await.is_none());
+    // The other process goes on, and takes the agent once the lease has run out.
+    assert!(two.deliveries().pending(&a).await.is_ok());
+    assert!(
+        t2.acquire(&a, &p2, lease, Timestamp(2_000))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let taken = t2
+        .acquire(&a, &p2, lease, granted.expires_at)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(taken.epoch > granted.epoch);
+
+    one.reconnect();
+    assert!(one.deliveries().pending(&a).await.is_ok());
+    assert_eq!(
+        t1.holder(&a, granted.expires_at)
+            .await
+            .unwrap()
+            .map(|l| l.process),
+        Some(p2)
+    );
+}
