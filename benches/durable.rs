@@ -18,10 +18,9 @@
 //!   once;
 //! - `durable_history/{sqlite_normal,redb}/{after_100,after_20000}`: one round trip of a single
 //!   chain (as in `durable_delegation`) after 100 earlier round trips on the same agents and after
-//!   20,000 (`SPACEBOT_BENCH_HISTORY` sets another count); both are measured on one organization,
-//!   the second once the set-up brought its history to that count. The rounds of the first
-//!   measurement count as history of the second. A round trip must cost the same however long the
-//!   boards and channels already are;
+//!   20,000 (`SPACEBOT_BENCH_HISTORY` sets another count), on two organizations built first and
+//!   then measured one right after the other. A round trip must cost about the same however long
+//!   the boards and channels already are;
 //! - `durable_store_persist/{backend}/64_concurrent`: the stores alone, 64 concurrent
 //!   `DeliveryStore::persist` calls to one agent's database (what group commit is for);
 //! - `raw_fsync/write_4k_sync_data`: write 4 KiB at the start of a temporary file and
@@ -155,7 +154,7 @@ impl Running {
             .unwrap();
         let stores = backend.open(dir.path()).await;
         let llm: Arc<dyn LlmProvider> = if recording {
-            Arc::new(FnLlm::new(|req| Ok(chains_answer(&req))))
+            Arc::new(FnLlm::new(|req| Ok(chains_answer(req))))
         } else {
             Arc::new(Chains)
         };
@@ -315,8 +314,10 @@ fn delegation(c: &mut Criterion) {
     group.finish();
 }
 
-/// One round trip after 100 earlier ones and after many (20,000 by default), on one organization
-/// per backend (the defaults: SQLite with `synchronous = NORMAL`, redb with one `fsync` per commit).
+/// One round trip after 100 earlier ones and after many (20,000 by default), on the defaults of
+/// each backend (SQLite with `synchronous = NORMAL`, redb with one `fsync` per commit). Both
+/// organizations are built first, then measured one right after the other, so that a change in the
+/// machine's load between the two measurements is unlikely.
 fn history(c: &mut Criterion) {
     let rt = runtime();
     let mut group = c.benchmark_group("durable_history");
@@ -327,25 +328,23 @@ fn history(c: &mut Criterion) {
         .and_then(|n| n.parse().ok())
         .unwrap_or(20_000);
     for backend in [Backend::SqliteNormal, Backend::Redb] {
-        let mut running = rt.block_on(Running::start(backend, &chains_config(1), false));
-        let mut done = 0usize;
+        let mut built = Vec::new();
         for earlier in [100, long] {
             let set_up = Instant::now();
-            let before = done;
+            let mut running = rt.block_on(Running::start(backend, &chains_config(1), false));
             rt.block_on(async {
-                while done < earlier {
+                for _ in 0..earlier {
                     running.round_trips(1).await;
-                    done += 1;
                 }
             });
-            if done > before {
-                eprintln!(
-                    "durable_history/{}: {} round trips of set-up in {:.1} s",
-                    backend.name(),
-                    done - before,
-                    set_up.elapsed().as_secs_f64()
-                );
-            }
+            eprintln!(
+                "durable_history/{}: {earlier} round trips of set-up in {:.1} s",
+                backend.name(),
+                set_up.elapsed().as_secs_f64()
+            );
+            built.push((earlier, running));
+        }
+        for (earlier, running) in &mut built {
             group.bench_function(format!("{}/after_{earlier}", backend.name()), |b| {
                 b.iter_custom(|iters| {
                     rt.block_on(async {
@@ -353,13 +352,14 @@ fn history(c: &mut Criterion) {
                         for _ in 0..iters {
                             running.round_trips(1).await;
                         }
-                        done += iters as usize;
                         start.elapsed()
                     })
                 })
             });
         }
-        rt.block_on(running.stop());
+        for (_, running) in built {
+            rt.block_on(running.stop());
+        }
     }
     group.finish();
 }
