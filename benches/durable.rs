@@ -154,7 +154,7 @@ impl Running {
             .unwrap();
         let stores = backend.open(dir.path()).await;
         let llm: Arc<dyn LlmProvider> = if recording {
-            Arc::new(FnLlm::new(|req| Ok(chains_answer(&req))))
+            Arc::new(FnLlm::new(|req| Ok(chains_answer(req))))
         } else {
             Arc::new(Chains)
         };
