@@ -71,7 +71,9 @@ const SOLOS: usize = 5;
 
 /// 5 chains (chief -> lead -> worker, one-way), 5 peer pairs (ann <-> bob), 5 solo agents: 30.
 fn config() -> OrgConfig {
-    let mut toml = String::from("[settings]\nmax_tool_rounds = 6\n");
+    // A budget for 500 conversations per pair (2,000 jobs).
+    let mut toml =
+        String::from("[settings]\nmax_tool_rounds = 6\nconversation_turn_budget = 100000\n");
     let mut agent =
         |a: String| toml.push_str(&format!("[[agents]]\nid = \"{a}\"\nname = \"{a}\"\n"));
     for i in 0..CHAINS {

@@ -20,6 +20,14 @@
 //! that holds another application's tables, or one migrated by a newer build, is refused with
 //! [`StoreError::Corrupt`] and left untouched.
 //!
+//! # One organization across several processes
+//!
+//! [`PgStores::placement`] is the [`Placement`](spacebot_core::placement::Placement) of the
+//! schema ([`PgPlacement`]: the table `agent_placement`, wake-up hints with `LISTEN`/`NOTIFY`):
+//! give it to `OrganizationBuilder::placement` in every process, each with its own `ProcessId`,
+//! and the agents spread over the processes and move when one dies. See `docs/scale-out.md`.
+//! [`PgStores::cut_off`] simulates a partition in tests.
+//!
 //! # Guarantees
 //! - A claim locks the ready task it takes with `SELECT ... FOR UPDATE SKIP LOCKED` (highest
 //!   priority, then lowest number) and moves it to in progress in the same transaction: two
