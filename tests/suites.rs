@@ -163,6 +163,7 @@ on_every_backend!(junctions #[tokio::test(flavor = "multi_thread", worker_thread
     wait_idle_waits_for_the_task_loop,
     a_failed_outcome_write_is_retried_with_the_result_kept,
     a_result_after_a_restart_is_answered_to_the_user,
+    an_internal_task_stays_open_across_a_restart,
 );
 
 on_every_backend!(agent:

@@ -993,7 +993,14 @@ impl Organization {
                 return Ok(true);
             }
         }
-        Ok(false)
+        // The count above lives in this process: a task `to` sent that `from` has not consumed
+        // yet is also found in `from`'s stored deliveries (after a restart, or when the task was
+        // sent from another process).
+        let pending = self.inner.stores.deliveries.pending(from).await?;
+        Ok(pending.iter().any(|e| {
+            e.kind == EnvelopeKind::TaskAssigned
+                && matches!(&e.source, Source::Internal { from_agent, .. } if from_agent == to)
+        }))
     }
 
     /// Cancels the agent's running turn, if any. The message being answered gets no reply (a

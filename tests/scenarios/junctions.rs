@@ -1169,3 +1169,42 @@ pub async fn a_result_after_a_restart_is_answered_to_the_user(stores: Stores) {
         "the result goes back to the user who asked"
     );
 }
+
+/// An internal task keeps its exchange open across a restart: the receiver may still announce its
+/// answer back over the one-way link, because the task is found in its stored deliveries (the
+/// count of open internal tasks lives in the process that sent it).
+pub async fn an_internal_task_stays_open_across_a_restart(stores: Stores) {
+    let llm = Arc::new(FnLlm::new(|_| Ok(ChatResponse::text("ok"))));
+    let (a, b) = (id("a"), id("b"));
+    let first = OrgHarness::builder(ONE_WAY)
+        .stores(stores.clone())
+        .llm(llm.clone())
+        .build()
+        .await;
+    let refused = first
+        .org
+        .send_internal(&b, &a, InternalMessage::announce("unasked"))
+        .await;
+    assert!(
+        matches!(refused, Err(DeliveryError::Denied(_))),
+        "nothing open yet: {refused:?}"
+    );
+    first
+        .org
+        .send_internal(&a, &b, InternalMessage::task("count the stars"))
+        .await
+        .unwrap();
+    first.org.shutdown().await.unwrap();
+    drop(first);
+
+    let second = OrgHarness::builder(ONE_WAY)
+        .stores(stores)
+        .llm(llm)
+        .build()
+        .await;
+    second
+        .org
+        .send_internal(&b, &a, InternalMessage::announce("seven"))
+        .await
+        .expect("the task is still open: its answer may go back");
+}
