@@ -19,8 +19,8 @@
 //! database (`PgStores::cut_off`: every store and placement call fails) and checks that no two
 //! processes ever ran a model call of one agent at the same time.
 //!
-//! Jobs: `SPACEBOT_CLUSTER_JOBS` (the kill test's default 2,000: 1,000 two-hop delegations, 500
-//! conversations, 500 direct answers; the partition test runs half of 120 unless it is set). Without `DATABASE_URL` the tests print a line and
+//! Jobs: `SPACEBOT_CLUSTER_JOBS` (default 120: 60 two-hop delegations, 30 conversations, 30 direct
+//! answers; 2,000 gives 1,000 delegations; the partition test runs half). Without `DATABASE_URL` the tests print a line and
 //! pass, unless `SPACEBOT_REQUIRE_POSTGRES=1`.
 #![cfg(feature = "postgres")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -890,7 +890,7 @@ async fn a_cluster_survives_two_kills() {
     let Some(url) = database_url() else {
         return;
     };
-    let total = jobs_to_run(2000);
+    let total = jobs_to_run(120);
     let started = Instant::now();
     let mut c = Cluster::start(&url, &[("p1", 12), ("p2", 12), ("p3", 30)]).await;
     c.wait_all_hosted(&[]).await;
