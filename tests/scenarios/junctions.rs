@@ -774,6 +774,15 @@ pub async fn an_executor_that_gives_up_fails_the_task_at_once(stores: Stores) {
     );
 }
 
+/// The error the fault-injecting store wrappers below return.
+fn injected<T>(message: &str) -> Result<T, spacebot::StoreError> {
+    Err(spacebot::StoreError::Backend {
+        backend: "test",
+        message: message.into(),
+        source: None,
+    })
+}
+
 /// Fails `history` reads its first `n` times, then reads through.
 #[derive(Debug)]
 pub struct FlakyHistory {
@@ -799,11 +808,7 @@ impl spacebot::ChannelStore for FlakyHistory {
         let left = self.failures_left.load(Ordering::SeqCst);
         if left > 0 {
             self.failures_left.store(left - 1, Ordering::SeqCst);
-            return Err(spacebot::StoreError::Backend {
-                backend: "test",
-                message: "the disk is busy".into(),
-                source: None,
-            });
+            return injected("the disk is busy");
         }
         self.inner.history(agent, channel, limit).await
     }
@@ -1001,11 +1006,7 @@ impl spacebot::TaskStore for FlakyCompletion {
                 .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
                 .is_ok()
         {
-            return Err(spacebot::StoreError::Backend {
-                backend: "test",
-                message: "the disk is full".into(),
-                source: None,
-            });
+            return injected("the disk is full");
         }
         self.inner
             .transition(agent, number, expect, event, now)
