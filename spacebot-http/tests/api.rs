@@ -749,3 +749,34 @@ async fn chat_messages_are_answered_on_the_event_stream() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_chat_message_posted_again_with_its_key_is_answered_once() {
+    let s = serve().await;
+    let mut events = s.events(None).await;
+    let post = |body: serde_json::Value| {
+        let s = &s;
+        async move {
+            let (status, answer) = s.post("/api/agents/lead/messages", body).await;
+            assert_eq!(status, 202, "{answer}");
+            answer["envelope_id"].as_str().unwrap().to_string()
+        }
+    };
+    let first = post(json!({"content": "hello", "idempotency_key": "m-1"})).await;
+    let again = post(json!({"content": "hello", "idempotency_key": "m-1"})).await;
+    let other = post(json!({"content": "and this"})).await;
+    // The lead takes its messages in order: once the last one is answered, the repeat was handled.
+    let seen = events
+        .until(|e| e.event == "reply" && e.data["in_reply_to"] == json!([other]))
+        .await;
+    let answered: Vec<&serde_json::Value> = seen
+        .iter()
+        .filter(|e| e.event == "reply")
+        .map(|e| &e.data["in_reply_to"])
+        .collect();
+    assert_eq!(
+        answered,
+        vec![&json!([first]), &json!([other])],
+        "not {again}"
+    );
+}
