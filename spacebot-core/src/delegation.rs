@@ -367,6 +367,21 @@ impl Organization {
         };
         // With a key, a second create returns the task made the first time.
         let task = inner.stores.tasks.create(&target_id, new, now).await?;
+        if !already {
+            // Told before anything else is awaited: the target's task loop may claim the task as soon
+            // as it is stored, and its claim must not be told first.
+            let mut event = inner.event(
+                &target_id,
+                EventKind::TaskCreated {
+                    created_by: task.created_by.clone(),
+                    status: task.status,
+                },
+            );
+            event.task = Some(task.task_ref());
+            event.link = Some(link.id.clone());
+            event.parent = parent_task.clone();
+            inner.emit(event);
+        }
         if let Some(parent) = &parent_task {
             let added = inner
                 .stores
@@ -408,17 +423,6 @@ impl Organization {
             from, task.number, target_id, task.title
         );
         self.audit_pair(from, &target_id, &text, &task).await;
-        let mut event = inner.event(
-            &target_id,
-            EventKind::TaskCreated {
-                created_by: task.created_by.clone(),
-                status: task.status,
-            },
-        );
-        event.task = Some(task.task_ref());
-        event.link = Some(link.id.clone());
-        event.parent = parent_task;
-        inner.emit(event);
         if let Some(key) = &applied_key {
             inner.stores.deliveries.mark_applied(from, key, now).await?;
         }
