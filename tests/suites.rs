@@ -164,6 +164,7 @@ on_every_backend!(junctions #[tokio::test(flavor = "multi_thread", worker_thread
     a_failed_outcome_write_is_retried_with_the_result_kept,
     a_result_after_a_restart_is_answered_to_the_user,
     an_internal_task_stays_open_across_a_restart,
+    a_notice_is_marked_sent_before_the_delegator_answers_it,
 );
 
 on_every_backend!(agent:

@@ -552,23 +552,8 @@ impl Organization {
             }
         };
         for notice in pending {
-            match self.deliver_notice(&notice, ended).await {
-                Ok(()) => {
-                    if let Err(e) = self
-                        .inner
-                        .stores
-                        .tasks
-                        .outbox_mark_sent(agent, &notice.key)
-                        .await
-                    {
-                        crate::runtime::agent::report_error(
-                            &self.inner,
-                            agent,
-                            None,
-                            format!("notice {} delivered but not marked sent: {e}", notice.key),
-                        );
-                    }
-                }
+            match self.deliver_notice(agent, &notice, ended).await {
+                Ok(()) => {}
                 Err(e) => crate::runtime::agent::report_error(
                     &self.inner,
                     agent,
@@ -582,9 +567,26 @@ impl Organization {
         }
     }
 
-    /// Hands one notice to its delegator. `ended`: the task as it ended, when the caller has it.
+    /// Marks a delivered notice sent in `agent`'s outbox. A failure is reported and leaves the
+    /// notice to the next flush (delivering it again changes nothing: its records and retrigger
+    /// are keyed).
+    async fn mark_sent(&self, agent: &AgentId, key: &str) {
+        if let Err(e) = self.inner.stores.tasks.outbox_mark_sent(agent, key).await {
+            crate::runtime::agent::report_error(
+                &self.inner,
+                agent,
+                None,
+                format!("notice {key} delivered but not marked sent: {e}"),
+            );
+        }
+    }
+
+    /// Hands one notice of `agent`'s outbox to its delegator and marks it sent: before the
+    /// delegator can take a retrigger up, so its answer never meets the notice still pending.
+    /// `ended`: the task as it ended, when the caller has it.
     async fn deliver_notice(
         &self,
+        agent: &AgentId,
         notice: &CompletionNotice,
         ended: Option<&Task>,
     ) -> Result<(), String> {
@@ -645,15 +647,15 @@ impl Organization {
             };
             // Boxed: a transition may flush an outbox, which may deliver a notice here again.
             let transition = Box::pin(self.task_transition(&parent.agent, parent.number, event));
-            match transition.await {
-                Ok(t) => {
-                    if t.task.status == TaskStatus::Ready {
-                        self.ring(&parent.agent);
-                    }
-                }
+            let resume = match transition.await {
+                Ok(t) => t.task.status == TaskStatus::Ready,
                 // The parent task ended meanwhile (cancelled): nothing left to resume.
-                Err(StoreError::InvalidTransition(_)) => {}
+                Err(StoreError::InvalidTransition(_)) => false,
                 Err(e) => return Err(e.to_string()),
+            };
+            self.mark_sent(agent, &notice.key).await;
+            if resume {
+                self.ring(&parent.agent);
             }
         } else {
             let mut quoted = truncate_chars(&notice.outcome, RETRIGGER_RESULT_CHARS);
@@ -704,8 +706,9 @@ impl Organization {
                 "task".into(),
                 serde_json::Value::String(notice.task.to_string()),
             );
+            let marked = Box::pin(self.mark_sent(agent, &notice.key));
             inner
-                .enqueue(delegator, envelope, true)
+                .enqueue_then(delegator, envelope, true, Some(marked))
                 .await
                 .map_err(|e| e.to_string())?;
         }

@@ -564,6 +564,21 @@ impl OrgInner {
         envelope: Envelope,
         overflow_to_store: bool,
     ) -> Result<(), DeliveryError> {
+        self.enqueue_then(agent, envelope, overflow_to_store, None)
+            .await
+    }
+
+    /// [`enqueue`](Self::enqueue), running `kept` once the envelope is kept (stored, or about to
+    /// be queued) and before the agent can take it: what the sender records about the hand-over
+    /// (a completion notice marked sent) is then done before the receiver's turn can answer it.
+    /// `kept` does not run when the envelope was refused.
+    pub(crate) async fn enqueue_then(
+        &self,
+        agent: &AgentId,
+        envelope: Envelope,
+        overflow_to_store: bool,
+        mut kept: Option<futures::future::BoxFuture<'_, ()>>,
+    ) -> Result<(), DeliveryError> {
         let durable = self.stores_every_delivery();
         match self.slot(agent) {
             Some(Slot::Running(rt)) => {
@@ -588,6 +603,14 @@ impl OrgInner {
         }
         if durable {
             self.stores.deliveries.persist(agent, &envelope).await?;
+            if let Some(kept) = kept.take() {
+                kept.await;
+            }
+        } else if matches!(self.slot(agent), Some(Slot::Running(_)))
+            && let Some(kept) = kept.take()
+        {
+            // Queued below (or, should the agent stop meanwhile, kept in the store).
+            kept.await;
         }
         // Checked again after the write: the agent may have started or stopped meanwhile. A start
         // reads the store after it marks the agent running, so an envelope stored before that is
@@ -628,6 +651,9 @@ impl OrgInner {
             return Ok(());
         }
         self.persist(agent, envelope.clone()).await?;
+        if let Some(kept) = kept.take() {
+            kept.await;
+        }
         // Here the write comes after the check above: a start that marked the agent running and
         // read the store in between missed this envelope. Queue it as that start would have (a
         // start that read it already has it in `loaded`, so it is not queued twice).

@@ -56,10 +56,13 @@ pub async fn a_send_wakes_the_peer_and_replies_mirror_back(stores: Stores) {
     llm.push_text(&a, "asked Beta");
     llm.push_text(&b, "hi there");
     llm.push_text(&a, "");
-    let mut h = harness(stores, Arc::new(llm.clone())).await;
+    // b answers once a's turn is over (an answer arriving during it would steer it).
+    let held = Held::new(Arc::new(llm.clone()), "b");
+    let mut h = harness(stores, held.clone()).await;
     h.org.start_all().await.unwrap();
     h.org.deliver("a", chat("a", "ask b")).await.unwrap();
     assert_eq!(h.reply().await.content, "asked Beta");
+    held.open();
     h.wait_quiet().await;
 
     assert_eq!(
@@ -191,10 +194,13 @@ pub async fn conclusion_closes_both_sides_and_retriggers_initiated_from_only(sto
     llm.push_text(&a, "asked");
     llm.push_tool_call(&b, "conclude_link", json!({"summary": "42"}));
     llm.push_text(&a, "Beta says 42");
-    let mut h = harness(stores, Arc::new(llm.clone())).await;
+    // b concludes once a's turn is over (a conclusion during it would steer it).
+    let held = Held::new(Arc::new(llm.clone()), "b");
+    let mut h = harness(stores, held.clone()).await;
     h.org.start_all().await.unwrap();
     h.org.deliver("a", chat("a", "ask b")).await.unwrap();
     assert_eq!(h.reply().await.content, "asked");
+    held.open();
     let result = h.reply().await;
     assert_eq!(result.content, "Beta says 42");
     assert_eq!(result.channel, portal("a"));
@@ -247,12 +253,16 @@ pub async fn reopening_keeps_history_budget_rules_and_initiated_from(stores: Sto
     llm.push_text(&a, "asked");
     llm.push_tool_call(&b, "conclude_link", json!({"summary": "12 files"}));
     llm.push_text(&a, "12");
-    let mut h = harness(stores, Arc::new(llm.clone())).await;
+    // b answers each time once a's turn is over (an answer during it would steer it).
+    let held = Held::new(Arc::new(llm.clone()), "b");
+    let mut h = harness(stores, held.clone()).await;
     h.org.start_all().await.unwrap();
     h.org.deliver("a", chat("a", "count")).await.unwrap();
-    h.reply().await;
-    h.reply().await;
+    assert_eq!(h.reply().await.content, "asked");
+    held.open();
+    assert_eq!(h.reply().await.content, "12");
     h.wait_quiet().await;
+    held.close();
     let first = h.only_conversation().await;
     assert_eq!(first.status, ConversationStatus::Concluded);
 
@@ -268,6 +278,7 @@ pub async fn reopening_keeps_history_budget_rules_and_initiated_from(stores: Sto
     let other = spacebot::InboundMessage::new("discord", "room-9", "lines too");
     h.org.deliver("a", other).await.unwrap();
     assert_eq!(h.reply().await.content, "asked again");
+    held.open();
     h.wait_quiet().await;
 
     let again = h.only_conversation().await;
@@ -376,9 +387,18 @@ pub async fn an_answer_after_the_end_is_kept_but_neither_delivered_nor_leaked(st
         ],
     );
     llm.push_text(&c, "green");
-    let mut h = harness(stores, Arc::new(llm.clone())).await;
+    // c answers only once the sever is recorded (else its answer may land first, legitimately).
+    let held = Held::new(Arc::new(llm.clone()), "c");
+    let mut h = harness(stores, held.clone()).await;
     h.org.start_all().await.unwrap();
     h.org.deliver("a", chat("a", "ask c")).await.unwrap();
+    h.wait_kinds("the sever", |kinds| {
+        kinds
+            .iter()
+            .any(|k| matches!(k, EventKind::ConversationSevered { .. }))
+    })
+    .await;
+    held.open();
     h.wait_quiet().await;
     assert_eq!(
         h.only_conversation().await.status,

@@ -958,11 +958,13 @@ impl TaskExecutor for Parses {
 }
 
 /// Fails its first `n` completions (`TaskEvent::Complete`) with a backend error, then writes
-/// through; everything else goes straight to the inner store.
+/// through, and takes `mark_delay` to mark a notice sent; everything else goes straight to the
+/// inner store.
 #[derive(Debug)]
 pub struct FlakyCompletion {
     inner: Arc<dyn spacebot::TaskStore>,
     failures_left: AtomicUsize,
+    mark_delay: Duration,
 }
 
 #[async_trait]
@@ -1036,6 +1038,9 @@ impl spacebot::TaskStore for FlakyCompletion {
         agent: &AgentId,
         key: &str,
     ) -> Result<(), spacebot::StoreError> {
+        if !self.mark_delay.is_zero() {
+            tokio::time::sleep(self.mark_delay).await;
+        }
         self.inner.outbox_mark_sent(agent, key).await
     }
 }
@@ -1047,6 +1052,7 @@ pub async fn a_failed_outcome_write_is_retried_with_the_result_kept(stores: Stor
     stores.tasks = Arc::new(FlakyCompletion {
         inner: stores.tasks.clone(),
         failures_left: AtomicUsize::new(3),
+        mark_delay: Duration::ZERO,
     });
     let llm = Arc::new(FnLlm::new(|_| Ok(ChatResponse::text("ok"))));
     let exec = Arc::new(Parses::default());
@@ -1086,6 +1092,56 @@ pub async fn a_failed_outcome_write_is_retried_with_the_result_kept(stores: Stor
         matches!(k, EventKind::Error { message } if message.contains("not updated") && message.contains("retrying"))
     });
     assert_eq!(told, 3, "each failed write is told");
+}
+
+/// A completion notice is marked sent before its retrigger can be answered: when the delegator's
+/// answer is out, the worker's outbox is empty, however slow the store is to mark it (the answer
+/// used to race the mark, and a reader of the outbox saw a notice already answered as pending).
+pub async fn a_notice_is_marked_sent_before_the_delegator_answers_it(stores: Stores) {
+    let mut stores = stores;
+    stores.tasks = Arc::new(FlakyCompletion {
+        inner: stores.tasks.clone(),
+        failures_left: AtomicUsize::new(0),
+        mark_delay: Duration::from_millis(300),
+    });
+    let b = id("b");
+    let llm = Arc::new(FnLlm::new(|req| {
+        let asked = req.messages.iter().any(
+            |m| matches!(m, ChatMessage::User { content } if content.starts_with("Beta completed")),
+        );
+        Ok(match req.agent.as_ref().map(|a| a.as_str()) {
+            Some("a") if asked => ChatResponse::text("Beta is done"),
+            Some("a")
+                if !req
+                    .messages
+                    .iter()
+                    .any(|m| matches!(m, ChatMessage::Tool { .. })) =>
+            {
+                ChatResponse::tool_calls(vec![tool_call(
+                    "send_agent_message",
+                    json!({"target": "b", "message": "Count the files."}),
+                )])
+            }
+            Some("a") => ChatResponse::text("asked"),
+            _ => ChatResponse::text("12"),
+        })
+    }));
+    let mut h = OrgHarness::builder(ONE_WAY)
+        .stores(stores)
+        .llm(llm)
+        .build()
+        .await;
+    h.org.start_all().await.unwrap();
+    h.org
+        .deliver("a", InboundMessage::new("portal", "u1", "count"))
+        .await
+        .unwrap();
+    let answer = h.reply().await;
+    assert_eq!(answer.content, "Beta is done");
+    assert!(
+        h.stores.tasks.outbox_pending(&b).await.unwrap().is_empty(),
+        "the notice the delegator answered is still pending in the outbox"
+    );
 }
 
 const CHIEF_AND_LEAD: &str = r#"

@@ -535,3 +535,48 @@ relationship = "peer"
         }
     }
 }
+
+/// A model whose calls for one agent wait while the gate is closed: the test decides what
+/// happens before that agent answers (instead of hoping another task wins a race). Starts closed.
+#[derive(Debug)]
+pub struct Held {
+    inner: Arc<dyn LlmProvider>,
+    agent: AgentId,
+    open: tokio::sync::watch::Sender<bool>,
+}
+
+impl Held {
+    /// `inner`, with every call of `agent` held until [`open`](Self::open).
+    pub fn new(inner: Arc<dyn LlmProvider>, agent: &str) -> Arc<Self> {
+        Arc::new(Self {
+            inner,
+            agent: id(agent),
+            open: tokio::sync::watch::Sender::new(false),
+        })
+    }
+
+    /// Lets every held and later call through.
+    pub fn open(&self) {
+        self.open.send_replace(true);
+    }
+
+    /// Holds the calls that start from now on.
+    pub fn close(&self) {
+        self.open.send_replace(false);
+    }
+}
+
+#[async_trait::async_trait]
+impl LlmProvider for Held {
+    async fn complete(
+        &self,
+        request: ChatRequest,
+    ) -> Result<spacebot::ChatResponse, spacebot::LlmError> {
+        if request.agent.as_ref() == Some(&self.agent) {
+            let mut open = self.open.subscribe();
+            // The sender lives as long as `self`: `wait_for` cannot fail here.
+            let _ = open.wait_for(|open| *open).await;
+        }
+        self.inner.complete(request).await
+    }
+}
