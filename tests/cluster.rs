@@ -60,6 +60,13 @@ const CHECK: Duration = Duration::from_millis(300);
 /// Beyond lease + check interval: the keeper's rounds (4 agents each) and a loaded machine.
 const TAKEOVER_SLACK: Duration = Duration::from_secs(4);
 /// How long delivering, taking over or answering may take: 2 minutes, and 100 ms more per job.
+/// Whether `SPACEBOT_CLUSTER_TRACE=1`: the children log every model call (asking agent, envelope
+/// kind, last user message, answer) and every event, and a failure prints those of the agents
+/// concerned.
+fn tracing() -> bool {
+    std::env::var("SPACEBOT_CLUSTER_TRACE").is_ok_and(|v| v == "1")
+}
+
 fn timeout() -> Duration {
     let jobs = u64::try_from(jobs_to_run(120)).unwrap_or(u64::MAX);
     Duration::from_secs(120) + Duration::from_millis(100 * jobs)
@@ -256,9 +263,28 @@ impl LlmProvider for LoggedModel {
             .unwrap_or_default();
         let n = self.next.fetch_add(1, Ordering::SeqCst);
         append(&self.path, &format!("B {n} {agent} {}", now_ms()), false);
-        let _end = CallEnd(self.path.clone(), n, agent);
+        let _end = CallEnd(self.path.clone(), n, agent.clone());
         tokio::time::sleep(Duration::from_millis(5)).await;
-        Ok(answer(&request))
+        let response = answer(&request);
+        if tracing() {
+            let said = response.content.clone().unwrap_or_default();
+            let called: Vec<String> = response
+                .tool_calls
+                .iter()
+                .map(|c| format!("{}({})", c.name, c.arguments))
+                .collect();
+            append(
+                &self.path,
+                &format!(
+                    "T {n} {agent} {} {:?} {:?} => {said:?} {called:?}",
+                    now_ms(),
+                    request.envelope_kind,
+                    last_user(&request.messages)
+                ),
+                false,
+            );
+        }
+        Ok(response)
     }
 }
 
@@ -295,6 +321,7 @@ impl EventSink for EventFile {
             EventKind::AgentPlaced { .. } => "placed".to_string(),
             EventKind::PlacementLost { reason, .. } => format!("lost {reason}"),
             EventKind::Error { .. } => format!("error {:?}", event.kind),
+            kind if tracing() => format!("trace {kind:?} {:?}", event.channel),
             _ => return,
         };
         append(
@@ -552,6 +579,40 @@ impl Cluster {
         }
     }
 
+    /// Under `SPACEBOT_CLUSTER_TRACE=1`: every traced line (model calls, events) of every process
+    /// that names one of `agents`, in time order.
+    fn traces(&self, agents: &[String]) -> String {
+        if !tracing() {
+            return String::new();
+        }
+        let mut lines: Vec<(i64, String)> = Vec::new();
+        for process in self.children.keys() {
+            for file in [
+                format!("calls-{process}.log"),
+                format!("events-{process}.log"),
+            ] {
+                for line in complete_lines(&self.path(&file)) {
+                    let words: Vec<&str> = line.split(' ').collect();
+                    let (agent, ms) = match words.first() {
+                        Some(&"T") => (words[2], words[3]),
+                        Some(_) if words.len() > 2 && words[2] != "placed" => (words[1], words[0]),
+                        _ => continue,
+                    };
+                    if agents.iter().any(|a| a == agent) {
+                        lines.push((ms.parse().unwrap_or(0), format!("{process}: {line}")));
+                    }
+                }
+            }
+        }
+        lines.sort();
+        let mut out = format!("--- traces of {agents:?}\n");
+        for (_, line) in lines {
+            out.push_str(&line);
+            out.push('\n');
+        }
+        out
+    }
+
     fn stderr_tails(&self) -> String {
         let mut out = String::new();
         for process in self.children.keys() {
@@ -634,11 +695,16 @@ impl Cluster {
                     .filter(|r| open.values().any(|j| job_ids(&r.content).contains(j)))
                     .map(|r| format!("{} {}", r.key, r.content))
                     .collect();
+                let pairs: Vec<String> = open
+                    .keys()
+                    .flat_map(|ann| [ann.clone(), ann.replace("ann", "bob")])
+                    .collect();
                 panic!(
                     "delivering took over {:?}; conversations waiting: {waiting:?}, open: \
-                     {open:?}, their replies {replies:#?}\n{}",
+                     {open:?}, their replies {replies:#?}\n{}{}",
                     timeout(),
-                    self.stderr_tails()
+                    self.stderr_tails(),
+                    self.traces(&pairs)
                 );
             }
             tokio::time::sleep(Duration::from_millis(20)).await;

@@ -414,6 +414,10 @@ pub(crate) struct OrgInner {
     pub(crate) bus: crate::bus::EventBus,
     /// Lease holders of claims a custom executor of this process still works on.
     pub(crate) live_claims: Mutex<HashSet<String>>,
+    /// Agents whose loop here is being stopped as a hand-over (under a placement: a lease lost, a
+    /// clean shutdown of this process): their session goes on in the next host, so their
+    /// conversations are not severed.
+    pub(crate) handing_over: Mutex<HashSet<AgentId>>,
     /// The behaviours plugged into the host, in order.
     pub(crate) behaviours: Vec<Arc<dyn Behaviour>>,
     /// Tokens each agent's turns spent since the organization was built.
@@ -702,6 +706,12 @@ impl OrgInner {
     /// Whether a custom executor of this process still works on the claim of `holder`.
     pub(crate) fn live_claim(&self, holder: &str) -> bool {
         lock(&self.live_claims).contains(holder)
+    }
+
+    /// Whether `agent`'s loop here is stopping as a hand-over to its next host (see
+    /// [`OrgInner::handing_over`]).
+    pub(crate) fn is_handing_over(&self, agent: &AgentId) -> bool {
+        lock(&self.handing_over).contains(agent)
     }
 
     /// Called when an agent's loop ended: the behaviours let go of what the agent held.
@@ -1183,6 +1193,22 @@ impl Organization {
     /// in the store (every delivery is stored under a placement) and its next host runs it again,
     /// its effects kept from repeating by their idempotency keys. Waits for the loop to end.
     pub(crate) async fn fence_agent(&self, agent: &AgentId) {
+        lock(&self.inner.handing_over).insert(agent.clone());
+        self.fence_agent_now(agent).await;
+        lock(&self.inner.handing_over).remove(agent);
+    }
+
+    /// Stops an agent hosted under a placement for its next host to take it over (a clean
+    /// shutdown of this process): [`stop_agent`](Self::stop_agent), without ending its session
+    /// (its conversations stay open).
+    pub(crate) async fn stop_for_hand_over(&self, agent: &AgentId) -> Result<(), OrgError> {
+        lock(&self.inner.handing_over).insert(agent.clone());
+        let stopped = self.stop_agent(agent).await;
+        lock(&self.inner.handing_over).remove(agent);
+        stopped
+    }
+
+    async fn fence_agent_now(&self, agent: &AgentId) {
         let runtime = {
             let mut agents = self.inner.write_agents();
             match agents.get(agent) {

@@ -221,6 +221,7 @@ impl OrganizationBuilder {
                 internal_open: Mutex::new(HashMap::new()),
                 bus: crate::bus::EventBus::new(1024),
                 live_claims: Mutex::new(HashSet::new()),
+                handing_over: Mutex::new(HashSet::new()),
                 behaviours,
                 usage: Mutex::new(HashMap::new()),
                 caches: crate::org::RenderCache::default(),

@@ -160,6 +160,37 @@ struct Watch {
     loops: Mutex<HashMap<AgentId, i32>>,
     /// Every time a second call or loop of one agent ran beside the first.
     violations: Mutex<Vec<String>>,
+    /// An agent whose model calls wait while it is set (the test decides what happens meanwhile).
+    held: Mutex<Option<AgentId>>,
+    /// Told when `held` is cleared.
+    released: tokio::sync::Notify,
+}
+
+impl Watch {
+    fn hold(&self, agent: &str) {
+        *self.held.lock().unwrap() = Some(AgentId::parse(agent).unwrap());
+    }
+
+    fn release(&self) {
+        *self.held.lock().unwrap() = None;
+        self.released.notify_waiters();
+    }
+
+    /// Waits while `agent`'s calls are held.
+    async fn pass(&self, agent: &AgentId) {
+        loop {
+            let released = self.released.notified();
+            if self.held.lock().unwrap().as_ref() != Some(agent) {
+                return;
+            }
+            released.await;
+        }
+    }
+
+    fn in_flight(&self, agent: &str) -> u32 {
+        let agent = AgentId::parse(agent).unwrap();
+        self.calls.lock().unwrap().get(&agent).copied().unwrap_or(0)
+    }
 }
 
 struct CallGuard(Arc<Watch>, AgentId);
@@ -192,8 +223,9 @@ impl LlmProvider for SlowModel {
                     .unwrap()
                     .push(format!("{n} model calls of {agent} at once"));
             }
-            CallGuard(self.0.clone(), agent)
+            CallGuard(self.0.clone(), agent.clone())
         };
+        self.0.pass(&agent).await;
         tokio::time::sleep(Duration::from_millis(15)).await;
         Ok(answer(&request))
     }
@@ -307,6 +339,15 @@ struct Cluster {
 }
 
 async fn cluster(capacity: usize) -> Cluster {
+    let c = cluster_with(|_, options| options.with_capacity(capacity)).await;
+    for p in &c.processes {
+        p.org.start_all().await.unwrap();
+    }
+    c
+}
+
+/// Three processes, nothing started; `options(name, defaults)` gives each its placement options.
+async fn cluster_with(options: impl Fn(&str, PlacementOptions) -> PlacementOptions) -> Cluster {
     let stores = Stores::memory();
     let placement = MemoryPlacement::new();
     let replies = Arc::new(Mutex::new(Vec::new()));
@@ -315,11 +356,13 @@ async fn cluster(capacity: usize) -> Cluster {
     let mut processes = Vec::new();
     for name in ["p1", "p2", "p3"] {
         let spawner = Arc::new(KillableSpawner::default());
-        let options = PlacementOptions::new(ProcessId::new(name).unwrap())
-            .with_capacity(capacity)
-            .with_acquire_per_round(2)
-            .with_lease(LEASE, RENEW, MARGIN)
-            .with_check_interval(CHECK);
+        let options = options(
+            name,
+            PlacementOptions::new(ProcessId::new(name).unwrap())
+                .with_acquire_per_round(2)
+                .with_lease(LEASE, RENEW, MARGIN)
+                .with_check_interval(CHECK),
+        );
         let org = Organization::builder(config())
             .stores(stores.clone())
             .llm(Arc::new(SlowModel(watch.clone())))
@@ -332,9 +375,6 @@ async fn cluster(capacity: usize) -> Cluster {
             .await
             .unwrap();
         processes.push(Process { name, org, spawner });
-    }
-    for p in &processes {
-        p.org.start_all().await.unwrap();
     }
     Cluster {
         processes,
@@ -592,4 +632,71 @@ async fn a_partitioned_process_stops_before_another_takes_over() {
     for p in c.live() {
         p.org.shutdown().await.unwrap();
     }
+}
+
+/// A hand-over is not the end of an agent's session: a conversation stays open when a member's
+/// process is cut off mid-turn (its loop fenced, the turn run again by the next host) and when the
+/// other member's process shuts down cleanly (its lease released to the next host). The peer's
+/// conclusion then reaches the initiator, who answers the job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_conversation_goes_on_when_its_members_are_handed_over() {
+    let only = |agents: &[&str]| -> Vec<AgentId> {
+        agents.iter().map(|a| AgentId::parse(*a).unwrap()).collect()
+    };
+    // p1 may host ann0, p2 bob0, p3 both (started last: it takes them over).
+    let c = cluster_with(|name, options| match name {
+        "p1" => options.with_agents(only(&["ann0"])),
+        "p2" => options.with_agents(only(&["bob0"])),
+        _ => options.with_agents(only(&["ann0", "bob0"])),
+    })
+    .await;
+    c.processes[0].org.start_all().await.unwrap();
+    c.processes[1].org.start_all().await.unwrap();
+    wait_for("ann0 on p1 and bob0 on p2", || {
+        let hosts = c.hosts();
+        hosts.get(&AgentId::parse("ann0").unwrap()) == Some(&vec!["p1"])
+            && hosts.get(&AgentId::parse("bob0").unwrap()) == Some(&vec!["p2"])
+    })
+    .await;
+    c.processes[2].org.start_all().await.unwrap();
+
+    // bob0's turn on p2 is under way (its model call held) when p2 is cut off: p2 fences bob0.
+    c.watch.hold("bob0");
+    c.deliver(0, "ann0", "job-2", "please ask bob").await;
+    wait_for("bob0's model call on p2", || c.watch.in_flight("bob0") == 1).await;
+    let p2 = c.processes[1].org.process().unwrap().clone();
+    c.placement.cut_off(&p2);
+    wait_for("bob0 fenced on p2", || {
+        c.lost
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(p, a)| p == "p2" && a.as_str() == "bob0")
+    })
+    .await;
+    // p1 shuts down cleanly: ann0's lease is released for p3.
+    c.processes[0].org.shutdown().await.unwrap();
+    c.watch.release();
+    c.wait_answered(&["job-2".to_string()]).await;
+
+    let conversations = c.processes[2]
+        .org
+        .conversations(&Default::default())
+        .await
+        .unwrap();
+    assert_eq!(conversations.len(), 1, "{conversations:#?}");
+    assert_eq!(
+        conversations[0].status,
+        spacebot_core::conversation::ConversationStatus::Concluded,
+        "{conversations:#?}"
+    );
+    assert_eq!(
+        c.hosts().get(&AgentId::parse("ann0").unwrap()),
+        Some(&vec!["p3"])
+    );
+    assert_eq!(
+        c.hosts().get(&AgentId::parse("bob0").unwrap()),
+        Some(&vec!["p3"])
+    );
+    c.processes[2].org.shutdown().await.unwrap();
 }

@@ -1248,7 +1248,12 @@ impl Behaviour for Conversations {
 }
 
 /// Called when an agent's session ends (it is stopped or ends): its open conversations are severed.
+/// A loop stopped as a hand-over to another process (under a placement) ends no session: the
+/// agent goes on there, with its conversations.
 pub(crate) async fn on_agent_stopped(org: &Organization, agent: &AgentId) {
+    if org.inner.is_handing_over(agent) {
+        return;
+    }
     let filter = ConversationFilter {
         member: Some(agent.clone()),
         statuses: vec![ConversationStatus::Open],

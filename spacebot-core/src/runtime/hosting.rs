@@ -119,7 +119,7 @@ pub(crate) async fn shutdown(org: &Organization, hosting: &Arc<Hosting>) {
     hosting.started.store(false, Ordering::Release);
     let hosted: Vec<AgentId> = lock(&hosting.deadlines).drain().map(|(a, _)| a).collect();
     for agent in hosted {
-        if let Err(e) = org.stop_agent(&agent).await {
+        if let Err(e) = org.stop_for_hand_over(&agent).await {
             report_error(&org.inner, &agent, None, format!("not stopped: {e}"));
         }
         if let Err(e) = hosting
