@@ -780,7 +780,7 @@ async fn run_task_loop(
     let limit = inner.settings.task_concurrency.max(1);
     // The agent is not idle while a round runs: the start-up recovery is the first.
     let mut round = Some(agent.round(&org));
-    Box::pin(recover_orphaned_claims(&org, &me, executor.is_some())).await;
+    Box::pin(recover_orphaned_claims(&org, &me)).await;
     loop {
         if agent.is_stopping() {
             break;
@@ -858,12 +858,29 @@ async fn run_task_loop(
                     // of a crashed attempt then expires and the task is requeued.
                     let slot = SlotGuard(agent.clone(), task.number, holder.clone());
                     let live = LiveClaim::new(&inner, &holder);
-                    inner.spawner.spawn(Box::pin(async move {
+                    // Aborted (with its guards dropped) when the agent is handed over.
+                    let (attempt, registration) = futures::future::AbortHandle::new_pair();
+                    agent
+                        .rt
+                        .executors
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(holder.clone(), attempt);
+                    let run = async move {
                         let number = task.number;
                         let result = executor.execute(ctx, task).await;
                         record_outcome(&org2, slot.0.id(), number, &holder2, result).await;
+                        slot.0
+                            .rt
+                            .executors
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .remove(&holder2);
                         drop(slot);
                         drop(live);
+                    };
+                    inner.spawner.spawn(Box::pin(async move {
+                        let _ = futures::future::Abortable::new(run, registration).await;
                     }));
                 }
             }
@@ -884,10 +901,9 @@ async fn run_task_loop(
 /// (or fails for good past its attempts), instead of waiting for its lease to run out.
 ///
 /// Under a placement, a claim another process made (its holder names the process) is recovered
-/// only when it ran through the agent's own loop: that loop stopped before this process could take
-/// the agent (the fencing rule of [`Placement`](crate::Placement)). A custom executor's claim made
-/// elsewhere may still be worked on there (executors are not fenced): it is left to its lease.
-async fn recover_orphaned_claims(org: &Organization, me: &AgentId, custom_executor: bool) {
+/// too: that process stopped the agent's loop and aborted its custom executor attempts before this
+/// process could take the agent (the fencing rule of [`Placement`](crate::Placement)).
+async fn recover_orphaned_claims(org: &Organization, me: &AgentId) {
     let filter = crate::task::TaskFilter {
         statuses: vec![TaskStatus::InProgress],
         ..Default::default()
@@ -910,15 +926,6 @@ async fn recover_orphaned_claims(org: &Organization, me: &AgentId, custom_execut
         };
         if org.inner.live_claim(&lease.holder) {
             continue;
-        }
-        if let Some(hosting) = &org.inner.hosting {
-            let foreign = lease
-                .holder
-                .rsplit_once('@')
-                .is_none_or(|(_, p)| p != hosting.options.process.as_str());
-            if foreign && custom_executor {
-                continue;
-            }
         }
         let event = TaskEvent::Fail {
             holder: lease.holder,

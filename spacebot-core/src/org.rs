@@ -274,6 +274,9 @@ pub(crate) struct AgentRuntime {
     /// Aborts the whole loop at once, without committing the running turn (a placement lease
     /// lost: see [`Organization::fence_agent`]).
     pub(crate) fence: Mutex<Option<AbortHandle>>,
+    /// Attempts of a custom task executor running here, by lease holder: aborted when the agent
+    /// is handed over under a placement (its next host runs them again at once).
+    pub(crate) executors: Mutex<HashMap<String, AbortHandle>>,
     pub(crate) stopped: Mutex<Option<oneshot::Receiver<()>>>,
     /// Wakes the behaviours' workers of this agent (capacity 1: a ring while one is pending is a
     /// no-op).
@@ -303,6 +306,13 @@ pub(crate) struct AgentRuntime {
 impl AgentRuntime {
     pub(crate) fn id(&self) -> &AgentId {
         &self.spec.id
+    }
+
+    /// Aborts every custom executor attempt running here (a hand-over under a placement).
+    pub(crate) fn abort_executors(&self) {
+        for (_, attempt) in lock(&self.executors).drain() {
+            attempt.abort();
+        }
     }
 
     /// Wakes the task loop.
@@ -1109,6 +1119,7 @@ impl Organization {
             pending: AtomicBool::new(false),
             abort: Mutex::new(None),
             fence: Mutex::new(None),
+            executors: Mutex::new(HashMap::new()),
             stopped: Mutex::new(Some(done_rx)),
             doorbell: Mutex::new(Some(bell_tx)),
             bell_rx: Mutex::new(Some(bell_rx)),
@@ -1201,9 +1212,19 @@ impl Organization {
     /// Stops an agent hosted under a placement for its next host to take it over (a clean
     /// shutdown of this process): [`stop_agent`](Self::stop_agent), without ending its session
     /// (its conversations stay open).
+    ///
+    /// The agent's custom executor attempts are aborted, not awaited (they may run for hours):
+    /// their next host finds their claims orphaned and runs them again at once.
     pub(crate) async fn stop_for_hand_over(&self, agent: &AgentId) -> Result<(), OrgError> {
         lock(&self.inner.handing_over).insert(agent.clone());
+        let runtime = match self.inner.slot(agent) {
+            Some(Slot::Running(rt)) => Some(rt),
+            _ => None,
+        };
         let stopped = self.stop_agent(agent).await;
+        if let Some(runtime) = runtime {
+            runtime.abort_executors();
+        }
         lock(&self.inner.handing_over).remove(agent);
         stopped
     }
@@ -1225,6 +1246,7 @@ impl Organization {
         if let Some(fence) = lock(&runtime.fence).take() {
             fence.abort();
         }
+        runtime.abort_executors();
         let done = lock(&runtime.stopped).take();
         if let Some(done) = done {
             let _ = done.await;

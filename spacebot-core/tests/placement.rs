@@ -20,6 +20,9 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use futures::future::BoxFuture;
 use serde_json::json;
+use spacebot_core::delegation::{
+    DelegationOrigin, TaskContext, TaskError, TaskExecutor, TaskOutcome,
+};
 use spacebot_core::error::LlmError;
 use spacebot_core::event::{Event, EventKind, EventSink};
 use spacebot_core::llm::ChatResponse;
@@ -30,6 +33,7 @@ use spacebot_core::{
     LlmProvider, MemoryPlacement, OrgConfig, Organization, Outbound, PlacementOptions, ProcessId,
     Reply, ReplyKind, Spawner, Stores, TaskStore,
 };
+use spacebot_core::{ChannelId, Task, TaskRef, TaskStatus};
 
 const LEASE: Duration = Duration::from_millis(1500);
 const RENEW: Duration = Duration::from_millis(150);
@@ -339,7 +343,7 @@ struct Cluster {
 }
 
 async fn cluster(capacity: usize) -> Cluster {
-    let c = cluster_with(|_, options| options.with_capacity(capacity)).await;
+    let c = cluster_with(|_, options| options.with_capacity(capacity), None).await;
     for p in &c.processes {
         p.org.start_all().await.unwrap();
     }
@@ -347,7 +351,10 @@ async fn cluster(capacity: usize) -> Cluster {
 }
 
 /// Three processes, nothing started; `options(name, defaults)` gives each its placement options.
-async fn cluster_with(options: impl Fn(&str, PlacementOptions) -> PlacementOptions) -> Cluster {
+async fn cluster_with(
+    options: impl Fn(&str, PlacementOptions) -> PlacementOptions,
+    executor: Option<Arc<dyn TaskExecutor>>,
+) -> Cluster {
     let stores = Stores::memory();
     let placement = MemoryPlacement::new();
     let replies = Arc::new(Mutex::new(Vec::new()));
@@ -363,7 +370,11 @@ async fn cluster_with(options: impl Fn(&str, PlacementOptions) -> PlacementOptio
                 .with_lease(LEASE, RENEW, MARGIN)
                 .with_check_interval(CHECK),
         );
-        let org = Organization::builder(config())
+        let mut builder = Organization::builder(config());
+        if let Some(executor) = &executor {
+            builder = builder.task_executor(AgentId::parse("worker0").unwrap(), executor.clone());
+        }
+        let org = builder
             .stores(stores.clone())
             .llm(Arc::new(SlowModel(watch.clone())))
             .spawner(spawner.clone())
@@ -644,11 +655,14 @@ async fn a_conversation_goes_on_when_its_members_are_handed_over() {
         agents.iter().map(|a| AgentId::parse(*a).unwrap()).collect()
     };
     // p1 may host ann0, p2 bob0, p3 both (started last: it takes them over).
-    let c = cluster_with(|name, options| match name {
-        "p1" => options.with_agents(only(&["ann0"])),
-        "p2" => options.with_agents(only(&["bob0"])),
-        _ => options.with_agents(only(&["ann0", "bob0"])),
-    })
+    let c = cluster_with(
+        |name, options| match name {
+            "p1" => options.with_agents(only(&["ann0"])),
+            "p2" => options.with_agents(only(&["bob0"])),
+            _ => options.with_agents(only(&["ann0", "bob0"])),
+        },
+        None,
+    )
     .await;
     c.processes[0].org.start_all().await.unwrap();
     c.processes[1].org.start_all().await.unwrap();
@@ -699,4 +713,92 @@ async fn a_conversation_goes_on_when_its_members_are_handed_over() {
         Some(&vec!["p3"])
     );
     c.processes[2].org.shutdown().await.unwrap();
+}
+
+/// Its first attempt never ends (until it is dropped, which it records); later attempts are done.
+#[derive(Debug, Default)]
+struct HangsOnce {
+    attempts: std::sync::atomic::AtomicU32,
+    dropped: Arc<AtomicBool>,
+}
+
+struct Dropped(Arc<AtomicBool>);
+
+impl Drop for Dropped {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+#[async_trait]
+impl TaskExecutor for HangsOnce {
+    async fn execute(&self, _ctx: TaskContext, _task: Task) -> Result<TaskOutcome, TaskError> {
+        if self.attempts.fetch_add(1, Ordering::SeqCst) == 0 {
+            let _dropped = Dropped(self.dropped.clone());
+            std::future::pending::<()>().await;
+        }
+        Ok(TaskOutcome::Done("ran".into()))
+    }
+}
+
+/// A custom executor's attempt is fenced with its agent: a process cut off from the placement
+/// table aborts it, and the next host runs the task again at once (not after the 10-minute task
+/// lease).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fenced_executor_attempt_is_aborted_and_run_again_at_once() {
+    let executor = Arc::new(HangsOnce::default());
+    let worker0 = AgentId::parse("worker0").unwrap();
+    let c = cluster_with(
+        |name, options| match name {
+            "p1" => options.with_agents(vec![worker0.clone()]),
+            "p2" => options.with_agents(Vec::new()),
+            _ => options.with_agents(vec![worker0.clone()]),
+        },
+        Some(executor.clone()),
+    )
+    .await;
+    c.processes[0].org.start_all().await.unwrap();
+    c.processes[1].org.start_all().await.unwrap();
+    wait_for("worker0 on p1", || {
+        c.hosts().get(&worker0) == Some(&vec!["p1"])
+    })
+    .await;
+    c.processes[2].org.start_all().await.unwrap();
+
+    let task = c.processes[1]
+        .org
+        .delegate(
+            &AgentId::parse("lead0").unwrap(),
+            "worker0",
+            "job-1 for the worker",
+            DelegationOrigin::new(ChannelId::new("portal:lead0")),
+        )
+        .await
+        .unwrap();
+    wait_for("the first attempt on p1", || {
+        executor.attempts.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    let p1 = c.processes[0].org.process().unwrap().clone();
+    c.placement.cut_off(&p1);
+    wait_for("p1 to abort the attempt when it fences worker0", || {
+        executor.dropped.load(Ordering::SeqCst)
+    })
+    .await;
+    let ended = tokio::time::timeout(
+        TIMEOUT,
+        c.processes[2]
+            .org
+            .wait_task_ended(&TaskRef::new(worker0.clone(), task.number)),
+    )
+    .await
+    .expect("the task ran again on p3 within the timeout, not after its lease")
+    .unwrap();
+    assert_eq!(ended.status, TaskStatus::Done);
+    assert_eq!(ended.result.as_deref(), Some("ran"));
+    assert_eq!(executor.attempts.load(Ordering::SeqCst), 2);
+    assert_eq!(c.hosts().get(&worker0), Some(&vec!["p3"]));
+    for p in c.live() {
+        let _ = tokio::time::timeout(Duration::from_secs(5), p.org.shutdown()).await;
+    }
 }
