@@ -19,8 +19,9 @@
 //! database (`PgStores::cut_off`: every store and placement call fails) and checks that no two
 //! processes ever ran a model call of one agent at the same time.
 //!
-//! Jobs: `SPACEBOT_CLUSTER_JOBS` (default 120: 60 two-hop delegations, 30 conversations, 30 direct
-//! answers; 2,000 gives 1,000 delegations; the partition test runs half). Without `DATABASE_URL` the tests print a line and
+//! Jobs: `SPACEBOT_CLUSTER_JOBS` (default 2,000: 1,000 two-hop delegations, 500 conversations, 500
+//! direct answers; the partition test runs half). `SPACEBOT_CLUSTER_TRACE=1` logs every model call
+//! and event of the children and prints those of the agents concerned when a job is never answered. Without `DATABASE_URL` the tests print a line and
 //! pass, unless `SPACEBOT_REQUIRE_POSTGRES=1`.
 #![cfg(feature = "postgres")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -68,9 +69,13 @@ fn tracing() -> bool {
 }
 
 fn timeout() -> Duration {
-    let jobs = u64::try_from(jobs_to_run(120)).unwrap_or(u64::MAX);
+    let jobs = u64::try_from(jobs_to_run(DEFAULT_JOBS)).unwrap_or(u64::MAX);
     Duration::from_secs(120) + Duration::from_millis(100 * jobs)
 }
+
+/// Jobs per run unless `SPACEBOT_CLUSTER_JOBS` says otherwise: 1,000 two-hop delegations, 500
+/// conversations, 500 direct answers (the partition test runs half).
+const DEFAULT_JOBS: usize = 2000;
 
 const CHAINS: usize = 5;
 const PAIRS: usize = 5;
@@ -956,7 +961,7 @@ async fn a_cluster_survives_two_kills() {
     let Some(url) = database_url() else {
         return;
     };
-    let total = jobs_to_run(120);
+    let total = jobs_to_run(DEFAULT_JOBS);
     let started = Instant::now();
     let mut c = Cluster::start(&url, &[("p1", 12), ("p2", 12), ("p3", 30)]).await;
     c.wait_all_hosted(&[]).await;
@@ -1045,7 +1050,7 @@ async fn a_partitioned_process_never_overlaps_its_successor() {
     let Some(url) = database_url() else {
         return;
     };
-    let total = jobs_to_run(120) / 2;
+    let total = jobs_to_run(DEFAULT_JOBS) / 2;
     let mut c = Cluster::start(&url, &[("p1", 10), ("p2", 15), ("p3", 15)]).await;
     c.wait_all_hosted(&[]).await;
     let p1_held: BTreeSet<String> = c

@@ -743,6 +743,14 @@ pub(crate) async fn sever(
 /// Ends an open conversation with `summary` (a conclusion, or the initiator's close): the summary
 /// reaches the other members' channels without waking them, every side closes, and the initiator's
 /// `initiated_from` channel is retriggered with the summary.
+///
+/// The conclusion is marked before the result is sent, so nobody hears a result of a conversation
+/// that is still open (and sends into it again) or that ended otherwise meanwhile (a sever, the
+/// budget). A turn run again after a crash or a hand-over makes the same call under the same key,
+/// and two applied keys of the concluder tell it how far the first run got: `conclude:{key}`
+/// (written before the mark) and `concluded:{key}` (after it). A call that concluded already only
+/// sends its result again (under the same key: the receiver applies it once), so a conversation
+/// reopened since is not concluded by a stale call.
 pub(crate) async fn conclude(
     org: &Organization,
     id: &ConversationId,
@@ -750,15 +758,44 @@ pub(crate) async fn conclude(
     summary: &str,
     exchange: Exchange<'_>,
 ) -> Result<Conversation, DialogueError> {
-    if let Some(current) = org.inner.stores.conversations.get(id).await?
-        && current.status == ConversationStatus::Open
+    let deliveries = &org.inner.stores.deliveries;
+    let now = org.inner.clock.now();
+    let marks = exchange
+        .key
+        .map(|k| (format!("conclude:{k}"), format!("concluded:{k}")));
+    let current = org
+        .inner
+        .stores
+        .conversations
+        .get(id)
+        .await?
+        .ok_or_else(|| DialogueError::NotFound(format!("conversation {id}")))?;
+    let name = org.display_name(by);
+    let result_key = |revision: u64| match exchange.key {
+        Some(key) => format!("conclusion:{id}:{key}"),
+        None => format!("conclusion:{id}:{revision}"),
+    };
+    if let Some((_, done)) = &marks
+        && deliveries.is_applied(by, done).await?
     {
-        check_links(org, &current, by).await?;
-        let name = org.display_name(by);
-        retrigger_conclusion(org, &current, id, &name, summary, exchange).await;
+        retrigger_conclusion(org, &current, &name, summary, result_key(0), exchange.cause).await;
+        return Ok(current);
     }
-    let (concluded, _) = modify(org, id, |c| {
+    let mut again = false;
+    if current.status == ConversationStatus::Open {
+        check_links(org, &current, by).await?;
+        if let Some((intent, _)) = &marks {
+            again = !deliveries.mark_applied(by, intent, now).await?;
+        }
+    } else if let Some((intent, _)) = &marks {
+        again = deliveries.is_applied(by, intent).await?;
+    }
+    let (concluded, changed) = modify(org, id, |c| {
         if c.status != ConversationStatus::Open {
+            if again && c.status == ConversationStatus::Concluded {
+                // The first run concluded it and stopped before `concluded:{key}`.
+                return Ok(false);
+            }
             return Err(DialogueError::NotAllowed {
                 conversation: c.id.clone(),
                 reason: format!("it is {} already", c.status),
@@ -772,7 +809,16 @@ pub(crate) async fn conclude(
         Ok(true)
     })
     .await?;
-    let name = org.display_name(by);
+    if let Some((_, done)) = &marks {
+        deliveries.mark_applied(by, done, now).await?;
+    }
+    // Keyed by the concluding call when it has a key (a run again sends the same one), else by the
+    // revision the conclusion replaced.
+    let key = result_key(concluded.revision.saturating_sub(u64::from(changed)));
+    retrigger_conclusion(org, &concluded, &name, summary, key, exchange.cause).await;
+    if !changed {
+        return Ok(concluded);
+    }
     for member in &concluded.members {
         if &member.agent == by {
             append(
@@ -809,17 +855,17 @@ pub(crate) async fn conclude(
     Ok(concluded)
 }
 
-/// Wakes the initiator's `initiated_from` channel with a conversation's conclusion. Sent before
-/// the conversation is marked concluded: a turn killed in between concludes again under the same
-/// key (the receiver applies it once), instead of finding the conversation ended and waking nobody.
+/// Wakes the initiator's `initiated_from` channel with a conversation's conclusion, under `key`
+/// (the receiver applies it once).
 async fn retrigger_conclusion(
     org: &Organization,
     conversation: &Conversation,
-    id: &ConversationId,
     name: &str,
     summary: &str,
-    exchange: Exchange<'_>,
+    key: String,
+    cause: &EnvelopeId,
 ) {
+    let id = &conversation.id;
     if let Some(origin) = &conversation.initiated_from {
         let others = other_names(conversation, &conversation.initiator).join(", ");
         let mut envelope = Envelope::new(
@@ -830,10 +876,8 @@ async fn retrigger_conclusion(
             org.inner.clock.now(),
         )
         .with_conversation(id.clone())
-        .with_cause(exchange.cause.clone());
-        // Keyed by the conversation as it stood when concluded (not by the concluding call): a
-        // turn run again after a crash, and two members concluding at once, send the same key.
-        envelope.idempotency_key = Some(format!("conclusion:{id}:{}", conversation.revision));
+        .with_cause(cause.clone());
+        envelope.idempotency_key = Some(key);
         if let Err(e) = org
             .inner
             .enqueue(&conversation.initiator, envelope, true)
