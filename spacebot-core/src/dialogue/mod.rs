@@ -1071,11 +1071,56 @@ pub(crate) async fn find_for(
     channel: &ChannelId,
     target: Option<&str>,
 ) -> Result<Conversation, DialogueError> {
+    find_among(org, agent, channel, target, vec![ConversationStatus::Open]).await
+}
+
+/// The conversation a conclusion (or close) by `agent` is about: an open one as
+/// [`find_for`] finds it, or, when the call under `key` concluded one already (its turn runs
+/// again after a crash), that one, to finish what the first run left (see [`conclude`]).
+pub(crate) async fn find_to_conclude(
+    org: &Organization,
+    agent: &AgentId,
+    channel: &ChannelId,
+    target: Option<&str>,
+    key: &str,
+) -> Result<Conversation, DialogueError> {
+    match find_for(org, agent, channel, target).await {
+        Err(DialogueError::NotFound(why)) => {
+            let applied = org
+                .inner
+                .stores
+                .deliveries
+                .is_applied(agent, &format!("conclude:{key}"))
+                .await?;
+            if !applied {
+                return Err(DialogueError::NotFound(why));
+            }
+            let statuses = vec![ConversationStatus::Concluded];
+            match find_among(org, agent, channel, target, statuses).await {
+                Ok(concluded) => Ok(concluded),
+                Err(_) => Err(DialogueError::NotFound(why)),
+            }
+        }
+        found => found,
+    }
+}
+
+/// [`find_for`] among `agent`'s conversations of `statuses` (the latest when several match on
+/// the channel).
+async fn find_among(
+    org: &Organization,
+    agent: &AgentId,
+    channel: &ChannelId,
+    target: Option<&str>,
+    statuses: Vec<ConversationStatus>,
+) -> Result<Conversation, DialogueError> {
     let filter = ConversationFilter {
         member: Some(agent.clone()),
-        statuses: vec![ConversationStatus::Open],
+        statuses,
     };
-    let open = org.inner.stores.conversations.list(&filter).await?;
+    let mut open = org.inner.stores.conversations.list(&filter).await?;
+    // Oldest first from the store: the latest match wins.
+    open.reverse();
     match target {
         Some(t) => {
             let peer = org.resolve(t).ok();

@@ -161,11 +161,12 @@ impl Tool for ConcludeLink {
     ) -> Result<ToolOutput, ToolError> {
         let args: ConcludeArgs = parse_args(CONCLUDE_LINK, args)?;
         non_empty(CONCLUDE_LINK, "summary", &args.summary)?;
-        let conversation = super::find_for(
+        let conversation = super::find_to_conclude(
             ctx.org.organization(),
             &ctx.agent,
             &ctx.channel,
             args.target.as_deref(),
+            &ctx.key,
         )
         .await
         .map_err(|e| tool_error(CONCLUDE_LINK, e))?;
@@ -305,11 +306,12 @@ impl Tool for CloseLink {
     ) -> Result<ToolOutput, ToolError> {
         let args: CloseArgs = parse_args(CLOSE_LINK, args)?;
         non_empty(CLOSE_LINK, "message", &args.message)?;
-        let conversation = super::find_for(
+        let conversation = super::find_to_conclude(
             ctx.org.organization(),
             &ctx.agent,
             &ctx.channel,
             args.target.as_deref(),
+            &ctx.key,
         )
         .await
         .map_err(|e| tool_error(CLOSE_LINK, e))?;
