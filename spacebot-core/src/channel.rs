@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::StoreError;
 use crate::ids::{AgentId, ChannelId};
 use crate::link::text_enum;
+use crate::text::Text;
 use crate::time::Timestamp;
 
 /// The role of a history record.
@@ -37,9 +38,9 @@ pub struct NewRecord {
     /// The role.
     pub kind: RecordKind,
     /// Who wrote it (an agent id, `user`, `system`).
-    pub author: String,
-    /// The text.
-    pub content: String,
+    pub author: Text,
+    /// The text (shared: a history read hands it out without a copy).
+    pub content: Text,
     /// Free-form metadata (task number, link id, ...).
     #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
     pub metadata: serde_json::Map<String, serde_json::Value>,
@@ -52,8 +53,8 @@ impl NewRecord {
     pub fn new(
         channel: ChannelId,
         kind: RecordKind,
-        author: impl Into<String>,
-        content: impl Into<String>,
+        author: impl Into<Text>,
+        content: impl Into<Text>,
         at: Timestamp,
     ) -> Self {
         Self {

@@ -5,6 +5,7 @@ use futures::future::join_all;
 use super::support::{ConformanceError, UNUSUAL_TEXT, agent, ensure, ensure_eq, large_text, ok};
 use crate::channel::{ChannelRecord, ChannelStore, NewRecord, RecordKind};
 use crate::ids::{AgentId, ChannelId};
+use crate::text::Text;
 use crate::time::Timestamp;
 
 #[doc(hidden)]
@@ -245,13 +246,13 @@ pub async fn channel_store_round_trip(store: &dyn ChannelStore) -> Result<(), Co
             channel: channel.clone(),
             kind,
             author: if i == 0 {
-                String::new()
+                Text::default()
             } else {
                 UNUSUAL_TEXT.into()
             },
             content: match i {
-                0 => String::new(),
-                1 => large_text(),
+                0 => Text::default(),
+                1 => large_text().into(),
                 _ => UNUSUAL_TEXT.into(),
             },
             metadata: if i % 2 == 0 {

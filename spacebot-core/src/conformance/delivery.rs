@@ -695,7 +695,7 @@ pub async fn stores_concurrent_commits_are_all_or_nothing(
     }
     let mut recorded: Vec<String> = ok!(channels.history(a, channel, None))
         .into_iter()
-        .map(|r| r.record.content)
+        .map(|r| r.record.content.into_string())
         .collect();
     recorded.sort();
     let mut expected: Vec<String> = (0..N).map(|i| format!("r{i}")).collect();

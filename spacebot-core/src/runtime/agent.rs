@@ -307,7 +307,11 @@ fn user_record(envelope: &Envelope) -> NewRecord {
     record
 }
 
-fn system_record(channel: &ChannelId, text: impl Into<String>, org: &OrgInner) -> NewRecord {
+fn system_record(
+    channel: &ChannelId,
+    text: impl Into<crate::text::Text>,
+    org: &OrgInner,
+) -> NewRecord {
     NewRecord::new(
         channel.clone(),
         RecordKind::System,
@@ -844,7 +848,7 @@ pub(crate) async fn run_turn(
     log.flush_records(inner, &me).await;
     let system = cached_system_prompt(inner, agent, &channel).map_err(|e| failure(e, &frames))?;
     let mut messages = Vec::with_capacity(history.len() + 4);
-    messages.push(ChatMessage::system(system.to_string()));
+    messages.push(ChatMessage::system(system));
     messages.extend(history::into_messages(history));
     messages.push(ChatMessage::user(merge_backlog(&frames[0].envelopes)));
 

@@ -29,7 +29,7 @@ pub(crate) fn into_messages(records: Vec<ChannelRecord>) -> Vec<ChatMessage> {
                 RecordKind::User => Some(ChatMessage::user(if rec.author == "user" {
                     rec.content
                 } else {
-                    ["[", &rec.author, "] ", &rec.content].concat()
+                    ["[", &rec.author, "] ", &rec.content].concat().into()
                 })),
                 RecordKind::Assistant => Some(ChatMessage::assistant(rec.content)),
                 RecordKind::Sent => {
