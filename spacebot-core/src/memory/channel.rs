@@ -45,6 +45,20 @@ impl MemoryChannelStore {
     }
 }
 
+impl MemoryChannelStore {
+    /// [`append_all`](Self::append_all) of records the caller gives away: moved, not copied.
+    pub(crate) fn append_owned(&self, agent: &AgentId, records: Vec<NewRecord>) {
+        if records.is_empty() {
+            return;
+        }
+        let mut agents = lock(&self.agents);
+        let state = agents.entry(agent.clone()).or_default();
+        for record in records {
+            state.push(agent, record);
+        }
+    }
+}
+
 impl AgentChannels {
     /// Appends one record with the next sequence number and returns it as stored.
     fn push(&mut self, agent: &AgentId, record: NewRecord) -> &ChannelRecord {

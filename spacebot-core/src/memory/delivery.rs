@@ -121,4 +121,24 @@ impl DeliveryStore for MemoryDeliveryStore {
         self.channels.append_all(agent, &commit.records);
         Ok(())
     }
+
+    async fn commit_owned(
+        &self,
+        agent: &AgentId,
+        commit: TurnCommit,
+        _now: Timestamp,
+    ) -> Result<(), (StoreError, TurnCommit)> {
+        if commit.is_empty() {
+            return Ok(());
+        }
+        let mut agents = lock(&self.agents);
+        let state = agents.entry(agent.clone()).or_default();
+        if !commit.consumed.is_empty() {
+            state.pending.retain(|e| !commit.consumed.contains(&e.id));
+        }
+        state.applied.extend(commit.applied);
+        // Moved, not copied: the records (and their metadata maps) go into the channel store.
+        self.channels.append_owned(agent, commit.records);
+        Ok(())
+    }
 }

@@ -109,10 +109,10 @@ impl TurnLog {
             records: std::mem::take(&mut self.commit.records),
             ..TurnCommit::default()
         };
-        if let Err(e) = org
+        if let Err((e, records)) = org
             .stores
             .deliveries
-            .commit(agent, &records, org.clock.now())
+            .commit_owned(agent, records, org.clock.now())
             .await
         {
             // Kept for the turn's commit, which retries.
