@@ -9,7 +9,7 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -28,6 +28,7 @@ use crate::runtime::history;
 use crate::runtime::outbound::{Outbound, OutboundError, Reply, ReplyKind};
 use crate::runtime::queue::AgentQueue;
 use crate::runtime::steer::{merge_backlog, source_label};
+use crate::text::Text;
 use crate::tools::{ToolCapability, ToolContext};
 
 /// How many history records of a channel a turn sends to the model.
@@ -264,11 +265,22 @@ async fn commit(org: &OrgInner, agent: &AgentRuntime, log: TurnLog) {
     agent.forget(&log.commit.consumed);
 }
 
-fn author_of(source: &Source) -> String {
+/// The authors `user` and `system`, made once per process (a clone is a reference count).
+fn fixed_author(user: bool) -> Text {
+    static USER: OnceLock<Text> = OnceLock::new();
+    static SYSTEM: OnceLock<Text> = OnceLock::new();
+    if user {
+        USER.get_or_init(|| Text::from("user")).clone()
+    } else {
+        SYSTEM.get_or_init(|| Text::from("system")).clone()
+    }
+}
+
+fn author_of(source: &Source) -> Text {
     match source {
-        Source::External { .. } => "user".to_string(),
-        Source::Internal { from_agent, .. } => format!("agent {from_agent}"),
-        Source::System => "system".to_string(),
+        Source::External { .. } => fixed_author(true),
+        Source::Internal { from_agent, .. } => ["agent ", from_agent.as_str()].concat().into(),
+        Source::System => fixed_author(false),
     }
 }
 
@@ -315,7 +327,7 @@ fn system_record(
     NewRecord::new(
         channel.clone(),
         RecordKind::System,
-        "system",
+        fixed_author(false),
         text,
         org.clock.now(),
     )
@@ -907,7 +919,7 @@ pub(crate) async fn run_turn(
             log.record(NewRecord::new(
                 reply_channel.clone(),
                 RecordKind::Assistant,
-                me.as_str(),
+                &me,
                 text.clone(),
                 inner.clock.now(),
             ));
@@ -1199,7 +1211,7 @@ fn tool_called(
     log.record(NewRecord::new(
         channel.clone(),
         RecordKind::Tool,
-        me.as_str(),
+        me,
         format!("{}({}) -> {}", call.name, call.arguments, text),
         inner.clock.now(),
     ));
