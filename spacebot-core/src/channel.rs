@@ -80,6 +80,18 @@ pub struct ChannelRecord {
     pub record: NewRecord,
 }
 
+/// What a model sees of a stored record: its kind, author and text
+/// ([`ChannelStore::history_texts`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HistoryText {
+    /// The role.
+    pub kind: RecordKind,
+    /// Who wrote it.
+    pub author: Text,
+    /// The text.
+    pub content: Text,
+}
+
 /// Storage of channel histories, per agent.
 ///
 /// # Contract
@@ -104,17 +116,26 @@ pub trait ChannelStore: Send + Sync + fmt::Debug {
         channel: &ChannelId,
         limit: Option<usize>,
     ) -> Result<Vec<ChannelRecord>, StoreError>;
-    /// [`history`](Self::history) for a model's input: the same records in the same order, except
-    /// that their metadata may be left empty. A turn reads its channel's history with it. The
-    /// default calls `history`; a store that can skip copying or decoding the metadata overrides
-    /// it (the memory store does).
-    async fn history_without_metadata(
+    /// [`history`](Self::history) for a model's input: the kind, author and text of the same
+    /// records in the same order (the rest of each record left out). A turn reads its channel's
+    /// history with it. The default calls `history`; a store that can hand out its texts without
+    /// building whole records overrides it (the memory store shares them: no copy).
+    async fn history_texts(
         &self,
         agent: &AgentId,
         channel: &ChannelId,
         limit: Option<usize>,
-    ) -> Result<Vec<ChannelRecord>, StoreError> {
-        self.history(agent, channel, limit).await
+    ) -> Result<Vec<HistoryText>, StoreError> {
+        Ok(self
+            .history(agent, channel, limit)
+            .await?
+            .into_iter()
+            .map(|r| HistoryText {
+                kind: r.record.kind,
+                author: r.record.author,
+                content: r.record.content,
+            })
+            .collect())
     }
     /// Registers a channel.
     async fn ensure_channel(&self, agent: &AgentId, channel: &ChannelId) -> Result<(), StoreError>;
@@ -142,15 +163,13 @@ impl<T: ChannelStore + ?Sized> ChannelStore for std::sync::Arc<T> {
     ) -> Result<Vec<ChannelRecord>, StoreError> {
         (**self).history(agent, channel, limit).await
     }
-    async fn history_without_metadata(
+    async fn history_texts(
         &self,
         agent: &AgentId,
         channel: &ChannelId,
         limit: Option<usize>,
-    ) -> Result<Vec<ChannelRecord>, StoreError> {
-        (**self)
-            .history_without_metadata(agent, channel, limit)
-            .await
+    ) -> Result<Vec<HistoryText>, StoreError> {
+        (**self).history_texts(agent, channel, limit).await
     }
     async fn ensure_channel(&self, agent: &AgentId, channel: &ChannelId) -> Result<(), StoreError> {
         (**self).ensure_channel(agent, channel).await

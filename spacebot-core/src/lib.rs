@@ -90,7 +90,7 @@ pub mod rt;
 pub mod testing;
 
 pub use bus::{EventBus, EventSubscription};
-pub use channel::{ChannelRecord, ChannelStore, NewRecord, RecordKind};
+pub use channel::{ChannelRecord, ChannelStore, HistoryText, NewRecord, RecordKind};
 pub use config::{ConfigError, OrgConfig};
 pub use conversation::{Conversation, ConversationStore};
 pub use envelope::{DeliveryStore, Envelope, EnvelopeKind, Source, TaskWork, TurnCommit};

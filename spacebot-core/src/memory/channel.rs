@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 
 use super::lock;
-use crate::channel::{ChannelRecord, ChannelStore, NewRecord};
+use crate::channel::{ChannelRecord, ChannelStore, HistoryText, NewRecord};
 use crate::error::StoreError;
 use crate::ids::{AgentId, ChannelId};
 
@@ -103,31 +103,24 @@ impl ChannelStore for MemoryChannelStore {
         Ok(records[skip..].to_vec())
     }
 
-    async fn history_without_metadata(
+    async fn history_texts(
         &self,
         agent: &AgentId,
         channel: &ChannelId,
         limit: Option<usize>,
-    ) -> Result<Vec<ChannelRecord>, StoreError> {
+    ) -> Result<Vec<HistoryText>, StoreError> {
         let agents = lock(&self.agents);
         let Some(records) = agents.get(agent).and_then(|a| a.channels.get(channel)) else {
             return Ok(Vec::new());
         };
         let skip = limit.map_or(0, |l| records.len().saturating_sub(l));
-        // Without the metadata maps: copying and dropping them was most of a turn's history read.
+        // The texts are shared, not copied; no metadata map, id or channel is cloned.
         Ok(records[skip..]
             .iter()
-            .map(|r| ChannelRecord {
-                seq: r.seq,
-                agent: r.agent.clone(),
-                record: NewRecord {
-                    channel: r.record.channel.clone(),
-                    kind: r.record.kind,
-                    author: r.record.author.clone(),
-                    content: r.record.content.clone(),
-                    metadata: serde_json::Map::new(),
-                    at: r.record.at,
-                },
+            .map(|r| HistoryText {
+                kind: r.record.kind,
+                author: r.record.author.clone(),
+                content: r.record.content.clone(),
             })
             .collect())
     }

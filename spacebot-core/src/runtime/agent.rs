@@ -847,7 +847,7 @@ pub(crate) async fn run_turn(
         inner
             .stores
             .channels
-            .history_without_metadata(&me, &channel, Some(HISTORY_LIMIT))
+            .history_texts(&me, &channel, Some(HISTORY_LIMIT))
     })
     .await
     .map_err(|e| failure(e, &frames))?;
