@@ -61,6 +61,7 @@ pub mod dialogue;
 pub mod envelope;
 pub mod error;
 pub mod event;
+mod fasthash;
 pub mod ids;
 pub mod link;
 pub mod llm;

@@ -1,6 +1,6 @@
 //! The in-memory [`ChannelStore`].
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use async_trait::async_trait;
@@ -22,7 +22,7 @@ struct AgentChannels {
 /// A [`ChannelStore`] in process memory. Sequence numbers start at 1 per agent.
 #[derive(Debug, Default)]
 pub struct MemoryChannelStore {
-    agents: Mutex<HashMap<AgentId, AgentChannels>>,
+    agents: Mutex<crate::fasthash::FastMap<AgentId, AgentChannels>>,
 }
 
 impl MemoryChannelStore {

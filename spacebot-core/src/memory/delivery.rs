@@ -1,6 +1,6 @@
 //! The in-memory [`DeliveryStore`].
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -31,7 +31,7 @@ struct AgentDeliveries {
 /// the channel store together, under one hold of its lock.
 #[derive(Debug, Default)]
 pub struct MemoryDeliveryStore {
-    agents: Mutex<HashMap<AgentId, AgentDeliveries>>,
+    agents: Mutex<crate::fasthash::FastMap<AgentId, AgentDeliveries>>,
     channels: Arc<MemoryChannelStore>,
 }
 
