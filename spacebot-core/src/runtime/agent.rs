@@ -305,9 +305,7 @@ fn user_record(envelope: &Envelope) -> NewRecord {
     );
     // Where replies in this channel go, kept with the history: a retrigger answered after a
     // restart (or in another process) still reaches the application's user.
-    if matches!(envelope.source, Source::External { .. })
-        && let Ok(source) = serde_json::to_value(&envelope.source)
-    {
+    if let Some(source) = external_source_value(&envelope.source) {
         record.metadata.insert(META_REPLY_SOURCE.into(), source);
     }
     if let Some(conversation) = &envelope.conversation {
@@ -317,6 +315,29 @@ fn user_record(envelope: &Envelope) -> NewRecord {
         );
     }
     record
+}
+
+/// An external source as JSON, as `serde_json::to_value` writes it (`{"source": "external",
+/// "platform": ..., "reply_target": ...}`), built directly: once per user message.
+fn external_source_value(source: &Source) -> Option<serde_json::Value> {
+    let Source::External {
+        platform,
+        reply_target,
+    } = source
+    else {
+        return None;
+    };
+    let mut map = serde_json::Map::new();
+    map.insert("source".into(), serde_json::Value::from("external"));
+    map.insert(
+        "platform".into(),
+        serde_json::Value::from(platform.as_str()),
+    );
+    map.insert(
+        "reply_target".into(),
+        serde_json::Value::from(reply_target.as_str()),
+    );
+    Some(serde_json::Value::Object(map))
 }
 
 fn system_record(
@@ -1301,5 +1322,27 @@ impl Outbound for ParentOutbound {
         org.enqueue(&self.parent, envelope, true)
             .await
             .map_err(|e| OutboundError::Closed(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_external_source_is_written_as_serde_writes_it() {
+        let source = Source::External {
+            platform: "portal".into(),
+            reply_target: "u \"1\"".into(),
+        };
+        assert_eq!(
+            external_source_value(&source),
+            serde_json::to_value(&source).ok()
+        );
+        let back: Source =
+            serde_json::from_value(external_source_value(&source).unwrap_or_default())
+                .unwrap_or(Source::System);
+        assert_eq!(back, source);
+        assert_eq!(external_source_value(&Source::System), None);
     }
 }
