@@ -20,7 +20,10 @@
 //!   chain (as in `durable_delegation`) after 100 earlier round trips on the same agents and after
 //!   20,000 (`SPACEBOT_BENCH_HISTORY` sets another count), on two organizations built first and
 //!   then measured one right after the other. A round trip must cost about the same however long
-//!   the boards and channels already are;
+//!   the boards and channels already are. After criterion's figures, the two are measured again
+//!   in alternation (pairs of 20-round-trip blocks, `SPACEBOT_BENCH_PAIRS` pairs, 15 by default)
+//!   and the medians and the median per-pair ratio are printed (`.../interleaved` on stderr);
+//!   `SPACEBOT_BENCH_HISTORY_BACKENDS=redb` builds and measures only redb;
 //! - `durable_store_persist/{backend}/64_concurrent`: the stores alone, 64 concurrent
 //!   `DeliveryStore::persist` calls to one agent's database (what group commit is for);
 //! - `raw_fsync/write_4k_sync_data`: write 4 KiB at the start of a temporary file and
@@ -327,7 +330,16 @@ fn history(c: &mut Criterion) {
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(20_000);
+    // `SPACEBOT_BENCH_HISTORY_BACKENDS=redb` (or `sqlite_normal`) builds and measures only that
+    // backend (building 20,000 durable round trips takes minutes, whatever the filter).
+    let only = std::env::var("SPACEBOT_BENCH_HISTORY_BACKENDS").ok();
     for backend in [Backend::SqliteNormal, Backend::Redb] {
+        if only
+            .as_deref()
+            .is_some_and(|o| !o.split(',').any(|n| n.trim() == backend.name()))
+        {
+            continue;
+        }
         let mut built = Vec::new();
         for earlier in [100, long] {
             let set_up = Instant::now();
@@ -357,11 +369,65 @@ fn history(c: &mut Criterion) {
                 })
             });
         }
+        interleaved(&rt, backend, &mut built);
         for (_, running) in built {
             rt.block_on(running.stop());
         }
     }
     group.finish();
+}
+
+/// The two organizations of `durable_history` measured in alternation: pairs of blocks of round
+/// trips, one block on each (which one goes first alternates), so that a change in the machine's
+/// load or in the disk's other traffic hits both alike. Prints the median round trip of each and
+/// the median of the per-pair ratios (`SPACEBOT_BENCH_PAIRS` pairs, 15 by default, of 20 round
+/// trips per block).
+fn interleaved(rt: &Runtime, backend: Backend, built: &mut [(usize, Running)]) {
+    const BLOCK: u32 = 20;
+    let pairs: usize = std::env::var("SPACEBOT_BENCH_PAIRS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(15);
+    let [(short_n, short), (long_n, long)] = built else {
+        return;
+    };
+    let block = |running: &mut Running| {
+        rt.block_on(async {
+            let start = Instant::now();
+            for _ in 0..BLOCK {
+                running.round_trips(1).await;
+            }
+            start.elapsed().as_secs_f64() * 1e3 / f64::from(BLOCK)
+        })
+    };
+    let (mut shorts, mut longs, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    for pair in 0..pairs {
+        let (s, l) = if pair % 2 == 0 {
+            let s = block(short);
+            (s, block(long))
+        } else {
+            let l = block(long);
+            (block(short), l)
+        };
+        shorts.push(s);
+        longs.push(l);
+        ratios.push(l / s);
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+    };
+    let (s, l, r) = (median(&mut shorts), median(&mut longs), median(&mut ratios));
+    let (lowest, highest) = (
+        ratios.first().copied().unwrap_or(f64::NAN),
+        ratios.last().copied().unwrap_or(f64::NAN),
+    );
+    eprintln!(
+        "durable_history/{}/interleaved: {pairs} pairs of {BLOCK} round trips: after {short_n} \
+         median {s:.2} ms, after {long_n} median {l:.2} ms, median pair ratio {r:.2} (ratios \
+         {lowest:.2} to {highest:.2})",
+        backend.name(),
+    );
 }
 
 /// The stores alone: 64 concurrent `DeliveryStore::persist` calls to one agent's database, until

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::StoreError;
 use crate::ids::{AgentId, ChannelId};
 use crate::link::text_enum;
+use crate::text::Text;
 use crate::time::Timestamp;
 
 /// The role of a history record.
@@ -37,9 +38,9 @@ pub struct NewRecord {
     /// The role.
     pub kind: RecordKind,
     /// Who wrote it (an agent id, `user`, `system`).
-    pub author: String,
-    /// The text.
-    pub content: String,
+    pub author: Text,
+    /// The text (shared: a history read hands it out without a copy).
+    pub content: Text,
     /// Free-form metadata (task number, link id, ...).
     #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
     pub metadata: serde_json::Map<String, serde_json::Value>,
@@ -52,8 +53,8 @@ impl NewRecord {
     pub fn new(
         channel: ChannelId,
         kind: RecordKind,
-        author: impl Into<String>,
-        content: impl Into<String>,
+        author: impl Into<Text>,
+        content: impl Into<Text>,
         at: Timestamp,
     ) -> Self {
         Self {
@@ -77,6 +78,18 @@ pub struct ChannelRecord {
     /// The record.
     #[serde(flatten)]
     pub record: NewRecord,
+}
+
+/// What a model sees of a stored record: its kind, author and text
+/// ([`ChannelStore::history_texts`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HistoryText {
+    /// The role.
+    pub kind: RecordKind,
+    /// Who wrote it.
+    pub author: Text,
+    /// The text.
+    pub content: Text,
 }
 
 /// Storage of channel histories, per agent.
@@ -103,17 +116,26 @@ pub trait ChannelStore: Send + Sync + fmt::Debug {
         channel: &ChannelId,
         limit: Option<usize>,
     ) -> Result<Vec<ChannelRecord>, StoreError>;
-    /// [`history`](Self::history) for a model's input: the same records in the same order, except
-    /// that their metadata may be left empty. A turn reads its channel's history with it. The
-    /// default calls `history`; a store that can skip copying or decoding the metadata overrides
-    /// it (the memory store does).
-    async fn history_without_metadata(
+    /// [`history`](Self::history) for a model's input: the kind, author and text of the same
+    /// records in the same order (the rest of each record left out). A turn reads its channel's
+    /// history with it. The default calls `history`; a store that can hand out its texts without
+    /// building whole records overrides it (the memory store shares them: no copy).
+    async fn history_texts(
         &self,
         agent: &AgentId,
         channel: &ChannelId,
         limit: Option<usize>,
-    ) -> Result<Vec<ChannelRecord>, StoreError> {
-        self.history(agent, channel, limit).await
+    ) -> Result<Vec<HistoryText>, StoreError> {
+        Ok(self
+            .history(agent, channel, limit)
+            .await?
+            .into_iter()
+            .map(|r| HistoryText {
+                kind: r.record.kind,
+                author: r.record.author,
+                content: r.record.content,
+            })
+            .collect())
     }
     /// Registers a channel.
     async fn ensure_channel(&self, agent: &AgentId, channel: &ChannelId) -> Result<(), StoreError>;
@@ -141,15 +163,13 @@ impl<T: ChannelStore + ?Sized> ChannelStore for std::sync::Arc<T> {
     ) -> Result<Vec<ChannelRecord>, StoreError> {
         (**self).history(agent, channel, limit).await
     }
-    async fn history_without_metadata(
+    async fn history_texts(
         &self,
         agent: &AgentId,
         channel: &ChannelId,
         limit: Option<usize>,
-    ) -> Result<Vec<ChannelRecord>, StoreError> {
-        (**self)
-            .history_without_metadata(agent, channel, limit)
-            .await
+    ) -> Result<Vec<HistoryText>, StoreError> {
+        (**self).history_texts(agent, channel, limit).await
     }
     async fn ensure_channel(&self, agent: &AgentId, channel: &ChannelId) -> Result<(), StoreError> {
         (**self).ensure_channel(agent, channel).await

@@ -422,10 +422,8 @@ impl Organization {
             "{} assigned task #{} to {}: {}",
             from, task.number, target_id, task.title
         );
-        self.audit_pair(from, &target_id, &text, &task).await;
-        if let Some(key) = &applied_key {
-            inner.stores.deliveries.mark_applied(from, key, now).await?;
-        }
+        self.audit_pair(from, &target_id, &text, &task, applied_key)
+            .await?;
         self.ring(&target_id);
         Ok(task)
     }
@@ -457,28 +455,59 @@ impl Organization {
             .collect()
     }
 
-    /// Writes a system record to both sides of the link channel between `a` and `b`.
-    async fn audit_pair(&self, a: &AgentId, b: &AgentId, text: &str, task: &Task) {
-        let now = self.inner.clock.now();
-        for (owner, peer) in [(a, b), (b, a)] {
+    /// Writes a system record to both sides of the link channel between `a` (the delegator) and
+    /// `b`: `b`'s side first, then `a`'s side together with `a`'s applied key (one commit), so the
+    /// key is marked only once both records are written. A failure to write `b`'s side is
+    /// reported; a failure of `a`'s commit is returned when it carried a key (the delegation is
+    /// then not marked done), reported otherwise.
+    async fn audit_pair(
+        &self,
+        a: &AgentId,
+        b: &AgentId,
+        text: &str,
+        task: &Task,
+        applied_key: Option<String>,
+    ) -> Result<(), StoreError> {
+        let inner = &self.inner;
+        let now = inner.clock.now();
+        let text = crate::text::Text::from(text);
+        let task_ref = serde_json::Value::String(task.task_ref().to_string());
+        let record = |owner: &AgentId, peer: &AgentId| {
             let mut record = NewRecord::new(
                 ChannelId::link(owner, peer),
                 RecordKind::System,
                 "system",
-                text,
+                text.clone(),
                 now,
             );
-            record.metadata.insert(
-                "task".into(),
-                serde_json::Value::String(task.task_ref().to_string()),
+            record.metadata.insert("task".into(), task_ref.clone());
+            record
+        };
+        if let Err(e) = inner.stores.channels.append(b, record(b, a)).await {
+            crate::runtime::agent::report_error(
+                inner,
+                b,
+                None,
+                format!("link record not written: {e}"),
             );
-            if let Err(e) = self.inner.stores.channels.append(owner, record).await {
+        }
+        let keyed = applied_key.is_some();
+        let commit = crate::envelope::TurnCommit {
+            records: vec![record(a, b)],
+            applied: applied_key.into_iter().collect(),
+            ..Default::default()
+        };
+        match inner.stores.deliveries.commit_owned(a, commit, now).await {
+            Ok(()) => Ok(()),
+            Err((e, _)) if keyed => Err(e),
+            Err((e, _)) => {
                 crate::runtime::agent::report_error(
-                    &self.inner,
-                    owner,
+                    inner,
+                    a,
                     None,
                     format!("link record not written: {e}"),
                 );
+                Ok(())
             }
         }
     }

@@ -242,6 +242,21 @@ pub trait DeliveryStore: Send + Sync + fmt::Debug {
         commit: &TurnCommit,
         now: Timestamp,
     ) -> Result<(), StoreError>;
+    /// [`commit`](Self::commit) of a commit the caller gives away: a store that keeps what it is
+    /// given in memory moves it instead of copying it. On failure the commit is handed back with
+    /// the error, so the caller can try it again. The default calls `commit`; the memory store
+    /// overrides it.
+    async fn commit_owned(
+        &self,
+        agent: &AgentId,
+        commit: TurnCommit,
+        now: Timestamp,
+    ) -> Result<(), (StoreError, TurnCommit)> {
+        match self.commit(agent, &commit, now).await {
+            Ok(()) => Ok(()),
+            Err(e) => Err((e, commit)),
+        }
+    }
 }
 
 /// Everything one turn of an agent writes to that agent's own store, applied in one transaction.
@@ -298,5 +313,13 @@ impl<T: DeliveryStore + ?Sized> DeliveryStore for std::sync::Arc<T> {
         now: Timestamp,
     ) -> Result<(), StoreError> {
         (**self).commit(agent, commit, now).await
+    }
+    async fn commit_owned(
+        &self,
+        agent: &AgentId,
+        commit: TurnCommit,
+        now: Timestamp,
+    ) -> Result<(), (StoreError, TurnCommit)> {
+        (**self).commit_owned(agent, commit, now).await
     }
 }

@@ -64,6 +64,13 @@ macro_rules! string_id {
             }
         }
 
+        impl From<&$name> for crate::text::Text {
+            /// The id's text, shared (no copy).
+            fn from(id: &$name) -> Self {
+                crate::text::Text::from(id.0.clone())
+            }
+        }
+
         impl std::borrow::Borrow<str> for $name {
             fn borrow(&self) -> &str {
                 &self.0
@@ -172,12 +179,14 @@ impl ChannelId {
     /// assert_eq!(ChannelId::link(&a, &b).as_str(), "link:a:b");
     /// ```
     pub fn link(owner: &AgentId, peer: &AgentId) -> Self {
-        Self(format!("link:{owner}:{peer}").into())
+        Self(Arc::from(
+            ["link:", owner.as_str(), ":", peer.as_str()].concat(),
+        ))
     }
 
     /// The application chat channel of an agent: `portal:chat:{agent}`.
     pub fn portal(agent: &AgentId) -> Self {
-        Self(format!("portal:chat:{agent}").into())
+        Self(Arc::from(["portal:chat:", agent.as_str()].concat()))
     }
 
     /// If this is a link channel `link:{owner}:{peer}`, its owner and peer.
@@ -215,7 +224,20 @@ impl EnvelopeId {
             text
         });
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        Self(format!("{prefix}-{n:x}").into())
+        // `{prefix}-{n:x}`, written without the formatting machinery (an id per envelope).
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut buf = [0u8; 24 + 1 + 16];
+        let head = prefix.len().min(24);
+        buf[..head].copy_from_slice(&prefix.as_bytes()[..head]);
+        buf[head] = b'-';
+        let digits = (64 - n.leading_zeros()).div_ceil(4).max(1) as usize;
+        for i in 0..digits {
+            let shift = 4 * (digits - 1 - i);
+            buf[head + 1 + i] = HEX[((n >> shift) & 0xf) as usize];
+        }
+        Self(Arc::from(
+            std::str::from_utf8(&buf[..head + 1 + digits]).unwrap_or_default(),
+        ))
     }
 }
 
@@ -292,6 +314,24 @@ mod tests {
             Some((a.clone(), b.clone()))
         );
         assert_eq!(ChannelId::portal(&a).as_link(), None);
+        assert_eq!(ChannelId::link(&a, &b).as_str(), "link:a:b-2");
+        assert_eq!(ChannelId::portal(&a).as_str(), "portal:chat:a");
         assert_eq!(TaskRef::new(a, 7).to_string(), "a#7");
+    }
+
+    #[test]
+    fn envelope_ids_are_a_prefix_and_a_hex_counter() {
+        let ids: Vec<EnvelopeId> = (0..40).map(|_| EnvelopeId::new_random()).collect();
+        let (prefix, _) = ids[0].as_str().split_once('-').unwrap();
+        assert_eq!(prefix.len(), 24);
+        let mut last = None;
+        for id in &ids {
+            let (p, n) = id.as_str().split_once('-').unwrap();
+            assert_eq!(p, prefix);
+            assert!(!n.is_empty() && (n == "0" || !n.starts_with('0')), "{id}");
+            let n = u64::from_str_radix(n, 16).unwrap();
+            assert!(last.is_none_or(|l| n > l), "{id} after {last:?}");
+            last = Some(n);
+        }
     }
 }

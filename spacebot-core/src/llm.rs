@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::envelope::EnvelopeKind;
 use crate::error::LlmError;
 use crate::ids::{AgentId, ChannelId};
+use crate::text::Text;
 
 /// One message of a chat request.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -19,17 +20,17 @@ pub enum ChatMessage {
     /// Instructions.
     System {
         /// Text.
-        content: String,
+        content: Text,
     },
     /// Input (a user, a peer agent, a system retrigger).
     User {
         /// Text.
-        content: String,
+        content: Text,
     },
     /// The model's earlier output.
     Assistant {
         /// Text, if any.
-        content: Option<String>,
+        content: Option<Text>,
         /// Tool calls, if any.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         tool_calls: Vec<ToolCall>,
@@ -39,32 +40,32 @@ pub enum ChatMessage {
         /// The call this answers.
         tool_call_id: String,
         /// The result text.
-        content: String,
+        content: Text,
     },
 }
 
 impl ChatMessage {
     /// A system message.
-    pub fn system(content: impl Into<String>) -> Self {
+    pub fn system(content: impl Into<Text>) -> Self {
         Self::System {
             content: content.into(),
         }
     }
     /// A user message.
-    pub fn user(content: impl Into<String>) -> Self {
+    pub fn user(content: impl Into<Text>) -> Self {
         Self::User {
             content: content.into(),
         }
     }
     /// An assistant text message.
-    pub fn assistant(content: impl Into<String>) -> Self {
+    pub fn assistant(content: impl Into<Text>) -> Self {
         Self::Assistant {
             content: Some(content.into()),
             tool_calls: Vec::new(),
         }
     }
     /// A tool result.
-    pub fn tool(tool_call_id: impl Into<String>, content: impl Into<String>) -> Self {
+    pub fn tool(tool_call_id: impl Into<String>, content: impl Into<Text>) -> Self {
         Self::Tool {
             tool_call_id: tool_call_id.into(),
             content: content.into(),
@@ -238,7 +239,7 @@ impl ChatResponse {
     /// This response as the assistant message to append to the history.
     pub fn to_message(&self) -> ChatMessage {
         ChatMessage::Assistant {
-            content: self.content.clone(),
+            content: self.content.as_deref().map(Text::from),
             tool_calls: self.tool_calls.clone(),
         }
     }

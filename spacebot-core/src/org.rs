@@ -294,10 +294,10 @@ pub(crate) struct AgentRuntime {
     /// Tasks claimed and not finished yet: task number -> lease holder of the claim.
     pub(crate) running_tasks: Mutex<HashMap<u64, String>>,
     /// Envelopes in the queue or in the running turn: a store hand-over skips them.
-    pub(crate) known: Mutex<HashSet<EnvelopeId>>,
+    pub(crate) known: Mutex<crate::fasthash::FastSet<EnvelopeId>>,
     /// Envelopes handed over from the store when the agent started: a delivery racing the start
     /// that pushes one of them again is not queued twice.
-    pub(crate) loaded: Mutex<HashSet<EnvelopeId>>,
+    pub(crate) loaded: Mutex<crate::fasthash::FastSet<EnvelopeId>>,
     /// The last external source seen per channel: a reply to a system message (a retrigger) in that
     /// channel goes to the same place. Kept in memory only.
     pub(crate) reply_sources: Mutex<HashMap<ChannelId, Source>>,
@@ -410,7 +410,7 @@ pub(crate) struct OrgInner {
     pub(crate) settings: Settings,
     pub(crate) tools: ToolRegistry,
     pub(crate) graph: RwLock<Arc<LinkGraph>>,
-    pub(crate) agents: RwLock<HashMap<AgentId, Slot>>,
+    pub(crate) agents: RwLock<crate::fasthash::FastMap<AgentId, Slot>>,
     pub(crate) config: OrgConfig,
     pub(crate) replies: Mutex<Option<mpsc::UnboundedReceiver<Reply>>>,
     pub(crate) child_counter: AtomicU64,
@@ -454,8 +454,9 @@ type PromptKey = (AgentId, Option<AgentId>);
 /// that changes at run time) is the same.
 #[derive(Debug, Default)]
 pub(crate) struct RenderCache {
-    prompts: Mutex<HashMap<PromptKey, Versioned<Arc<str>>>>,
-    definitions: Mutex<HashMap<AgentId, Versioned<Arc<[crate::llm::ToolDefinition]>>>>,
+    prompts: Mutex<crate::fasthash::FastMap<PromptKey, Versioned<Arc<str>>>>,
+    definitions:
+        Mutex<crate::fasthash::FastMap<AgentId, Versioned<Arc<[crate::llm::ToolDefinition]>>>>,
 }
 
 impl RenderCache {
@@ -500,11 +501,15 @@ pub struct Organization {
 }
 
 impl OrgInner {
-    pub(crate) fn read_agents(&self) -> RwLockReadGuard<'_, HashMap<AgentId, Slot>> {
+    pub(crate) fn read_agents(
+        &self,
+    ) -> RwLockReadGuard<'_, crate::fasthash::FastMap<AgentId, Slot>> {
         self.agents.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub(crate) fn write_agents(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<AgentId, Slot>> {
+    pub(crate) fn write_agents(
+        &self,
+    ) -> std::sync::RwLockWriteGuard<'_, crate::fasthash::FastMap<AgentId, Slot>> {
         self.agents.write().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -1128,8 +1133,8 @@ impl Organization {
             worker_rounds: AtomicUsize::new(0),
             busy: AtomicBool::new(false),
             running_tasks: Mutex::new(HashMap::new()),
-            known: Mutex::new(HashSet::new()),
-            loaded: Mutex::new(HashSet::new()),
+            known: Mutex::default(),
+            loaded: Mutex::default(),
             reply_sources: Mutex::new(HashMap::new()),
         });
         {

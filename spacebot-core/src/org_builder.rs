@@ -197,7 +197,7 @@ impl OrganizationBuilder {
                 (Arc::new(o) as Arc<dyn Outbound>, Some(rx))
             }
         };
-        let mut agents = HashMap::new();
+        let mut agents = crate::fasthash::FastMap::default();
         for agent in &config.agents {
             let spec = agent_spec(agent, &self.agent_outbounds, &default_outbound)?;
             agents.insert(agent.id.clone(), Slot::Stopped(Arc::new(spec)));

@@ -141,7 +141,7 @@ fn last_user(req: &ChatRequest) -> String {
         .iter()
         .rev()
         .find_map(|m| match m {
-            ChatMessage::User { content } => Some(content.clone()),
+            ChatMessage::User { content } => Some(content.to_string()),
             _ => None,
         })
         .unwrap_or_default()

@@ -101,7 +101,7 @@ fn last_user(messages: &[ChatMessage]) -> String {
         .iter()
         .rev()
         .find_map(|m| match m {
-            ChatMessage::User { content } => Some(content.clone()),
+            ChatMessage::User { content } => Some(content.to_string()),
             _ => None,
         })
         .unwrap_or_default()

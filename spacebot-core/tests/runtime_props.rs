@@ -49,7 +49,7 @@ fn last_user(call: &PendingCall) -> String {
         .iter()
         .rev()
         .find_map(|m| match m {
-            ChatMessage::User { content } => Some(content.clone()),
+            ChatMessage::User { content } => Some(content.to_string()),
             _ => None,
         })
         .unwrap_or_default()
@@ -273,7 +273,7 @@ async fn run(steps: Vec<Step>) {
             .iter()
             .rev()
             .find_map(|m| match m {
-                ChatMessage::User { content } => Some(content.clone()),
+                ChatMessage::User { content } => Some(content.to_string()),
                 _ => None,
             })
             .unwrap_or_default();

@@ -362,8 +362,8 @@ impl From<ChannelRecord> for RecordView {
             seq: r.seq,
             channel: r.record.channel.to_string(),
             kind: r.record.kind.to_string(),
-            author: r.record.author,
-            content: r.record.content,
+            author: r.record.author.into(),
+            content: r.record.content.into(),
             metadata: r.record.metadata,
             at: r.record.at.0,
         }

@@ -232,7 +232,7 @@ fn arb_message() -> impl Strategy<Value = ChatMessage> {
             prop::collection::vec(arb_call(), 0..3)
         )
             .prop_map(|(content, tool_calls)| ChatMessage::Assistant {
-                content,
+                content: content.map(Into::into),
                 tool_calls
             }),
         ("[a-z0-9_]{1,12}", arb_text()).prop_map(|(id, text)| ChatMessage::tool(id, text)),

@@ -34,8 +34,8 @@ fn decode(location: &str, agent: &AgentId, row: &PgRow) -> Result<ChannelRecord,
             kind: kind
                 .parse()
                 .map_err(|e: spacebot_core::InvalidInput| r.bad("kind", e))?,
-            author: r.text("author")?,
-            content: r.text("content")?,
+            author: r.text("author")?.into(),
+            content: r.text("content")?.into(),
             metadata: serde_json::from_str(&metadata).map_err(|e| r.bad("metadata", e))?,
             at: Timestamp(r.get("at")?),
         },

@@ -24,8 +24,8 @@ fn decode(location: &str, agent: &AgentId, row: &SqliteRow) -> Result<ChannelRec
             kind: kind
                 .parse()
                 .map_err(|e: spacebot_core::InvalidInput| bad("kind", e.to_string()))?,
-            author: row.try_get("author").map_err(read)?,
-            content: row.try_get("content").map_err(read)?,
+            author: row.try_get::<String, _>("author").map_err(read)?.into(),
+            content: row.try_get::<String, _>("content").map_err(read)?.into(),
             metadata: serde_json::from_str(&metadata)
                 .map_err(|e| bad("metadata", e.to_string()))?,
             at: Timestamp(row.try_get("at").map_err(read)?),
@@ -55,8 +55,8 @@ impl ChannelStore for SqliteChannelStore {
         let (channel, kind, author, content, at) = (
             record.channel.as_str().to_string(),
             record.kind.as_str(),
-            record.author.clone(),
-            record.content.clone(),
+            record.author.to_string(),
+            record.content.to_string(),
             record.at.0,
         );
         let location = db.location.clone();

@@ -157,8 +157,8 @@ impl DeliveryStore for SqliteDeliveryStore {
                 (
                     r.channel.as_str().to_string(),
                     r.kind.as_str(),
-                    r.author.clone(),
-                    r.content.clone(),
+                    r.author.to_string(),
+                    r.content.to_string(),
                     metadata,
                     r.at.0,
                 )

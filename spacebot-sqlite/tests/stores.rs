@@ -767,7 +767,7 @@ async fn channels_and_deliveries_keep_order_and_apply_keys_once() {
         .await
         .unwrap()
         .into_iter()
-        .map(|r| r.record.content)
+        .map(|r| r.record.content.into_string())
         .collect();
     assert_eq!(last_two, ["m2", "m4"]);
     assert_eq!(

@@ -300,7 +300,7 @@ pub async fn reopening_keeps_history_budget_rules_and_initiated_from(stores: Sto
             | ChatMessage::Assistant {
                 content: Some(content),
                 ..
-            } => Some(content.clone()),
+            } => Some(content.to_string()),
             _ => None,
         })
         .collect();

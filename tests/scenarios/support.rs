@@ -54,7 +54,7 @@ pub fn last_user_text(req: &ChatRequest) -> String {
         .iter()
         .rev()
         .find_map(|m| match m {
-            ChatMessage::User { content } => Some(content.clone()),
+            ChatMessage::User { content } => Some(content.to_string()),
             _ => None,
         })
         .unwrap_or_default()
@@ -65,7 +65,7 @@ pub fn tool_results(req: &ChatRequest) -> Vec<String> {
     req.messages
         .iter()
         .filter_map(|m| match m {
-            ChatMessage::Tool { content, .. } => Some(content.clone()),
+            ChatMessage::Tool { content, .. } => Some(content.to_string()),
             _ => None,
         })
         .collect()
@@ -139,7 +139,7 @@ impl Look for OrgHarness {
         self.history(owner, &link(owner, peer))
             .await
             .into_iter()
-            .map(|r| r.record.content)
+            .map(|r| r.record.content.into_string())
             .collect()
     }
 
@@ -148,7 +148,7 @@ impl Look for OrgHarness {
             .await
             .into_iter()
             .filter(|r| r.record.kind != RecordKind::Tool)
-            .map(|r| (r.record.kind, r.record.content))
+            .map(|r| (r.record.kind, r.record.content.into_string()))
             .collect()
     }
 

@@ -496,7 +496,8 @@ async fn ensure_no_history(
 /// Through a [`Stores`] bundle: a commit's records land in the bundle's channel store, appended in
 /// the commit's order after what was there (as `ChannelStore::append` would: increasing sequence
 /// numbers, the channels become known), together with the removal of the consumed envelopes and the
-/// applied keys; later appends come after them.
+/// applied keys; later appends come after them. The same holds for
+/// [`commit_owned`](crate::envelope::DeliveryStore::commit_owned).
 pub async fn stores_commit_appends_records_in_order(
     stores: &Stores,
 ) -> Result<(), ConformanceError> {
@@ -579,6 +580,41 @@ pub async fn stores_commit_appends_records_in_order(
     ensure!(
         ok!(channels.history(&agent("beta")?, &x, None)).is_empty(),
         "another agent's history is untouched"
+    );
+    // The same through `commit_owned` (a commit given away, as a turn writes its records).
+    let e2 = envelope(&a, "again", 12);
+    ok!(deliveries.persist(&a, &e2));
+    let owned = vec![
+        commit_record(&a, &x, "owned one", 12),
+        commit_record(&a, &y, "owned two", 12),
+    ];
+    let commit = TurnCommit {
+        consumed: vec![e2.id.clone()],
+        records: owned.clone(),
+        applied: vec![format!("{}:reply", e2.id)],
+    };
+    ok!(async {
+        deliveries
+            .commit_owned(&a, commit, Timestamp(12))
+            .await
+            .map_err(|(e, _)| e)
+    });
+    let tail_x = ok!(channels.history(&a, &x, Some(2)));
+    ensure_eq!(
+        tail_x.iter().map(|r| r.record.clone()).collect::<Vec<_>>(),
+        vec![after.record.clone(), owned[0].clone()],
+        "commit_owned appends after what was there"
+    );
+    let tail_y = ok!(channels.history(&a, &y, None));
+    ensure_eq!(
+        tail_y.iter().map(|r| r.record.clone()).collect::<Vec<_>>(),
+        vec![records[1].clone(), owned[1].clone()],
+        "commit_owned writes to every channel of the commit"
+    );
+    ensure!(
+        ok!(deliveries.pending(&a)).is_empty()
+            && ok!(deliveries.is_applied(&a, &format!("{}:reply", e2.id))),
+        "commit_owned removes the consumed envelope and applies the key"
     );
     Ok(())
 }
@@ -695,7 +731,7 @@ pub async fn stores_concurrent_commits_are_all_or_nothing(
     }
     let mut recorded: Vec<String> = ok!(channels.history(a, channel, None))
         .into_iter()
-        .map(|r| r.record.content)
+        .map(|r| r.record.content.into_string())
         .collect();
     recorded.sort();
     let mut expected: Vec<String> = (0..N).map(|i| format!("r{i}")).collect();

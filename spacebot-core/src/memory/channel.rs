@@ -1,12 +1,12 @@
 //! The in-memory [`ChannelStore`].
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use async_trait::async_trait;
 
 use super::lock;
-use crate::channel::{ChannelRecord, ChannelStore, NewRecord};
+use crate::channel::{ChannelRecord, ChannelStore, HistoryText, NewRecord};
 use crate::error::StoreError;
 use crate::ids::{AgentId, ChannelId};
 
@@ -22,7 +22,7 @@ struct AgentChannels {
 /// A [`ChannelStore`] in process memory. Sequence numbers start at 1 per agent.
 #[derive(Debug, Default)]
 pub struct MemoryChannelStore {
-    agents: Mutex<HashMap<AgentId, AgentChannels>>,
+    agents: Mutex<crate::fasthash::FastMap<AgentId, AgentChannels>>,
 }
 
 impl MemoryChannelStore {
@@ -41,6 +41,20 @@ impl MemoryChannelStore {
         let state = agents.entry(agent.clone()).or_default();
         for record in records {
             state.push(agent, record.clone());
+        }
+    }
+}
+
+impl MemoryChannelStore {
+    /// [`append_all`](Self::append_all) of records the caller gives away: moved, not copied.
+    pub(crate) fn append_owned(&self, agent: &AgentId, records: Vec<NewRecord>) {
+        if records.is_empty() {
+            return;
+        }
+        let mut agents = lock(&self.agents);
+        let state = agents.entry(agent.clone()).or_default();
+        for record in records {
+            state.push(agent, record);
         }
     }
 }
@@ -89,31 +103,24 @@ impl ChannelStore for MemoryChannelStore {
         Ok(records[skip..].to_vec())
     }
 
-    async fn history_without_metadata(
+    async fn history_texts(
         &self,
         agent: &AgentId,
         channel: &ChannelId,
         limit: Option<usize>,
-    ) -> Result<Vec<ChannelRecord>, StoreError> {
+    ) -> Result<Vec<HistoryText>, StoreError> {
         let agents = lock(&self.agents);
         let Some(records) = agents.get(agent).and_then(|a| a.channels.get(channel)) else {
             return Ok(Vec::new());
         };
         let skip = limit.map_or(0, |l| records.len().saturating_sub(l));
-        // Without the metadata maps: copying and dropping them was most of a turn's history read.
+        // The texts are shared, not copied; no metadata map, id or channel is cloned.
         Ok(records[skip..]
             .iter()
-            .map(|r| ChannelRecord {
-                seq: r.seq,
-                agent: r.agent.clone(),
-                record: NewRecord {
-                    channel: r.record.channel.clone(),
-                    kind: r.record.kind,
-                    author: r.record.author.clone(),
-                    content: r.record.content.clone(),
-                    metadata: serde_json::Map::new(),
-                    at: r.record.at,
-                },
+            .map(|r| HistoryText {
+                kind: r.record.kind,
+                author: r.record.author.clone(),
+                content: r.record.content.clone(),
             })
             .collect())
     }

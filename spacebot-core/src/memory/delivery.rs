@@ -1,6 +1,6 @@
 //! The in-memory [`DeliveryStore`].
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -31,7 +31,7 @@ struct AgentDeliveries {
 /// the channel store together, under one hold of its lock.
 #[derive(Debug, Default)]
 pub struct MemoryDeliveryStore {
-    agents: Mutex<HashMap<AgentId, AgentDeliveries>>,
+    agents: Mutex<crate::fasthash::FastMap<AgentId, AgentDeliveries>>,
     channels: Arc<MemoryChannelStore>,
 }
 
@@ -119,6 +119,26 @@ impl DeliveryStore for MemoryDeliveryStore {
         }
         state.applied.extend(commit.applied.iter().cloned());
         self.channels.append_all(agent, &commit.records);
+        Ok(())
+    }
+
+    async fn commit_owned(
+        &self,
+        agent: &AgentId,
+        commit: TurnCommit,
+        _now: Timestamp,
+    ) -> Result<(), (StoreError, TurnCommit)> {
+        if commit.is_empty() {
+            return Ok(());
+        }
+        let mut agents = lock(&self.agents);
+        let state = agents.entry(agent.clone()).or_default();
+        if !commit.consumed.is_empty() {
+            state.pending.retain(|e| !commit.consumed.contains(&e.id));
+        }
+        state.applied.extend(commit.applied);
+        // Moved, not copied: the records (and their metadata maps) go into the channel store.
+        self.channels.append_owned(agent, commit.records);
         Ok(())
     }
 }

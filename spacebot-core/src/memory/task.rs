@@ -79,7 +79,7 @@ impl Board {
 /// A [`TaskStore`] in process memory: one board per agent, all behind one lock.
 #[derive(Debug, Default)]
 pub struct MemoryTaskStore {
-    boards: Mutex<HashMap<AgentId, Board>>,
+    boards: Mutex<crate::fasthash::FastMap<AgentId, Board>>,
 }
 
 impl MemoryTaskStore {

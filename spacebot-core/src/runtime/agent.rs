@@ -9,7 +9,7 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -28,6 +28,7 @@ use crate::runtime::history;
 use crate::runtime::outbound::{Outbound, OutboundError, Reply, ReplyKind};
 use crate::runtime::queue::AgentQueue;
 use crate::runtime::steer::{merge_backlog, source_label};
+use crate::text::Text;
 use crate::tools::{ToolCapability, ToolContext};
 
 /// How many history records of a channel a turn sends to the model.
@@ -109,10 +110,10 @@ impl TurnLog {
             records: std::mem::take(&mut self.commit.records),
             ..TurnCommit::default()
         };
-        if let Err(e) = org
+        if let Err((e, records)) = org
             .stores
             .deliveries
-            .commit(agent, &records, org.clock.now())
+            .commit_owned(agent, records, org.clock.now())
             .await
         {
             // Kept for the turn's commit, which retries.
@@ -264,11 +265,22 @@ async fn commit(org: &OrgInner, agent: &AgentRuntime, log: TurnLog) {
     agent.forget(&log.commit.consumed);
 }
 
-fn author_of(source: &Source) -> String {
+/// The authors `user` and `system`, made once per process (a clone is a reference count).
+fn fixed_author(user: bool) -> Text {
+    static USER: OnceLock<Text> = OnceLock::new();
+    static SYSTEM: OnceLock<Text> = OnceLock::new();
+    if user {
+        USER.get_or_init(|| Text::from("user")).clone()
+    } else {
+        SYSTEM.get_or_init(|| Text::from("system")).clone()
+    }
+}
+
+fn author_of(source: &Source) -> Text {
     match source {
-        Source::External { .. } => "user".to_string(),
-        Source::Internal { from_agent, .. } => format!("agent {from_agent}"),
-        Source::System => "system".to_string(),
+        Source::External { .. } => fixed_author(true),
+        Source::Internal { from_agent, .. } => ["agent ", from_agent.as_str()].concat().into(),
+        Source::System => fixed_author(false),
     }
 }
 
@@ -293,9 +305,7 @@ fn user_record(envelope: &Envelope) -> NewRecord {
     );
     // Where replies in this channel go, kept with the history: a retrigger answered after a
     // restart (or in another process) still reaches the application's user.
-    if matches!(envelope.source, Source::External { .. })
-        && let Ok(source) = serde_json::to_value(&envelope.source)
-    {
+    if let Some(source) = external_source_value(&envelope.source) {
         record.metadata.insert(META_REPLY_SOURCE.into(), source);
     }
     if let Some(conversation) = &envelope.conversation {
@@ -307,11 +317,38 @@ fn user_record(envelope: &Envelope) -> NewRecord {
     record
 }
 
-fn system_record(channel: &ChannelId, text: impl Into<String>, org: &OrgInner) -> NewRecord {
+/// An external source as JSON, as `serde_json::to_value` writes it (`{"source": "external",
+/// "platform": ..., "reply_target": ...}`), built directly: once per user message.
+fn external_source_value(source: &Source) -> Option<serde_json::Value> {
+    let Source::External {
+        platform,
+        reply_target,
+    } = source
+    else {
+        return None;
+    };
+    let mut map = serde_json::Map::new();
+    map.insert("source".into(), serde_json::Value::from("external"));
+    map.insert(
+        "platform".into(),
+        serde_json::Value::from(platform.as_str()),
+    );
+    map.insert(
+        "reply_target".into(),
+        serde_json::Value::from(reply_target.as_str()),
+    );
+    Some(serde_json::Value::Object(map))
+}
+
+fn system_record(
+    channel: &ChannelId,
+    text: impl Into<crate::text::Text>,
+    org: &OrgInner,
+) -> NewRecord {
     NewRecord::new(
         channel.clone(),
         RecordKind::System,
-        "system",
+        fixed_author(false),
         text,
         org.clock.now(),
     )
@@ -831,7 +868,7 @@ pub(crate) async fn run_turn(
         inner
             .stores
             .channels
-            .history_without_metadata(&me, &channel, Some(HISTORY_LIMIT))
+            .history_texts(&me, &channel, Some(HISTORY_LIMIT))
     })
     .await
     .map_err(|e| failure(e, &frames))?;
@@ -844,7 +881,7 @@ pub(crate) async fn run_turn(
     log.flush_records(inner, &me).await;
     let system = cached_system_prompt(inner, agent, &channel).map_err(|e| failure(e, &frames))?;
     let mut messages = Vec::with_capacity(history.len() + 4);
-    messages.push(ChatMessage::system(system.to_string()));
+    messages.push(ChatMessage::system(system));
     messages.extend(history::into_messages(history));
     messages.push(ChatMessage::user(merge_backlog(&frames[0].envelopes)));
 
@@ -903,7 +940,7 @@ pub(crate) async fn run_turn(
             log.record(NewRecord::new(
                 reply_channel.clone(),
                 RecordKind::Assistant,
-                me.as_str(),
+                &me,
                 text.clone(),
                 inner.clock.now(),
             ));
@@ -1195,7 +1232,7 @@ fn tool_called(
     log.record(NewRecord::new(
         channel.clone(),
         RecordKind::Tool,
-        me.as_str(),
+        me,
         format!("{}({}) -> {}", call.name, call.arguments, text),
         inner.clock.now(),
     ));
@@ -1285,5 +1322,27 @@ impl Outbound for ParentOutbound {
         org.enqueue(&self.parent, envelope, true)
             .await
             .map_err(|e| OutboundError::Closed(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_external_source_is_written_as_serde_writes_it() {
+        let source = Source::External {
+            platform: "portal".into(),
+            reply_target: "u \"1\"".into(),
+        };
+        assert_eq!(
+            external_source_value(&source),
+            serde_json::to_value(&source).ok()
+        );
+        let back: Source =
+            serde_json::from_value(external_source_value(&source).unwrap_or_default())
+                .unwrap_or(Source::System);
+        assert_eq!(back, source);
+        assert_eq!(external_source_value(&Source::System), None);
     }
 }

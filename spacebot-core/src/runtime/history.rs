@@ -1,6 +1,6 @@
 //! Channel history as model input: pure conversion from stored records to chat messages.
 
-use crate::channel::{ChannelRecord, RecordKind};
+use crate::channel::{ChannelRecord, HistoryText, RecordKind};
 use crate::llm::ChatMessage;
 
 /// Turns a channel's stored records into the chat messages a model sees before the current message.
@@ -15,31 +15,35 @@ use crate::llm::ChatMessage;
 /// assert!(to_messages(&[]).is_empty());
 /// ```
 pub fn to_messages(records: &[ChannelRecord]) -> Vec<crate::llm::ChatMessage> {
-    into_messages(records.to_vec())
+    into_messages(
+        records
+            .iter()
+            .map(|r| HistoryText {
+                kind: r.record.kind,
+                author: r.record.author.clone(),
+                content: r.record.content.clone(),
+            })
+            .collect(),
+    )
 }
 
-/// [`to_messages`] for records the caller owns: their texts move into the messages instead of being
-/// copied.
-pub(crate) fn into_messages(records: Vec<ChannelRecord>) -> Vec<ChatMessage> {
-    records
-        .into_iter()
-        .filter_map(|r| {
-            let rec = r.record;
-            match rec.kind {
-                RecordKind::User => Some(ChatMessage::user(if rec.author == "user" {
-                    rec.content
-                } else {
-                    ["[", &rec.author, "] ", &rec.content].concat()
-                })),
-                RecordKind::Assistant => Some(ChatMessage::assistant(rec.content)),
-                RecordKind::Sent => {
-                    Some(ChatMessage::assistant(["(sent) ", &rec.content].concat()))
-                }
-                RecordKind::System => Some(ChatMessage::user(["[system] ", &rec.content].concat())),
-                _ => None,
-            }
-        })
-        .collect()
+/// [`to_messages`] for the texts of a history read ([`ChannelStore::history_texts`]): shared texts
+/// move into the messages; only prefixed ones (`[author] `, `(sent) `, `[system] `) are new.
+///
+/// [`ChannelStore::history_texts`]: crate::channel::ChannelStore::history_texts
+pub(crate) fn into_messages(records: Vec<HistoryText>) -> Vec<ChatMessage> {
+    let mut messages = Vec::with_capacity(records.len());
+    for rec in records {
+        messages.push(match rec.kind {
+            RecordKind::User if rec.author == "user" => ChatMessage::user(rec.content),
+            RecordKind::User => ChatMessage::user(["[", &rec.author, "] ", &rec.content].concat()),
+            RecordKind::Assistant => ChatMessage::assistant(rec.content),
+            RecordKind::Sent => ChatMessage::assistant(["(sent) ", &rec.content].concat()),
+            RecordKind::System => ChatMessage::user(["[system] ", &rec.content].concat()),
+            _ => continue,
+        });
+    }
+    messages
 }
 
 #[cfg(test)]

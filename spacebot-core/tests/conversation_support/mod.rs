@@ -200,7 +200,7 @@ impl Harness {
             .await
             .into_iter()
             .filter(|r| r.record.kind != RecordKind::Tool)
-            .map(|r| (r.record.kind, r.record.content))
+            .map(|r| (r.record.kind, r.record.content.into_string()))
             .collect()
     }
 

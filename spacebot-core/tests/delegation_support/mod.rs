@@ -254,7 +254,7 @@ impl Harness {
         self.history(owner, &ChannelId::link(&id(owner), &id(peer)))
             .await
             .into_iter()
-            .map(|r| r.record.content)
+            .map(|r| r.record.content.into_string())
             .collect()
     }
 
@@ -269,7 +269,7 @@ pub fn last_user_text(req: &ChatRequest) -> String {
         .iter()
         .rev()
         .find_map(|m| match m {
-            ChatMessage::User { content } => Some(content.clone()),
+            ChatMessage::User { content } => Some(content.to_string()),
             _ => None,
         })
         .unwrap_or_default()
@@ -280,7 +280,7 @@ pub fn tool_results(req: &ChatRequest) -> Vec<String> {
     req.messages
         .iter()
         .filter_map(|m| match m {
-            ChatMessage::Tool { content, .. } => Some(content.clone()),
+            ChatMessage::Tool { content, .. } => Some(content.to_string()),
             _ => None,
         })
         .collect()
