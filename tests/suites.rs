@@ -165,6 +165,7 @@ on_every_backend!(junctions #[tokio::test(flavor = "multi_thread", worker_thread
     a_result_after_a_restart_is_answered_to_the_user,
     an_internal_task_stays_open_across_a_restart,
     a_notice_is_marked_sent_before_the_delegator_answers_it,
+    a_conversation_goes_on_after_a_restart,
 );
 
 on_every_backend!(agent:

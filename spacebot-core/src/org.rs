@@ -424,9 +424,9 @@ pub(crate) struct OrgInner {
     pub(crate) bus: crate::bus::EventBus,
     /// Lease holders of claims a custom executor of this process still works on.
     pub(crate) live_claims: Mutex<HashSet<String>>,
-    /// Agents whose loop here is being stopped as a hand-over (under a placement: a lease lost, a
-    /// clean shutdown of this process): their session goes on in the next host, so their
-    /// conversations are not severed.
+    /// Agents whose loop here is being stopped without ending their session (a shutdown; under a
+    /// placement, a lease lost): their session goes on at the next start or in the next host, so
+    /// their conversations are not severed.
     pub(crate) handing_over: Mutex<HashSet<AgentId>>,
     /// The behaviours plugged into the host, in order.
     pub(crate) behaviours: Vec<Arc<dyn Behaviour>>,
@@ -1221,13 +1221,23 @@ impl Organization {
     /// The agent's custom executor attempts are aborted, not awaited (they may run for hours):
     /// their next host finds their claims orphaned and runs them again at once.
     pub(crate) async fn stop_for_hand_over(&self, agent: &AgentId) -> Result<(), OrgError> {
+        self.stop_keeping_session(agent, true).await
+    }
+
+    /// [`stop_agent`](Self::stop_agent) without ending the agent's session (its conversations
+    /// stay open); with `abort_executors`, its custom executor attempts are aborted.
+    async fn stop_keeping_session(
+        &self,
+        agent: &AgentId,
+        abort_executors: bool,
+    ) -> Result<(), OrgError> {
         lock(&self.inner.handing_over).insert(agent.clone());
         let runtime = match self.inner.slot(agent) {
             Some(Slot::Running(rt)) => Some(rt),
             _ => None,
         };
         let stopped = self.stop_agent(agent).await;
-        if let Some(runtime) = runtime {
+        if let Some(runtime) = runtime.filter(|_| abort_executors) {
             runtime.abort_executors();
         }
         lock(&self.inner.handing_over).remove(agent);
@@ -1308,6 +1318,10 @@ impl Organization {
 
     /// Stops every running agent. Under a placement it also stops the hosting loops and releases
     /// this process's leases, so that other processes take its agents over at once.
+    ///
+    /// A shutdown ends no agent's session (as a crash ends none): open conversations stay open
+    /// and go on when the agents start again (in this process or, under a placement, in
+    /// another), while [`stop_agent`](Self::stop_agent) severs the stopped agent's conversations.
     pub async fn shutdown(&self) -> Result<(), OrgError> {
         if let Some(hosting) = &self.inner.hosting {
             crate::runtime::hosting::shutdown(self, hosting).await;
@@ -1320,7 +1334,7 @@ impl Organization {
             .map(|(id, _)| id.clone())
             .collect();
         for agent in running {
-            self.stop_agent(&agent).await?;
+            self.stop_keeping_session(&agent, false).await?;
         }
         Ok(())
     }

@@ -1224,6 +1224,64 @@ pub async fn a_result_after_a_restart_is_answered_to_the_user(stores: Stores) {
     );
 }
 
+/// A shutdown ends no session (as a crash ends none): a conversation open when the organization
+/// shut down goes on at the next start on the same stores, and its conclusion reaches the initiator.
+pub async fn a_conversation_goes_on_after_a_restart(stores: Stores) {
+    let llm = Arc::new(FnLlm::new(|req| {
+        let tool_round = req
+            .messages
+            .iter()
+            .any(|m| matches!(m, ChatMessage::Tool { .. }));
+        let last = last_user(&req.messages);
+        Ok(match req.agent.as_ref().map(|a| a.as_str()) {
+            Some("a") if last.contains("concluded") => ChatResponse::text("Beta says 42"),
+            Some("a") if !tool_round => ChatResponse::tool_calls(vec![tool_call(
+                "send_link_message",
+                json!({"target": "b", "message": "what is 6*7?"}),
+            )]),
+            Some("a") => ChatResponse::text("asked"),
+            _ => {
+                ChatResponse::tool_calls(vec![tool_call("conclude_link", json!({"summary": "42"}))])
+            }
+        })
+    }));
+    let (a, b) = (id("a"), id("b"));
+    // b is not running: the message waits in its stored deliveries.
+    let mut first = OrgHarness::builder(ONE_WAY)
+        .stores(stores.clone())
+        .llm(llm.clone())
+        .build()
+        .await;
+    first.org.start_agent(&a).await.unwrap();
+    first.org.deliver("a", user("ask b")).await.unwrap();
+    assert_eq!(first.reply().await.content, "asked");
+    first.wait_idle("a").await;
+    first.org.shutdown().await.unwrap();
+    let open = first.org.conversations(&Default::default()).await.unwrap();
+    assert_eq!(open.len(), 1);
+    assert_eq!(
+        open[0].status,
+        spacebot::conversation::ConversationStatus::Open,
+        "a shutdown leaves the conversation open"
+    );
+    drop(first);
+
+    let mut second = OrgHarness::builder(ONE_WAY)
+        .stores(stores)
+        .llm(llm)
+        .build()
+        .await;
+    second.org.start_agent(&a).await.unwrap();
+    second.org.start_agent(&b).await.unwrap();
+    assert_eq!(second.reply().await.content, "Beta says 42");
+    let ended = second.org.conversations(&Default::default()).await.unwrap();
+    assert_eq!(
+        ended[0].status,
+        spacebot::conversation::ConversationStatus::Concluded
+    );
+    assert_eq!(ended[0].summary.as_deref(), Some("42"));
+}
+
 /// An internal task keeps its exchange open across a restart: the receiver may still announce its
 /// answer back over the one-way link, because the task is found in its stored deliveries (the
 /// count of open internal tasks lives in the process that sent it).

@@ -1337,8 +1337,8 @@ impl Behaviour for Conversations {
 }
 
 /// Called when an agent's session ends (it is stopped or ends): its open conversations are severed.
-/// A loop stopped as a hand-over to another process (under a placement) ends no session: the
-/// agent goes on there, with its conversations.
+/// A loop stopped without ending the session ends none: a shutdown (the agent goes on at its next
+/// start, as after a crash) or a hand-over to another process under a placement.
 pub(crate) async fn on_agent_stopped(org: &Organization, agent: &AgentId) {
     if org.inner.is_handing_over(agent) {
         return;
