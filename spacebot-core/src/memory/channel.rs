@@ -31,22 +31,8 @@ impl MemoryChannelStore {
         Self::default()
     }
 
-    /// Appends `records` to `agent`'s channels in order, under one hold of the lock: no reader
-    /// sees some of them without the others.
-    pub(crate) fn append_all(&self, agent: &AgentId, records: &[NewRecord]) {
-        if records.is_empty() {
-            return;
-        }
-        let mut agents = lock(&self.agents);
-        let state = agents.entry(agent.clone()).or_default();
-        for record in records {
-            state.push(agent, record.clone());
-        }
-    }
-}
-
-impl MemoryChannelStore {
-    /// [`append_all`](Self::append_all) of records the caller gives away: moved, not copied.
+    /// Appends `records` (given away: moved, not copied) to `agent`'s channels in order, under
+    /// one hold of the lock: no reader sees some of them without the others.
     pub(crate) fn append_owned(&self, agent: &AgentId, records: Vec<NewRecord>) {
         if records.is_empty() {
             return;

@@ -106,20 +106,15 @@ impl DeliveryStore for MemoryDeliveryStore {
         &self,
         agent: &AgentId,
         commit: &TurnCommit,
-        _now: Timestamp,
+        now: Timestamp,
     ) -> Result<(), StoreError> {
         if commit.is_empty() {
             return Ok(());
         }
-        // Lock order: this store, then the channel store (which never takes this one's lock).
-        let mut agents = lock(&self.agents);
-        let state = agents.entry(agent.clone()).or_default();
-        if !commit.consumed.is_empty() {
-            state.pending.retain(|e| !commit.consumed.contains(&e.id));
-        }
-        state.applied.extend(commit.applied.iter().cloned());
-        self.channels.append_all(agent, &commit.records);
-        Ok(())
+        // The memory store keeps copies of what it is lent.
+        self.commit_owned(agent, commit.clone(), now)
+            .await
+            .map_err(|(e, _)| e)
     }
 
     async fn commit_owned(
@@ -131,6 +126,7 @@ impl DeliveryStore for MemoryDeliveryStore {
         if commit.is_empty() {
             return Ok(());
         }
+        // Lock order: this store, then the channel store (which never takes this one's lock).
         let mut agents = lock(&self.agents);
         let state = agents.entry(agent.clone()).or_default();
         if !commit.consumed.is_empty() {
