@@ -428,6 +428,9 @@ pub(crate) struct OrgInner {
     /// placement, a lease lost): their session goes on at the next start or in the next host, so
     /// their conversations are not severed.
     pub(crate) handing_over: Mutex<HashSet<AgentId>>,
+    /// Callers of `wait_idle` waiting now: while there are any, every worker round that leaves its
+    /// agent settled says so with an `AgentIdle` event (not only the rounds a ring started).
+    pub(crate) idle_waiters: AtomicUsize,
     /// The behaviours plugged into the host, in order.
     pub(crate) behaviours: Vec<Arc<dyn Behaviour>>,
     /// Tokens each agent's turns spent since the organization was built.

@@ -312,6 +312,8 @@ impl Organization {
     pub async fn wait_idle(&self, agent: &AgentId) -> Result<(), OrgError> {
         self.known_agent(agent)?;
         let mut events = self.subscribe();
+        // Counted before the first check: a worker round ending after it tells the bus.
+        let _waiting = IdleWaiter::new(&self.inner);
         while !self.is_idle(agent) {
             match events.recv().await {
                 Ok(_) | Err(crate::bus::RecvError::Lagged { .. }) => {}
@@ -324,6 +326,26 @@ impl Organization {
             }
         }
         Ok(())
+    }
+}
+
+/// Counts one caller of `wait_idle` while it waits.
+struct IdleWaiter<'a>(&'a crate::org::OrgInner);
+
+impl<'a> IdleWaiter<'a> {
+    fn new(inner: &'a crate::org::OrgInner) -> Self {
+        inner
+            .idle_waiters
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        Self(inner)
+    }
+}
+
+impl Drop for IdleWaiter<'_> {
+    fn drop(&mut self) {
+        self.0
+            .idle_waiters
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
     }
 }
 

@@ -222,6 +222,7 @@ impl OrganizationBuilder {
                 bus: crate::bus::EventBus::new(1024),
                 live_claims: Mutex::new(HashSet::new()),
                 handing_over: Mutex::new(HashSet::new()),
+                idle_waiters: std::sync::atomic::AtomicUsize::new(0),
                 behaviours,
                 usage: Mutex::new(HashMap::new()),
                 caches: crate::org::RenderCache::default(),

@@ -147,7 +147,8 @@ pub struct WorkerRound {
 impl Drop for WorkerRound {
     fn drop(&mut self) {
         self.rt.worker_rounds.fetch_sub(1, Ordering::AcqRel);
-        if self.due && self.rt.settled() {
+        let waited_on = self.org.inner.idle_waiters.load(Ordering::Acquire) > 0;
+        if (self.due || waited_on) && self.rt.settled() {
             let inner = &self.org.inner;
             inner.emit(inner.event(self.rt.id(), crate::event::EventKind::AgentIdle));
         }
