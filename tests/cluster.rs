@@ -26,6 +26,7 @@
 #![cfg(feature = "postgres")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use spacebot::testing::last_user_text as last_user;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -148,17 +149,6 @@ fn job_ids(text: &str) -> Vec<String> {
         rest = &rest[at + 4..];
     }
     found
-}
-
-fn last_user(messages: &[ChatMessage]) -> String {
-    messages
-        .iter()
-        .rev()
-        .find_map(|m| match m {
-            ChatMessage::User { content } => Some(content.to_string()),
-            _ => None,
-        })
-        .unwrap_or_default()
 }
 
 /// The model: a function of the asking agent, the envelope kind and the last user message. Only

@@ -593,7 +593,8 @@ impl OrgInner {
     /// [`enqueue`](Self::enqueue), running `kept` once the envelope is kept (stored, or about to
     /// be queued) and before the agent can take it: what the sender records about the hand-over
     /// (a completion notice marked sent) is then done before the receiver's turn can answer it.
-    /// `kept` does not run when the envelope was refused.
+    /// `kept` does not run when the envelope is refused (an unknown or ended agent, a store
+    /// error); call it with `overflow_to_store`, so that a full queue refuses nothing after it ran.
     pub(crate) async fn enqueue_then(
         &self,
         agent: &AgentId,

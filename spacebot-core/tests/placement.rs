@@ -12,6 +12,7 @@
 #![cfg(all(feature = "tokio", feature = "testing"))]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use spacebot_core::testing::last_user_text as last_user;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -94,17 +95,6 @@ fn job_ids(text: &str) -> Vec<String> {
         rest = &rest[at + 4..];
     }
     found
-}
-
-fn last_user(messages: &[ChatMessage]) -> String {
-    messages
-        .iter()
-        .rev()
-        .find_map(|m| match m {
-            ChatMessage::User { content } => Some(content.to_string()),
-            _ => None,
-        })
-        .unwrap_or_default()
 }
 
 /// The model: a function of the asking agent, the envelope kind and the last user message.

@@ -14,6 +14,7 @@
 //! `spawn <job> <child>` once `spawn_child` did), `replies.jsonl` (every reply to the application's
 //! outbound). Both are appended with `sync_data`.
 
+use spacebot::testing::last_user_text as last_user;
 use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -114,17 +115,6 @@ pub fn job_ids(text: &str) -> Vec<String> {
         rest = &rest[at + 4..];
     }
     found
-}
-
-fn last_user(messages: &[ChatMessage]) -> String {
-    messages
-        .iter()
-        .rev()
-        .find_map(|m| match m {
-            ChatMessage::User { content } => Some(content.to_string()),
-            _ => None,
-        })
-        .unwrap_or_default()
 }
 
 /// The model: a deterministic function of the asking agent, the kind of envelope it answers, and

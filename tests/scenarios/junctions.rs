@@ -2,6 +2,7 @@
 //! API only. Each takes the stores to run on, so every backend runs them all.
 #![allow(unreachable_pub)]
 
+use spacebot::testing::last_user_text as last_user;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -24,17 +25,6 @@ pub fn id(s: &str) -> AgentId {
 
 fn user(text: &str) -> InboundMessage {
     InboundMessage::new("portal", "u1", text)
-}
-
-fn last_user(messages: &[ChatMessage]) -> String {
-    messages
-        .iter()
-        .rev()
-        .find_map(|m| match m {
-            ChatMessage::User { content } => Some(content.to_string()),
-            _ => None,
-        })
-        .unwrap_or_default()
 }
 
 /// Sleeps for `ms` milliseconds, then answers.

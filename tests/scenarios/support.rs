@@ -50,14 +50,7 @@ pub async fn build(
 
 /// The last user message of a request.
 pub fn last_user_text(req: &ChatRequest) -> String {
-    req.messages
-        .iter()
-        .rev()
-        .find_map(|m| match m {
-            ChatMessage::User { content } => Some(content.to_string()),
-            _ => None,
-        })
-        .unwrap_or_default()
+    spacebot::testing::last_user_text(&req.messages)
 }
 
 /// The tool results of a request, in order.

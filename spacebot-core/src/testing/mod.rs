@@ -66,6 +66,30 @@ impl Recorder {
 
 static NEXT_HELPER_CALL: AtomicU64 = AtomicU64::new(1);
 
+/// The text of the last user message in `messages` (empty when there is none): what a mock
+/// model usually answers.
+///
+/// ```
+/// use spacebot_core::llm::ChatMessage;
+/// use spacebot_core::testing::last_user_text;
+/// let messages = vec![
+///     ChatMessage::User { content: "first".into() },
+///     ChatMessage::User { content: "second".into() },
+/// ];
+/// assert_eq!(last_user_text(&messages), "second");
+/// assert_eq!(last_user_text(&[]), "");
+/// ```
+pub fn last_user_text(messages: &[crate::llm::ChatMessage]) -> String {
+    messages
+        .iter()
+        .rev()
+        .find_map(|m| match m {
+            crate::llm::ChatMessage::User { content } => Some(content.to_string()),
+            _ => None,
+        })
+        .unwrap_or_default()
+}
+
 /// A [`ToolCall`] of tool `name` with JSON arguments `args`.
 ///
 /// Its id is `call_{name}_{n}` with `n` unique within the process, so calls built by this helper
