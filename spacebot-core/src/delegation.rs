@@ -1182,7 +1182,7 @@ impl Behaviour for Delegation {
             return;
         };
         let executor = self.executors.get(agent.id()).cloned();
-        org.inner.spawner.spawn(Box::pin(run_task_loop(
+        org.inner.loops.spawn(Box::pin(run_task_loop(
             org.clone(),
             agent,
             doorbell,

@@ -404,6 +404,8 @@ pub(crate) struct OrgInner {
     pub(crate) stores: Stores,
     pub(crate) llm: Arc<dyn LlmProvider>,
     pub(crate) spawner: Arc<dyn Spawner>,
+    /// Runs the agent loops and task loops (see `runtime::executor`).
+    pub(crate) loops: crate::runtime::executor::LoopExecutor,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) events: Arc<dyn EventSink>,
     pub(crate) prompts: Prompts,
@@ -1190,7 +1192,7 @@ impl Organization {
         let loop_runtime = runtime.clone();
         let (fence, fenced) = AbortHandle::new_pair();
         *lock(&runtime.fence) = Some(fence);
-        self.inner.spawner.spawn(Box::pin(async move {
+        self.inner.loops.spawn(Box::pin(async move {
             let id = loop_runtime.id().clone();
             let run = crate::runtime::agent::run_loop(inner.clone(), loop_runtime);
             if Abortable::new(run, fenced).await.is_err() {

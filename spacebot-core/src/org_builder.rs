@@ -206,6 +206,7 @@ impl OrganizationBuilder {
             inner: Arc::new(OrgInner {
                 stores,
                 llm,
+                loops: crate::runtime::executor::LoopExecutor::new(spawner.clone()),
                 spawner,
                 clock,
                 events: self.events,

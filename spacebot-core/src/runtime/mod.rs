@@ -6,6 +6,7 @@
 
 pub(crate) mod agent;
 pub mod behaviour;
+pub(crate) mod executor;
 pub mod history;
 pub(crate) mod hosting;
 pub mod outbound;

@@ -1,0 +1,176 @@
+//! The organization's own executor: every agent loop and task loop of one organization runs inside
+//! a single background future (the *runner*), started through the organization's [`Spawner`].
+//!
+//! An agent's turn wakes other agents (a delegated task rings the worker's task loop, a completion
+//! notice wakes the delegator, a reply to a conversation wakes the peer). Were each loop its own
+//! task of the host runtime, every such wake-up would go through the host's scheduler; on Tokio's
+//! multi-thread runtime a chain of wake-ups between tasks leaves the worker's LIFO slot after three
+//! hops and wakes another worker thread to steal the next one (a futex call, a parked thread
+//! woken for nothing most of the time). Inside the runner those wake-ups are a push on a local
+//! queue: a delegation round trip costs the host runtime two polls (the application's call in, the
+//! reply out), whatever the number of hops between agents.
+//!
+//! The runner lives as long as the host runtime keeps it: when that runtime is dropped (a crash
+//! test, a process ending), the runner and with it every loop still in it are dropped, as the
+//! runtime's own tasks would be. The organization keeps only a weak handle, so no loop keeps
+//! itself alive through it; a spawn after the runner is gone starts a new one.
+//!
+//! A loop that panics ends alone (the panic is logged), as a task of the host runtime would.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex, Weak};
+
+use futures::FutureExt;
+use futures::channel::oneshot;
+use futures::future::BoxFuture;
+
+use crate::time::Spawner;
+
+type Executor = async_executor::Executor<'static>;
+
+/// Spawns an organization's loops onto its runner.
+pub(crate) struct LoopExecutor {
+    spawner: Arc<dyn Spawner>,
+    current: Mutex<Current>,
+}
+
+#[derive(Default)]
+struct Current {
+    executor: Weak<Executor>,
+    /// Dropped with the organization: the runner then ends (its loops with it).
+    _close: Option<oneshot::Sender<()>>,
+}
+
+impl std::fmt::Debug for LoopExecutor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoopExecutor").finish_non_exhaustive()
+    }
+}
+
+impl LoopExecutor {
+    pub(crate) fn new(spawner: Arc<dyn Spawner>) -> Self {
+        Self {
+            spawner,
+            current: Mutex::default(),
+        }
+    }
+
+    /// Runs `future` on the organization's runner, starting one if there is none.
+    pub(crate) fn spawn(&self, future: BoxFuture<'static, ()>) {
+        let executor = self.executor();
+        let contained = AssertUnwindSafe(future).catch_unwind().map(|outcome| {
+            if let Err(panic) = outcome {
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                tracing::error!("an organization loop panicked: {message}");
+            }
+        });
+        executor.spawn(contained).detach();
+    }
+
+    /// The live executor, or a new one with its runner started through the spawner.
+    fn executor(&self) -> Arc<Executor> {
+        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(executor) = current.executor.upgrade() {
+            return executor;
+        }
+        let executor = Arc::new(Executor::new());
+        let (close, closed) = oneshot::channel::<()>();
+        let runner = executor.clone();
+        self.spawner.spawn(Box::pin(async move {
+            // Ends when the organization is dropped; dropping the executor drops its loops.
+            let _ = runner.run(closed).await;
+        }));
+        current.executor = Arc::downgrade(&executor);
+        current._close = Some(close);
+        executor
+    }
+}
+
+#[cfg(all(test, feature = "tokio"))]
+#[allow(clippy::panic, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use crate::rt::TokioSpawner;
+    use std::time::Duration;
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime")
+    }
+
+    #[test]
+    fn loops_run_and_a_panic_ends_only_its_own_loop() {
+        let rt = runtime();
+        rt.block_on(async {
+            let loops = LoopExecutor::new(Arc::new(TokioSpawner::current()));
+            loops.spawn(Box::pin(async { panic!("boom") }));
+            let (tx, rx) = oneshot::channel();
+            loops.spawn(Box::pin(async move {
+                let _ = tx.send(7);
+            }));
+            let got = tokio::time::timeout(Duration::from_secs(5), rx).await;
+            assert_eq!(got.ok().and_then(Result::ok), Some(7));
+        });
+    }
+
+    #[test]
+    fn dropping_the_runtime_drops_the_loops() {
+        let rt = runtime();
+        let (dropped_tx, dropped_rx) = std::sync::mpsc::channel::<()>();
+        let loops = rt.block_on(async { LoopExecutor::new(Arc::new(TokioSpawner::current())) });
+        let (started_tx, started_rx) = oneshot::channel::<()>();
+        struct Guard(std::sync::mpsc::Sender<()>);
+        impl Drop for Guard {
+            fn drop(&mut self) {
+                let _ = self.0.send(());
+            }
+        }
+        let guard = Guard(dropped_tx);
+        loops.spawn(Box::pin(async move {
+            let _guard = guard;
+            let _ = started_tx.send(());
+            futures::future::pending::<()>().await;
+        }));
+        rt.block_on(async {
+            tokio::time::timeout(Duration::from_secs(5), started_rx)
+                .await
+                .expect("the loop started")
+                .expect("the loop started");
+        });
+        drop(rt);
+        dropped_rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("the loop is dropped with the runtime");
+    }
+
+    #[test]
+    fn dropping_the_organization_side_ends_the_runner() {
+        let rt = runtime();
+        let (dropped_tx, dropped_rx) = std::sync::mpsc::channel::<()>();
+        struct Guard(std::sync::mpsc::Sender<()>);
+        impl Drop for Guard {
+            fn drop(&mut self) {
+                let _ = self.0.send(());
+            }
+        }
+        rt.block_on(async {
+            let loops = LoopExecutor::new(Arc::new(TokioSpawner::current()));
+            let guard = Guard(dropped_tx);
+            loops.spawn(Box::pin(async move {
+                let _guard = guard;
+                futures::future::pending::<()>().await;
+            }));
+            drop(loops);
+        });
+        dropped_rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("the loop is dropped with its organization's executor");
+    }
+}
