@@ -166,6 +166,7 @@ on_every_backend!(junctions #[tokio::test(flavor = "multi_thread", worker_thread
     an_internal_task_stays_open_across_a_restart,
     a_notice_is_marked_sent_before_the_delegator_answers_it,
     a_conversation_goes_on_after_a_restart,
+    a_panicking_model_ends_only_its_own_agent,
 );
 
 on_every_backend!(agent:

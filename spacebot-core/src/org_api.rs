@@ -230,6 +230,62 @@ impl Organization {
         .await
     }
 
+    /// Runs `future` on the organization's own executor, beside its agents, and returns a handle
+    /// to its output.
+    ///
+    /// The agents' loops run on one executor inside a single task of the host runtime. Code that
+    /// talks to agents in a tight chain (deliver, await the reply, deliver again) and runs there
+    /// too wakes them, and is woken by their replies, without the host's scheduler: on Tokio's
+    /// multi-thread runtime that saves the cross-thread wake-ups a task of its own would cost
+    /// every few hops. Like the agents, the future must not block its thread; a long computation
+    /// belongs on the host runtime (`spawn_blocking`).
+    ///
+    /// Dropping the handle cancels the future; call
+    /// [`RemoteHandle::forget`](futures::future::RemoteHandle::forget) to let it run on. A panic in
+    /// the future is resumed where the handle is awaited.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use futures::StreamExt;
+    /// use spacebot_core::config::OrgConfig;
+    /// use spacebot_core::testing::FnLlm;
+    /// use spacebot_core::{ChatResponse, InboundMessage, Organization, Stores};
+    ///
+    /// let config = OrgConfig::from_toml_str("[[agents]]\nid = \"echo\"\nname = \"Echo\"\n")?;
+    /// let org = Organization::builder(config)
+    ///     .stores(Stores::memory())
+    ///     .llm(std::sync::Arc::new(FnLlm::new(|_| Ok(ChatResponse::text("pong")))))
+    ///     .build()
+    ///     .await?;
+    /// org.start_all().await?;
+    /// let mut replies = org.take_replies().expect("replies");
+    /// let driver = org.clone();
+    /// let answered = org.spawn(async move {
+    ///     let mut answered = 0;
+    ///     for _ in 0..3 {
+    ///         driver.deliver("echo", InboundMessage::new("portal", "u", "ping")).await?;
+    ///         if replies.next().await.is_some() {
+    ///             answered += 1;
+    ///         }
+    ///     }
+    ///     Ok::<_, spacebot_core::OrgError>(answered)
+    /// });
+    /// assert_eq!(answered.await?, 3);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn spawn<F>(&self, future: F) -> futures::future::RemoteHandle<F::Output>
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        use futures::FutureExt;
+        let (remote, handle) = future.remote_handle();
+        self.inner.loops.spawn(Box::pin(remote));
+        handle
+    }
+
     /// Every event the organization emits from now on (besides the sink set on the builder). A
     /// subscriber that falls behind is told how many events it missed.
     pub fn subscribe(&self) -> EventSubscription {

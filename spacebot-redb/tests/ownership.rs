@@ -104,3 +104,59 @@ fn another_process_cannot_open_a_directory_this_one_owns() {
     let store = RedbStore::open(dir.path(), RedbOptions::default()).unwrap();
     futures::executor::block_on(store.close());
 }
+
+/// An organization whose runtime ends without a shutdown (a process ending, a crash test) lets go
+/// of its stores: its agent loops go with the runtime, and the directory opens again. Runs twice
+/// on one directory, the second time waiting (up to 10 s) for the first owner's files to close.
+#[test]
+fn an_organization_dropped_with_its_runtime_releases_the_directory() {
+    use futures::StreamExt;
+    use spacebot_core::testing::FnLlm;
+    use spacebot_core::{ChatResponse, InboundMessage, OrgConfig, Organization};
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = OrgConfig::from_toml_str(
+        "[[agents]]\nid = \"a\"\nname = \"A\"\n[[agents]]\nid = \"b\"\nname = \"B\"\n",
+    )
+    .unwrap();
+    for run in 0..2 {
+        let started = Instant::now();
+        let stores = loop {
+            match spacebot_redb::open(dir.path()) {
+                Ok(stores) => break stores,
+                Err(e) if started.elapsed() < Duration::from_secs(10) => {
+                    assert!(e.to_string().contains("already open"), "{e}");
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => panic!("run {run}: the directory was not released: {e}"),
+            }
+        };
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let org = Organization::builder(config.clone())
+                .stores(stores)
+                .llm(Arc::new(FnLlm::new(|_| Ok(ChatResponse::text("here")))))
+                .build()
+                .await
+                .unwrap();
+            org.start_all().await.unwrap();
+            let mut replies = org.take_replies().unwrap();
+            org.deliver("a", InboundMessage::new("portal", "u", "hi"))
+                .await
+                .unwrap();
+            let reply = tokio::time::timeout(Duration::from_secs(10), replies.next())
+                .await
+                .expect("a reply")
+                .expect("a reply");
+            assert_eq!(reply.content, "here");
+            // No shutdown: the agents' loops are still running when the runtime goes.
+        });
+        drop(rt);
+    }
+}

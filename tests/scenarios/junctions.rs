@@ -1310,3 +1310,39 @@ pub async fn an_internal_task_stays_open_across_a_restart(stores: Stores) {
         .await
         .expect("the task is still open: its answer may go back");
 }
+
+/// The agents of an organization share one executor: a model that panics ends the loop of the
+/// agent it answers for, and no other. The other agents go on answering, and a shutdown does not
+/// wait for the loop that is gone.
+pub async fn a_panicking_model_ends_only_its_own_agent(stores: Stores) {
+    let llm = FnLlm::new(|req| {
+        if req.agent.as_ref().map(|a| a.as_str()) == Some("a") {
+            panic!("the model of a panicked on purpose");
+        }
+        Ok(ChatResponse::text("b is fine"))
+    });
+    let mut h = OrgHarness::builder(PEERS)
+        .stores(stores)
+        .llm(Arc::new(llm.clone()))
+        .build()
+        .await;
+    h.org.start_all().await.unwrap();
+    h.org.deliver("a", user("hello a")).await.unwrap();
+    h.wait_until("a's model was called", || {
+        let asked = !llm.requests_for(&id("a")).is_empty();
+        async move { asked }
+    })
+    .await;
+    for n in 0..3 {
+        h.org
+            .deliver("b", user(&format!("hello b {n}")))
+            .await
+            .unwrap();
+        let reply = h.reply().await;
+        assert_eq!(reply.content, "b is fine");
+    }
+    tokio::time::timeout(Duration::from_secs(10), h.org.shutdown())
+        .await
+        .expect("a shutdown after a panicked loop ends")
+        .unwrap();
+}

@@ -15,12 +15,11 @@
 //! runtime's own tasks would be. The organization keeps only a weak handle, so no loop keeps
 //! itself alive through it; a spawn after the runner is gone starts a new one.
 //!
-//! A loop that panics ends alone (the panic is logged), as a task of the host runtime would.
+//! A loop that panics ends alone, as a task of the host runtime would: the executor catches the
+//! panic into the loop's own (detached) handle.
 
-use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, Weak};
 
-use futures::FutureExt;
 use futures::channel::oneshot;
 use futures::future::BoxFuture;
 
@@ -57,18 +56,7 @@ impl LoopExecutor {
 
     /// Runs `future` on the organization's runner, starting one if there is none.
     pub(crate) fn spawn(&self, future: BoxFuture<'static, ()>) {
-        let executor = self.executor();
-        let contained = AssertUnwindSafe(future).catch_unwind().map(|outcome| {
-            if let Err(panic) = outcome {
-                let message = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_owned())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_default();
-                tracing::error!("an organization loop panicked: {message}");
-            }
-        });
-        executor.spawn(contained).detach();
+        self.executor().spawn(future).detach();
     }
 
     /// The live executor, or a new one with its runner started through the spawner.
