@@ -6,8 +6,11 @@
 //! - `turn_scaling/history/{100,20000}`: one delegation round trip (delegate, the worker answers,
 //!   the delegator is woken and answers: 3 model calls) after 100 and after 20,000 earlier round
 //!   trips on the same boards. A round trip must not scan an agent's whole task history.
-//! - `runtime/{turn,round_trip}/{current_thread,multi_thread}`: one turn, and one delegation round
-//!   trip, of a 10-agent ring on each runtime (2 workers), driven from a spawned task.
+//! - `runtime/{turn,round_trip}/{current_thread,multi_thread,multi_thread_on_org}`: one turn, and
+//!   one delegation round trip, of a 10-agent ring on each runtime (2 workers), driven from a
+//!   spawned task, or (`_on_org`) from the organization's own executor (`Organization::spawn`).
+//! - `runtime/tokio_ping_pong/{current_thread,multi_thread}`: two plain Tokio tasks answering each
+//!   other, the answer a fixed computation of a few microseconds: the host scheduler's own cost.
 //! - `org_throughput/{current_thread,multi_thread}`: 1,000 agents, 100,000 messages delivered round-robin,
 //!   then all answered, driven from a spawned task; messages per second.
 //!
@@ -227,9 +230,19 @@ fn org_throughput(c: &mut Criterion) {
     group.finish();
 }
 
+/// Where the bench's driver (the application's code: deliver, await the reply) runs.
+#[derive(Clone, Copy)]
+enum Driver {
+    /// A task of its own on the host runtime (`Runtime::spawn`).
+    Task,
+    /// The organization's executor, beside the agents ([`Organization::spawn`]).
+    OnOrg,
+}
+
 /// One agent's turn and one delegation round trip on each runtime, driven from a spawned task as
 /// an application's own task would (a `block_on` thread is not a worker of the multi-thread
-/// runtime: driving from it makes every delivery and reply cross threads).
+/// runtime: driving from it makes every delivery and reply cross threads), and from the
+/// organization's own executor.
 fn runtimes(c: &mut Criterion) {
     let mut group = c.benchmark_group("runtime");
     group
@@ -237,9 +250,10 @@ fn runtimes(c: &mut Criterion) {
         .measurement_time(Duration::from_secs(4));
     group.throughput(Throughput::Elements(1));
     for (what, llm) in [("turn", echo()), ("round_trip", delegating())] {
-        for (name, rt) in [
-            ("current_thread", current_thread()),
-            ("multi_thread", multi_thread()),
+        for (name, rt, driver) in [
+            ("current_thread", current_thread(), Driver::Task),
+            ("multi_thread", multi_thread(), Driver::Task),
+            ("multi_thread_on_org", multi_thread(), Driver::OnOrg),
         ] {
             let (org, replies) = rt.block_on(async {
                 let org = organization(ring(10), llm.clone()).await;
@@ -249,20 +263,23 @@ fn runtimes(c: &mut Criterion) {
             let mut replies = Some(replies);
             group.bench_function(format!("{what}/{name}"), |b| {
                 b.iter_custom(|iters| {
-                    let org = org.clone();
+                    let driving = org.clone();
                     let mut rx = replies.take().expect("replies");
-                    let (elapsed, rx) = rt
-                        .block_on(rt.spawn(async move {
-                            let start = Instant::now();
-                            for _ in 0..iters {
-                                org.deliver("agent-0", InboundMessage::new("portal", "u", "go"))
-                                    .await
-                                    .unwrap();
-                                rx.next().await.unwrap();
-                            }
-                            (start.elapsed(), rx)
-                        }))
-                        .expect("the driver");
+                    let chain = async move {
+                        let start = Instant::now();
+                        for _ in 0..iters {
+                            driving
+                                .deliver("agent-0", InboundMessage::new("portal", "u", "go"))
+                                .await
+                                .unwrap();
+                            rx.next().await.unwrap();
+                        }
+                        (start.elapsed(), rx)
+                    };
+                    let (elapsed, rx) = match driver {
+                        Driver::Task => rt.block_on(rt.spawn(chain)).expect("the driver"),
+                        Driver::OnOrg => rt.block_on(org.spawn(chain)),
+                    };
                     replies = Some(rx);
                     elapsed
                 })
@@ -272,7 +289,53 @@ fn runtimes(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, turn_scaling, runtimes, org_throughput);
+/// The host scheduler alone: two plain Tokio tasks answering each other over channels, the
+/// answering side spending about as long per message as a turn of the stub model (a fixed
+/// computation), on each runtime. What the multi-thread runtime costs any chain of two tasks.
+fn ping_pong(c: &mut Criterion) {
+    /// A fixed computation of a few microseconds.
+    fn work(seed: u64) -> u64 {
+        let mut x = seed;
+        for i in 0..4_000u64 {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(i);
+            x = std::hint::black_box(x);
+        }
+        x
+    }
+    let mut group = c.benchmark_group("runtime");
+    group
+        .sample_size(20)
+        .measurement_time(Duration::from_secs(4));
+    group.throughput(Throughput::Elements(1));
+    for (name, rt) in [
+        ("current_thread", current_thread()),
+        ("multi_thread", multi_thread()),
+    ] {
+        group.bench_function(format!("tokio_ping_pong/{name}"), |b| {
+            b.iter_custom(|iters| {
+                rt.block_on(rt.spawn(async move {
+                    let (to_peer, mut inbox) = futures::channel::mpsc::unbounded::<u64>();
+                    let (to_driver, mut answers) = futures::channel::mpsc::unbounded::<u64>();
+                    tokio::spawn(async move {
+                        while let Some(n) = inbox.next().await {
+                            let _ = to_driver.unbounded_send(work(n));
+                        }
+                    });
+                    let start = Instant::now();
+                    for n in 0..iters {
+                        to_peer.unbounded_send(n).unwrap();
+                        answers.next().await.unwrap();
+                    }
+                    start.elapsed()
+                }))
+                .expect("the driver")
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, turn_scaling, runtimes, ping_pong, org_throughput);
 
 fn main() {
     benches();
