@@ -11,8 +11,10 @@
 //!   spawned task, or (`_on_org`) from the organization's own executor (`Organization::spawn`).
 //! - `runtime/tokio_ping_pong/{current_thread,multi_thread}`: two plain Tokio tasks answering each
 //!   other, the answer a fixed computation of a few microseconds: the host scheduler's own cost.
-//! - `org_throughput/{current_thread,multi_thread}`: 1,000 agents, 100,000 messages delivered round-robin,
-//!   then all answered, driven from a spawned task; messages per second.
+//! - `org_throughput/{current_thread,multi_thread,multi_thread_2_runners}`: 1,000 agents, 100,000
+//!   messages delivered round-robin, then all answered, driven from a spawned task; messages per
+//!   second (`_2_runners`: the organization's loops on two tasks of the runtime,
+//!   `OrganizationBuilder::runners(2)`).
 //!
 //! ```text
 //! cargo bench --bench scaling
@@ -94,9 +96,18 @@ fn delegating() -> Arc<Stub> {
 }
 
 async fn organization(config: OrgConfig, llm: Arc<Stub>) -> Organization {
+    organization_with_runners(config, llm, 1).await
+}
+
+async fn organization_with_runners(
+    config: OrgConfig,
+    llm: Arc<Stub>,
+    runners: usize,
+) -> Organization {
     let org = Organization::builder(config)
         .stores(Stores::memory())
         .llm(llm)
+        .runners(runners)
         .build()
         .await
         .expect("organization");
@@ -186,12 +197,13 @@ fn org_throughput(c: &mut Criterion) {
         .sample_size(10)
         .measurement_time(Duration::from_secs(8));
     group.throughput(Throughput::Elements(MESSAGES as u64));
-    for (name, rt) in [
-        ("current_thread", current_thread()),
-        ("multi_thread", multi_thread()),
+    for (name, rt, runners) in [
+        ("current_thread", current_thread(), 1),
+        ("multi_thread", multi_thread(), 1),
+        ("multi_thread_2_runners", multi_thread(), 2),
     ] {
         let (org, replies) = rt.block_on(async {
-            let org = organization(ring(AGENTS), echo()).await;
+            let org = organization_with_runners(ring(AGENTS), echo(), runners).await;
             let replies = org.take_replies().expect("replies");
             (org, replies)
         });

@@ -1,12 +1,19 @@
 //! A fixed amount of work for a profiler: `n` turns of one agent (deliver, a stub model answers at
 //! once, the reply is out), or `n` delegation round trips, on memory stores and a `current_thread`
-//! runtime (`multi` for the 2-worker runtime), driven from a spawned task. Prints the rate it
-//! reached.
+//! runtime (`multi` for the 2-worker runtime, `multi_on_org` for the 2-worker runtime with the
+//! driver on the organization's executor), driven from a spawned task. Prints the rate it reached.
+//!
+//! `compare` runs the three set-ups in alternation, `rounds` times each (a fresh organization each
+//! time), and prints the median rate of each and the median of the per-round ratios to
+//! `current_thread`: on a shared machine, the load changes between runs; in alternation it hits
+//! all three alike.
 //!
 //! ```text
 //! cargo build --release --example turn_profile
 //! valgrind --tool=callgrind target/release/examples/turn_profile turn 20000
 //! perf record -g target/release/examples/turn_profile delegation 200000
+//! target/release/examples/turn_profile turn 100000 multi_on_org
+//! target/release/examples/turn_profile compare 50000 9        # turns; `compare_delegation` too
 //! target/release/examples/turn_profile memory 10000   # resident bytes per idle agent
 //! ```
 
@@ -112,48 +119,121 @@ fn memory(rt: &tokio::runtime::Runtime, n: usize) {
     });
 }
 
-fn main() {
-    let mut args = std::env::args().skip(1);
-    let what = args.next().unwrap_or_else(|| "turn".into());
-    let n: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(20_000);
-    let multi = args.next().as_deref() == Some("multi");
-    let rt = if multi {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-    } else {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
+/// Where the run happens.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Setup {
+    CurrentThread,
+    Multi,
+    MultiOnOrg,
+}
+
+impl Setup {
+    fn parse(arg: Option<&str>) -> Self {
+        match arg {
+            Some("multi") => Self::Multi,
+            Some("multi_on_org") => Self::MultiOnOrg,
+            _ => Self::CurrentThread,
+        }
     }
-    .expect("runtime");
-    if what == "memory" {
-        memory(&rt, n);
-        return;
+
+    fn runtime(self) -> tokio::runtime::Runtime {
+        if self == Self::CurrentThread {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+        } else {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+        }
+        .expect("runtime")
     }
-    // Driven from a spawned task, as an application's own tasks would be: on the multi-thread
-    // runtime a `block_on` thread is not a worker, so every delivery and reply would cross threads.
-    let run = rt.spawn(async move {
+}
+
+/// `n` turns (or delegation round trips) of a fresh 10-agent organization; the rate per second.
+fn run(setup: Setup, delegation: bool, n: usize) -> f64 {
+    let rt = setup.runtime();
+    let (org, mut replies) = rt.block_on(async {
         let org = Organization::builder(config(10))
             .stores(Stores::memory())
             .llm(Arc::new(Stub {
-                delegate: what == "delegation",
+                delegate: delegation,
             }))
             .build()
             .await
             .expect("organization");
         org.start_all().await.expect("start");
-        let mut replies = org.take_replies().expect("replies");
+        let replies = org.take_replies().expect("replies");
+        (org, replies)
+    });
+    let driver = org.clone();
+    let chain = async move {
         let start = Instant::now();
         for _ in 0..n {
-            org.deliver("agent-0", InboundMessage::new("portal", "u", "hi"))
+            driver
+                .deliver("agent-0", InboundMessage::new("portal", "u", "hi"))
                 .await
                 .unwrap();
             replies.next().await.unwrap();
         }
-        let secs = start.elapsed().as_secs_f64();
-        println!("{what}: {n} in {secs:.3} s = {:.0}/s", n as f64 / secs);
-    });
-    rt.block_on(run).expect("the run");
+        start.elapsed().as_secs_f64()
+    };
+    // Driven from a spawned task, as an application's own tasks would be: on the multi-thread
+    // runtime a `block_on` thread is not a worker, so every delivery and reply would cross threads.
+    let secs = match setup {
+        Setup::MultiOnOrg => rt.block_on(org.spawn(chain)),
+        _ => rt.block_on(rt.spawn(chain)).expect("the run"),
+    };
+    n as f64 / secs
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+fn compare(delegation: bool, n: usize, rounds: usize) {
+    let setups = [Setup::CurrentThread, Setup::Multi, Setup::MultiOnOrg];
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); setups.len()];
+    let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); setups.len()];
+    for round in 0..rounds {
+        let mut this_round = [0.0; 3];
+        // The order rotates each round.
+        for k in 0..setups.len() {
+            let i = (k + round) % setups.len();
+            this_round[i] = run(setups[i], delegation, n);
+        }
+        for i in 0..setups.len() {
+            rates[i].push(this_round[i]);
+            ratios[i].push(this_round[i] / this_round[0]);
+        }
+    }
+    let what = if delegation { "round trips" } else { "turns" };
+    for (i, setup) in setups.iter().enumerate() {
+        println!(
+            "{what}, {setup:?}: median {:.1}k/s over {rounds} rounds of {n}; median ratio to \
+             CurrentThread {:.2}",
+            median(rates[i].clone()) / 1000.0,
+            median(ratios[i].clone()),
+        );
+    }
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let what = args.next().unwrap_or_else(|| "turn".into());
+    let n: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(20_000);
+    let third = args.next();
+    match what.as_str() {
+        "memory" => memory(&Setup::parse(third.as_deref()).runtime(), n),
+        "compare" | "compare_delegation" => {
+            let rounds = third.and_then(|s| s.parse().ok()).unwrap_or(9);
+            compare(what == "compare_delegation", n, rounds);
+        }
+        _ => {
+            let rate = run(Setup::parse(third.as_deref()), what == "delegation", n);
+            println!("{what}: {n} at {rate:.0}/s");
+        }
+    }
 }

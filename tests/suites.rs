@@ -167,6 +167,7 @@ on_every_backend!(junctions #[tokio::test(flavor = "multi_thread", worker_thread
     a_notice_is_marked_sent_before_the_delegator_answers_it,
     a_conversation_goes_on_after_a_restart,
     a_panicking_model_ends_only_its_own_agent,
+    two_runners_carry_delegation_round_trips,
 );
 
 on_every_backend!(agent:

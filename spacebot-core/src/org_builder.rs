@@ -28,6 +28,7 @@ pub struct OrganizationBuilder {
     stores: Option<Stores>,
     llm: Option<Arc<dyn LlmProvider>>,
     spawner: Option<Arc<dyn Spawner>>,
+    runners: usize,
     clock: Option<Arc<dyn Clock>>,
     events: Arc<dyn EventSink>,
     outbound: Option<Arc<dyn Outbound>>,
@@ -47,6 +48,7 @@ impl Organization {
             stores: None,
             llm: None,
             spawner: None,
+            runners: 1,
             clock: None,
             events: Arc::new(NullSink),
             outbound: None,
@@ -75,6 +77,19 @@ impl OrganizationBuilder {
     /// runtime; required otherwise).
     pub fn spawner(mut self, spawner: Arc<dyn Spawner>) -> Self {
         self.spawner = Some(spawner);
+        self
+    }
+    /// How many tasks of the host runtime run the organization's agent loops (default 1; see
+    /// `docs/runtime.md`, "Where the loops run").
+    ///
+    /// With one, a turn that wakes another agent wakes it on the same thread, without the host's
+    /// scheduler: the fastest for chains of agents (delegations, conversations). With more, on a
+    /// multi-thread runtime, agents run on several threads at once, which pays when many agents
+    /// have work at the same time and their turns cost CPU (templating, JSON, tools computing
+    /// in-process), at the price of wake-ups between those threads. More runners than the
+    /// runtime's worker threads gain nothing.
+    pub fn runners(mut self, runners: usize) -> Self {
+        self.runners = runners.max(1);
         self
     }
     /// The clock (with the `tokio` feature it defaults to `TokioClock`; required otherwise;
@@ -206,7 +221,7 @@ impl OrganizationBuilder {
             inner: Arc::new(OrgInner {
                 stores,
                 llm,
-                loops: crate::runtime::executor::LoopExecutor::new(spawner.clone()),
+                loops: crate::runtime::executor::LoopExecutor::new(spawner.clone(), self.runners),
                 spawner,
                 clock,
                 events: self.events,

@@ -1346,3 +1346,46 @@ pub async fn a_panicking_model_ends_only_its_own_agent(stores: Stores) {
         .expect("a shutdown after a panicked loop ends")
         .unwrap();
 }
+
+/// With the organization's loops on two tasks of the runtime (`OrganizationBuilder::runners`),
+/// delegation round trips are answered as with one, and a shutdown ends every loop.
+pub async fn two_runners_carry_delegation_round_trips(stores: Stores) {
+    let llm = FnLlm::new(|req| {
+        let me = req.agent.as_ref().map(|a| a.as_str()).unwrap_or("");
+        Ok(match (me, req.envelope_kind) {
+            ("a", Some(EnvelopeKind::UserMessage)) => ChatResponse::tool_calls(vec![tool_call(
+                "send_agent_message",
+                json!({"target": "b", "message": "Compute."}),
+            )]),
+            ("b", _) => ChatResponse::text("42"),
+            _ => ChatResponse::text("The answer is 42."),
+        })
+    });
+    let org = spacebot::Organization::builder(spacebot::OrgConfig::from_toml_str(PEERS).unwrap())
+        .stores(stores)
+        .llm(Arc::new(llm))
+        .runners(2)
+        .build()
+        .await
+        .unwrap();
+    org.start_all().await.unwrap();
+    let mut replies = org.take_replies().unwrap();
+    for n in 0..10 {
+        org.deliver("a", user(&format!("question {n}")))
+            .await
+            .unwrap();
+        let reply = tokio::time::timeout(
+            Duration::from_secs(10),
+            futures::StreamExt::next(&mut replies),
+        )
+        .await
+        .expect("a reply within 10 s")
+        .expect("a reply");
+        assert_eq!(reply.content, "The answer is 42.", "round trip {n}");
+    }
+    tokio::time::timeout(Duration::from_secs(10), org.shutdown())
+        .await
+        .expect("the shutdown ends")
+        .unwrap();
+    assert!(!org.is_running(&id("a")) && !org.is_running(&id("b")));
+}

@@ -20,6 +20,7 @@
 
 use std::sync::{Arc, Mutex, Weak};
 
+use futures::FutureExt;
 use futures::channel::oneshot;
 use futures::future::BoxFuture;
 
@@ -30,6 +31,7 @@ type Executor = async_executor::Executor<'static>;
 /// Spawns an organization's loops onto its runner.
 pub(crate) struct LoopExecutor {
     spawner: Arc<dyn Spawner>,
+    runners: usize,
     current: Mutex<Current>,
 }
 
@@ -47,9 +49,11 @@ impl std::fmt::Debug for LoopExecutor {
 }
 
 impl LoopExecutor {
-    pub(crate) fn new(spawner: Arc<dyn Spawner>) -> Self {
+    /// Loops run on `runners` tasks of `spawner` (at least one).
+    pub(crate) fn new(spawner: Arc<dyn Spawner>, runners: usize) -> Self {
         Self {
             spawner,
+            runners: runners.max(1),
             current: Mutex::default(),
         }
     }
@@ -59,7 +63,7 @@ impl LoopExecutor {
         self.executor().spawn(future).detach();
     }
 
-    /// The live executor, or a new one with its runner started through the spawner.
+    /// The live executor, or a new one with its runners started through the spawner.
     fn executor(&self) -> Arc<Executor> {
         let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(executor) = current.executor.upgrade() {
@@ -67,11 +71,16 @@ impl LoopExecutor {
         }
         let executor = Arc::new(Executor::new());
         let (close, closed) = oneshot::channel::<()>();
-        let runner = executor.clone();
-        self.spawner.spawn(Box::pin(async move {
-            // Ends when the organization is dropped; dropping the executor drops its loops.
-            let _ = runner.run(closed).await;
-        }));
+        let closed = closed.shared();
+        for _ in 0..self.runners {
+            let runner = executor.clone();
+            let closed = closed.clone();
+            self.spawner.spawn(Box::pin(async move {
+                // Ends when the organization is dropped; the last runner to end drops the
+                // executor, and with it the loops still in it.
+                let _ = runner.run(closed).await;
+            }));
+        }
         current.executor = Arc::downgrade(&executor);
         current._close = Some(close);
         executor
@@ -83,6 +92,7 @@ impl LoopExecutor {
 mod tests {
     use super::*;
     use crate::rt::TokioSpawner;
+    use futures::StreamExt;
     use std::time::Duration;
 
     fn runtime() -> tokio::runtime::Runtime {
@@ -97,7 +107,7 @@ mod tests {
     fn loops_run_and_a_panic_ends_only_its_own_loop() {
         let rt = runtime();
         rt.block_on(async {
-            let loops = LoopExecutor::new(Arc::new(TokioSpawner::current()));
+            let loops = LoopExecutor::new(Arc::new(TokioSpawner::current()), 1);
             loops.spawn(Box::pin(async { panic!("boom") }));
             let (tx, rx) = oneshot::channel();
             loops.spawn(Box::pin(async move {
@@ -112,7 +122,7 @@ mod tests {
     fn dropping_the_runtime_drops_the_loops() {
         let rt = runtime();
         let (dropped_tx, dropped_rx) = std::sync::mpsc::channel::<()>();
-        let loops = rt.block_on(async { LoopExecutor::new(Arc::new(TokioSpawner::current())) });
+        let loops = rt.block_on(async { LoopExecutor::new(Arc::new(TokioSpawner::current()), 1) });
         let (started_tx, started_rx) = oneshot::channel::<()>();
         struct Guard(std::sync::mpsc::Sender<()>);
         impl Drop for Guard {
@@ -139,26 +149,55 @@ mod tests {
     }
 
     #[test]
-    fn dropping_the_organization_side_ends_the_runner() {
-        let rt = runtime();
-        let (dropped_tx, dropped_rx) = std::sync::mpsc::channel::<()>();
-        struct Guard(std::sync::mpsc::Sender<()>);
-        impl Drop for Guard {
-            fn drop(&mut self) {
-                let _ = self.0.send(());
+    fn dropping_the_organization_side_ends_the_runners() {
+        for runners in [1, 2] {
+            let rt = runtime();
+            let (dropped_tx, dropped_rx) = std::sync::mpsc::channel::<()>();
+            struct Guard(std::sync::mpsc::Sender<()>);
+            impl Drop for Guard {
+                fn drop(&mut self) {
+                    let _ = self.0.send(());
+                }
             }
+            rt.block_on(async {
+                let loops = LoopExecutor::new(Arc::new(TokioSpawner::current()), runners);
+                let guard = Guard(dropped_tx);
+                loops.spawn(Box::pin(async move {
+                    let _guard = guard;
+                    futures::future::pending::<()>().await;
+                }));
+                drop(loops);
+            });
+            dropped_rx
+                .recv_timeout(Duration::from_secs(5))
+                .expect("the loop is dropped with its organization's executor");
         }
+    }
+
+    #[test]
+    fn two_runners_run_two_loops_at_once() {
+        let rt = runtime();
         rt.block_on(async {
-            let loops = LoopExecutor::new(Arc::new(TokioSpawner::current()));
-            let guard = Guard(dropped_tx);
-            loops.spawn(Box::pin(async move {
-                let _guard = guard;
-                futures::future::pending::<()>().await;
-            }));
-            drop(loops);
+            let loops = LoopExecutor::new(Arc::new(TokioSpawner::current()), 2);
+            // Each loop blocks its thread until the other one has started: only two runners on
+            // two worker threads get both going.
+            let (a_tx, a_rx) = std::sync::mpsc::channel::<()>();
+            let (b_tx, b_rx) = std::sync::mpsc::channel::<()>();
+            let (done_tx, mut done_rx) = futures::channel::mpsc::unbounded::<bool>();
+            for (tx, rx) in [(a_tx, b_rx), (b_tx, a_rx)] {
+                let done = done_tx.clone();
+                loops.spawn(Box::pin(async move {
+                    let _ = tx.send(());
+                    let met = rx.recv_timeout(Duration::from_secs(5)).is_ok();
+                    let _ = done.unbounded_send(met);
+                }));
+            }
+            for _ in 0..2 {
+                let met = tokio::time::timeout(Duration::from_secs(10), done_rx.next())
+                    .await
+                    .expect("both loops ended");
+                assert_eq!(met, Some(true), "the two loops ran at the same time");
+            }
         });
-        dropped_rx
-            .recv_timeout(Duration::from_secs(5))
-            .expect("the loop is dropped with its organization's executor");
     }
 }
