@@ -269,7 +269,7 @@ impl Organization {
     ///             answered += 1;
     ///         }
     ///     }
-    ///     Ok::<_, spacebot_core::OrgError>(answered)
+    ///     Ok::<_, spacebot_core::DeliveryError>(answered)
     /// });
     /// assert_eq!(answered.await?, 3);
     /// # Ok(())
