@@ -42,7 +42,7 @@ use spacebot::placement::{PlacementOptions, ProcessId};
 use spacebot::postgres::{PgOptions, PgStores};
 use spacebot::rt::{TokioClock, TokioSpawner};
 use spacebot::testing::{FnLlm, tool_call};
-use spacebot::{AgentId, EnvelopeKind, InboundMessage, OrgConfig, Organization, Reply, Stores};
+use spacebot::{AgentId, EnvelopeKind, InboundMessage, OrgConfig, Organization, Stores};
 use tokio::runtime::Runtime;
 
 /// `n` chains `a-i` → `b-i` (superior).
@@ -94,7 +94,7 @@ impl Case {
 /// The organizations of one case, and every reply of any of them.
 struct Running {
     orgs: Vec<Organization>,
-    replies: SelectAll<futures::channel::mpsc::UnboundedReceiver<Reply>>,
+    replies: SelectAll<spacebot::Replies>,
     _dir: Option<tempfile::TempDir>,
     _schema: Option<PgStores>,
 }

@@ -51,15 +51,14 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, measurement::WallTime};
 use futures::StreamExt;
-use futures::channel::mpsc::UnboundedReceiver;
 use serde_json::json;
 use spacebot::error::LlmError;
 use spacebot::llm::{ChatRequest, ChatResponse, LlmProvider};
 use spacebot::rt::{TokioClock, TokioSpawner};
 use spacebot::testing::{FnLlm, tool_call};
 use spacebot::{
-    AgentId, ChannelId, Envelope, EnvelopeKind, InboundMessage, OrgConfig, Organization, Reply,
-    Source, Stores, Timestamp,
+    AgentId, ChannelId, Envelope, EnvelopeKind, InboundMessage, OrgConfig, Organization, Source,
+    Stores, Timestamp,
 };
 use tokio::runtime::Runtime;
 
@@ -143,7 +142,7 @@ impl LlmProvider for Chains {
 /// A running organization in its own temporary directory.
 struct Running {
     org: Organization,
-    replies: UnboundedReceiver<Reply>,
+    replies: spacebot::Replies,
     _dir: tempfile::TempDir,
 }
 

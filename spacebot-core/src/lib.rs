@@ -109,7 +109,7 @@ pub use placement::{MemoryPlacement, Placement, PlacementLease, PlacementOptions
 pub use policy::{ApprovalPolicy, LinkGraph, OrgChart};
 pub use prompts::{Identity, Prompts};
 pub use runtime::behaviour::{AgentWorker, Answer, Behaviour};
-pub use runtime::{AgentQueue, ChannelOutbound, Outbound, Reply, ReplyKind};
+pub use runtime::{AgentQueue, ChannelOutbound, Outbound, Replies, Reply, ReplyKind};
 pub use stores::Stores;
 pub use task::{NewTask, Task, TaskStatus, TaskStore};
 pub use text::Text;

@@ -803,13 +803,18 @@ impl Organization {
     }
 
     /// The stream of root agents' replies, when no outbound was set on the builder. `None` if an
-    /// outbound was set or the stream was taken already.
-    pub fn take_replies(&self) -> Option<mpsc::UnboundedReceiver<Reply>> {
-        self.inner
+    /// outbound was set or the stream was taken already. While it waits for a reply, the stream
+    /// runs the organization's ready agent loops in the caller's task (see [`Replies`]).
+    ///
+    /// [`Replies`]: crate::Replies
+    pub fn take_replies(&self) -> Option<crate::Replies> {
+        let rx = self
+            .inner
             .replies
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .take()
+            .take()?;
+        Some(crate::Replies::new(rx, self.inner.loops.helper()))
     }
 
     /// Every agent id (running, stopped and ended children excluded), sorted.

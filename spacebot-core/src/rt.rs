@@ -40,6 +40,11 @@ impl Spawner for TokioSpawner {
     fn spawn(&self, future: BoxFuture<'static, ()>) {
         drop(self.handle.spawn(future));
     }
+
+    /// Inside this spawner's runtime (on one of its worker threads, or in its `block_on`).
+    fn is_current(&self) -> bool {
+        tokio::runtime::Handle::try_current().is_ok_and(|here| here.id() == self.handle.id())
+    }
 }
 
 /// Wall-clock time and Tokio timers.
@@ -67,6 +72,17 @@ mod tests {
             let _ = tx.send(7);
         }));
         assert_eq!(rx.await.ok(), Some(7));
+        assert!(TokioSpawner::current().is_current());
+        // Another runtime's handle (that runtime built and dropped on a thread of its own).
+        let other = std::thread::spawn(|| {
+            tokio::runtime::Builder::new_current_thread()
+                .build()
+                .map(|rt| rt.handle().clone())
+        })
+        .join()
+        .expect("the thread")
+        .expect("a runtime");
+        assert!(!TokioSpawner::with_handle(other).is_current());
         let before = TokioClock.now();
         TokioClock.sleep(Duration::from_millis(5)).await;
         assert!(TokioClock.now() >= before);

@@ -78,11 +78,22 @@ impl<C: Clock + ?Sized> Clock for Arc<C> {
 pub trait Spawner: Send + Sync + fmt::Debug + 'static {
     /// Runs `future` in the background.
     fn spawn(&self, future: BoxFuture<'static, ()>);
+
+    /// Whether the calling thread is inside the executor this spawner spawns onto, so that a
+    /// future of that executor could as well be polled right here. An organization then lets a
+    /// caller that waits on it (the replies stream) run its ready agent loops in the caller's own
+    /// task. The default, `false`, never does.
+    fn is_current(&self) -> bool {
+        false
+    }
 }
 
 impl<S: Spawner + ?Sized> Spawner for Arc<S> {
     fn spawn(&self, future: BoxFuture<'static, ()>) {
         (**self).spawn(future)
+    }
+    fn is_current(&self) -> bool {
+        (**self).is_current()
     }
 }
 

@@ -17,6 +17,11 @@
 //!
 //! A loop that panics ends alone, as a task of the host runtime would: the executor catches the
 //! panic into the loop's own (detached) handle.
+//!
+//! A caller that waits on the organization (the replies stream) may *help*: when it is on the
+//! host runtime ([`Spawner::is_current`]), it runs the executor's ready loops in its own task while
+//! nothing has arrived for it. A chain driven by the application (deliver, await the reply) then
+//! runs on the application's thread without any wake-up through the host's scheduler.
 
 use std::sync::{Arc, Mutex, Weak};
 
@@ -30,16 +35,46 @@ type Executor = async_executor::Executor<'static>;
 
 /// Spawns an organization's loops onto its runner.
 pub(crate) struct LoopExecutor {
-    spawner: Arc<dyn Spawner>,
+    shared: Arc<Shared>,
     runners: usize,
-    current: Mutex<Current>,
+    /// Dropped with the organization: the runners then end (its loops with them).
+    close: Mutex<Option<oneshot::Sender<()>>>,
 }
 
-#[derive(Default)]
-struct Current {
-    executor: Weak<Executor>,
-    /// Dropped with the organization: the runner then ends (its loops with it).
-    _close: Option<oneshot::Sender<()>>,
+/// What a [`Helper`] shares with the organization: never the organization itself, so that a
+/// helper (the replies stream) keeps nothing alive.
+struct Shared {
+    spawner: Arc<dyn Spawner>,
+    executor: Mutex<Weak<Executor>>,
+}
+
+impl Shared {
+    fn executor(&self) -> std::sync::MutexGuard<'_, Weak<Executor>> {
+        self.executor.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Runs an organization's ready loops in the caller's task, when the caller is on the host
+/// runtime (see the module's documentation).
+#[derive(Clone)]
+pub(crate) struct Helper {
+    shared: Arc<Shared>,
+}
+
+impl Helper {
+    /// The executor, if it runs and the calling thread is on the host runtime.
+    pub(crate) fn here(&self) -> Option<Arc<Executor>> {
+        if !self.shared.spawner.is_current() {
+            return None;
+        }
+        self.shared.executor().upgrade()
+    }
+}
+
+impl std::fmt::Debug for Helper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Helper").finish_non_exhaustive()
+    }
 }
 
 impl std::fmt::Debug for LoopExecutor {
@@ -52,9 +87,19 @@ impl LoopExecutor {
     /// Loops run on `runners` tasks of `spawner` (at least one).
     pub(crate) fn new(spawner: Arc<dyn Spawner>, runners: usize) -> Self {
         Self {
-            spawner,
+            shared: Arc::new(Shared {
+                spawner,
+                executor: Mutex::default(),
+            }),
             runners: runners.max(1),
-            current: Mutex::default(),
+            close: Mutex::default(),
+        }
+    }
+
+    /// A helper for callers that wait on the organization.
+    pub(crate) fn helper(&self) -> Helper {
+        Helper {
+            shared: self.shared.clone(),
         }
     }
 
@@ -65,8 +110,8 @@ impl LoopExecutor {
 
     /// The live executor, or a new one with its runners started through the spawner.
     fn executor(&self) -> Arc<Executor> {
-        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(executor) = current.executor.upgrade() {
+        let mut current = self.shared.executor();
+        if let Some(executor) = current.upgrade() {
             return executor;
         }
         let executor = Arc::new(Executor::new());
@@ -75,14 +120,14 @@ impl LoopExecutor {
         for _ in 0..self.runners {
             let runner = executor.clone();
             let closed = closed.clone();
-            self.spawner.spawn(Box::pin(async move {
+            self.shared.spawner.spawn(Box::pin(async move {
                 // Ends when the organization is dropped; the last runner to end drops the
                 // executor, and with it the loops still in it.
                 let _ = runner.run(closed).await;
             }));
         }
-        current.executor = Arc::downgrade(&executor);
-        current._close = Some(close);
+        *current = Arc::downgrade(&executor);
+        *self.close.lock().unwrap_or_else(|e| e.into_inner()) = Some(close);
         executor
     }
 }

@@ -11,6 +11,7 @@ pub mod history;
 pub(crate) mod hosting;
 pub mod outbound;
 pub mod queue;
+pub mod replies;
 pub mod steer;
 
 pub use agent::{TurnError, TurnOutcome};
@@ -19,3 +20,4 @@ pub use outbound::{
     StreamingOutbound,
 };
 pub use queue::{AgentQueue, BoundedQueue, QueueError, Recv};
+pub use replies::Replies;

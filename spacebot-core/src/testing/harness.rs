@@ -31,7 +31,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use futures::channel::mpsc::UnboundedReceiver;
 
 use crate::config::OrgConfig;
 use crate::delegation::TaskExecutor;
@@ -66,7 +65,7 @@ pub struct OrgHarness {
     /// The organization (agents not started).
     pub org: Organization,
     /// The replies of root agents.
-    pub replies: UnboundedReceiver<Reply>,
+    pub replies: crate::Replies,
     /// Every event, recorded.
     pub events: Arc<RecordingSink>,
     /// The stores the organization runs on.
@@ -316,7 +315,11 @@ impl OrgHarnessBuilder {
         }
         let org = builder.build().await.expect("the organization builds");
         let replies = if custom_outbound {
-            futures::channel::mpsc::unbounded().1
+            // An outbound of the test's own: a stream that stays empty.
+            crate::Replies::new(
+                futures::channel::mpsc::unbounded().1,
+                org.inner.loops.helper(),
+            )
         } else {
             org.take_replies().expect("replies not taken yet")
         };

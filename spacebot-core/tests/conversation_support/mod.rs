@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::StreamExt;
-use futures::channel::mpsc::UnboundedReceiver;
 use spacebot_core::channel::ChannelRecord;
 use spacebot_core::config::OrgConfig;
 use spacebot_core::conversation::{Conversation, ConversationFilter};
@@ -73,7 +72,7 @@ pub fn config(settings: &str, body: &str) -> OrgConfig {
 
 pub struct Harness {
     pub org: Organization,
-    pub replies: UnboundedReceiver<Reply>,
+    pub replies: spacebot_core::Replies,
     pub events: Arc<RecordingSink>,
     pub stores: Stores,
 }

@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use futures::channel::mpsc::UnboundedReceiver;
 use spacebot_core::config::OrgConfig;
 use spacebot_core::delegation::TaskExecutor;
 use spacebot_core::event::EventKind;
@@ -96,7 +95,7 @@ enabled = false
 
 pub struct Harness {
     pub org: Organization,
-    pub replies: UnboundedReceiver<Reply>,
+    pub replies: spacebot_core::Replies,
     pub events: Arc<RecordingSink>,
     pub stores: Stores,
     pub clock: ManualClock,

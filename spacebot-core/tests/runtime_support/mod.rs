@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::StreamExt;
-use futures::channel::mpsc::UnboundedReceiver;
 use spacebot_core::config::OrgConfig;
 use spacebot_core::rt::TokioSpawner;
 use spacebot_core::runtime::Reply;
@@ -53,7 +52,7 @@ relationship = "superior"
 
 pub struct Harness {
     pub org: Organization,
-    pub replies: UnboundedReceiver<Reply>,
+    pub replies: spacebot_core::Replies,
     pub events: Arc<RecordingSink>,
     pub stores: Stores,
     pub clock: ManualClock,
