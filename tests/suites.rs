@@ -168,6 +168,7 @@ on_every_backend!(junctions #[tokio::test(flavor = "multi_thread", worker_thread
     a_conversation_goes_on_after_a_restart,
     a_panicking_model_ends_only_its_own_agent,
     two_runners_carry_delegation_round_trips,
+    a_chain_driven_by_waiting_for_replies_is_answered,
 );
 
 on_every_backend!(agent:

@@ -1389,3 +1389,78 @@ pub async fn two_runners_carry_delegation_round_trips(stores: Stores) {
         .unwrap();
     assert!(!org.is_running(&id("a")) && !org.is_running(&id("b")));
 }
+
+/// Waiting on the replies stream helps (it runs the organization's ready loops in the waiting
+/// task, when that task is on the organization's runtime): a chain driven that way is answered
+/// on every backend (a turn that waits on its store goes back to the runners), a reader outside
+/// the runtime only waits, and no turn ever runs outside the runtime. (That the turns of a chain
+/// on the memory stores run in the waiting task itself is a unit test of `Replies`.)
+pub async fn a_chain_driven_by_waiting_for_replies_is_answered(stores: Stores) {
+    type Seen = Arc<std::sync::Mutex<Vec<(Option<tokio::task::Id>, bool)>>>;
+    let seen: Seen = Arc::default();
+    let record = seen.clone();
+    let llm = FnLlm::new(move |_| {
+        let on_runtime = tokio::runtime::Handle::try_current().is_ok();
+        record
+            .lock()
+            .unwrap()
+            .push((tokio::task::try_id(), on_runtime));
+        Ok(ChatResponse::text("pong"))
+    });
+    let org = spacebot::Organization::builder(spacebot::OrgConfig::from_toml_str(PEERS).unwrap())
+        .stores(stores)
+        .llm(Arc::new(llm))
+        .build()
+        .await
+        .unwrap();
+    org.start_all().await.unwrap();
+    let mut replies = org.take_replies().unwrap();
+    // Driven from a task of the runtime.
+    let driving = org.clone();
+    let (driver, mut replies) = tokio::spawn(async move {
+        for n in 0..20 {
+            driving
+                .deliver("a", user(&format!("ping {n}")))
+                .await
+                .unwrap();
+            let reply = tokio::time::timeout(
+                Duration::from_secs(10),
+                futures::StreamExt::next(&mut replies),
+            )
+            .await
+            .expect("a reply within 10 s")
+            .expect("a reply");
+            assert_eq!(reply.content, "pong");
+        }
+        (tokio::task::id(), replies)
+    })
+    .await
+    .unwrap();
+    assert!(
+        seen.lock()
+            .unwrap()
+            .iter()
+            .all(|(task, on_runtime)| { *on_runtime && task.is_some() }),
+        "every turn ran in a task of the runtime (the driver {driver} or a runner)"
+    );
+    // Read from a thread outside the runtime: the reply comes, and the turn ran on the runtime.
+    seen.lock().unwrap().clear();
+    let (read_tx, read_rx) = tokio::sync::oneshot::channel();
+    let reader = std::thread::spawn(move || {
+        let reply = futures::executor::block_on(futures::StreamExt::next(&mut replies));
+        let _ = read_tx.send(reply.map(|r| r.content));
+    });
+    org.deliver("a", user("ping from outside")).await.unwrap();
+    let content = tokio::time::timeout(Duration::from_secs(10), read_rx)
+        .await
+        .expect("a reply within 10 s")
+        .unwrap();
+    assert_eq!(content.as_deref(), Some("pong"));
+    reader.join().unwrap();
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert!(
+        seen.iter().all(|(_, on_runtime)| *on_runtime),
+        "a turn ran outside the organization's runtime: {seen:?}"
+    );
+}

@@ -107,3 +107,70 @@ impl FusedStream for Replies {
         self.rx.is_terminated()
     }
 }
+
+#[cfg(all(test, feature = "testing", feature = "tokio"))]
+#[allow(clippy::expect_used, clippy::unwrap_used)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use futures::StreamExt;
+
+    use crate::testing::FnLlm;
+    use crate::{ChatResponse, InboundMessage, OrgConfig, Organization, Stores};
+
+    /// On the memory stores a turn never waits, so a chain driven from a task of the runtime
+    /// runs its turns in that task: the stream ran them while it waited.
+    #[test]
+    fn a_chain_on_memory_stores_runs_in_the_waiting_task() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let seen: Arc<Mutex<Vec<Option<tokio::task::Id>>>> = Arc::default();
+            let record = seen.clone();
+            let llm = FnLlm::new(move |_| {
+                record.lock().unwrap().push(tokio::task::try_id());
+                Ok(ChatResponse::text("pong"))
+            });
+            let config =
+                OrgConfig::from_toml_str("[[agents]]\nid = \"echo\"\nname = \"Echo\"\n").unwrap();
+            let org = Organization::builder(config)
+                .stores(Stores::memory())
+                .llm(Arc::new(llm))
+                .build()
+                .await
+                .unwrap();
+            org.start_all().await.unwrap();
+            let mut replies = org.take_replies().unwrap();
+            let driver = tokio::spawn(async move {
+                for n in 0..20 {
+                    org.deliver(
+                        "echo",
+                        InboundMessage::new("portal", "u", format!("ping {n}")),
+                    )
+                    .await
+                    .unwrap();
+                    let reply = tokio::time::timeout(Duration::from_secs(10), replies.next())
+                        .await
+                        .expect("a reply within 10 s")
+                        .expect("a reply");
+                    assert_eq!(reply.content, "pong");
+                }
+                tokio::task::id()
+            })
+            .await
+            .unwrap();
+            let seen = seen.lock().unwrap().clone();
+            let in_driver = seen.iter().filter(|task| **task == Some(driver)).count();
+            // The first turns may race the runners' start-up; the chain then settles in the driver.
+            assert!(
+                in_driver >= 10,
+                "{in_driver} of {} turns ran in the waiting task",
+                seen.len()
+            );
+        });
+    }
+}
