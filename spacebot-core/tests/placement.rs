@@ -736,6 +736,25 @@ impl TaskExecutor for HangsOnce {
 /// lease).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_fenced_executor_attempt_is_aborted_and_run_again_at_once() {
+    an_executor_attempt_moves_at_once(Leave::CutOff).await;
+}
+
+/// The same on a clean shutdown of the process that hosts the agent: its attempt is aborted, not
+/// awaited, and the next host runs the task again at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_executor_attempt_is_aborted_by_a_clean_shutdown_and_run_again_at_once() {
+    an_executor_attempt_moves_at_once(Leave::Shutdown).await;
+}
+
+/// How the first host lets go of its agent.
+enum Leave {
+    /// Cut off from the placement table: it fences the agent.
+    CutOff,
+    /// `Organization::shutdown`: it hands the agent over.
+    Shutdown,
+}
+
+async fn an_executor_attempt_moves_at_once(leave: Leave) {
     let executor = Arc::new(HangsOnce::default());
     let worker0 = AgentId::parse("worker0").unwrap();
     let c = cluster_with(
@@ -769,9 +788,19 @@ async fn a_fenced_executor_attempt_is_aborted_and_run_again_at_once() {
         executor.attempts.load(Ordering::SeqCst) == 1
     })
     .await;
-    let p1 = c.processes[0].org.process().unwrap().clone();
-    c.placement.cut_off(&p1);
-    wait_for("p1 to abort the attempt when it fences worker0", || {
+    match leave {
+        Leave::CutOff => {
+            let p1 = c.processes[0].org.process().unwrap().clone();
+            c.placement.cut_off(&p1);
+        }
+        Leave::Shutdown => {
+            tokio::time::timeout(TIMEOUT, c.processes[0].org.shutdown())
+                .await
+                .expect("the shutdown does not wait for the attempt")
+                .unwrap();
+        }
+    }
+    wait_for("p1 to abort the attempt when it lets worker0 go", || {
         executor.dropped.load(Ordering::SeqCst)
     })
     .await;
