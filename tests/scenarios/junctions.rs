@@ -1347,6 +1347,17 @@ pub async fn a_panicking_model_ends_only_its_own_agent(stores: Stores) {
         .unwrap();
 }
 
+/// Delivers `text` to `a` as a user message and returns the content of the next reply (10 s at
+/// most).
+async fn ask(org: &spacebot::Organization, replies: &mut spacebot::Replies, text: &str) -> String {
+    org.deliver("a", user(text)).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), futures::StreamExt::next(replies))
+        .await
+        .expect("a reply within 10 s")
+        .expect("a reply")
+        .content
+}
+
 /// With the organization's loops on two tasks of the runtime (`OrganizationBuilder::runners`),
 /// delegation round trips are answered as with one, and a shutdown ends every loop.
 pub async fn two_runners_carry_delegation_round_trips(stores: Stores) {
@@ -1371,17 +1382,8 @@ pub async fn two_runners_carry_delegation_round_trips(stores: Stores) {
     org.start_all().await.unwrap();
     let mut replies = org.take_replies().unwrap();
     for n in 0..10 {
-        org.deliver("a", user(&format!("question {n}")))
-            .await
-            .unwrap();
-        let reply = tokio::time::timeout(
-            Duration::from_secs(10),
-            futures::StreamExt::next(&mut replies),
-        )
-        .await
-        .expect("a reply within 10 s")
-        .expect("a reply");
-        assert_eq!(reply.content, "The answer is 42.", "round trip {n}");
+        let answer = ask(&org, &mut replies, &format!("question {n}")).await;
+        assert_eq!(answer, "The answer is 42.", "round trip {n}");
     }
     tokio::time::timeout(Duration::from_secs(10), org.shutdown())
         .await
@@ -1419,18 +1421,10 @@ pub async fn a_chain_driven_by_waiting_for_replies_is_answered(stores: Stores) {
     let driving = org.clone();
     let (driver, mut replies) = tokio::spawn(async move {
         for n in 0..20 {
-            driving
-                .deliver("a", user(&format!("ping {n}")))
-                .await
-                .unwrap();
-            let reply = tokio::time::timeout(
-                Duration::from_secs(10),
-                futures::StreamExt::next(&mut replies),
-            )
-            .await
-            .expect("a reply within 10 s")
-            .expect("a reply");
-            assert_eq!(reply.content, "pong");
+            assert_eq!(
+                ask(&driving, &mut replies, &format!("ping {n}")).await,
+                "pong"
+            );
         }
         (tokio::task::id(), replies)
     })
