@@ -148,6 +148,26 @@ mod tests {
             .expect("runtime")
     }
 
+    /// Says when it is dropped (with the loop that holds it).
+    struct Guard(std::sync::mpsc::Sender<()>);
+
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            let _ = self.0.send(());
+        }
+    }
+
+    /// A loop that holds a [`Guard`] and never ends, and the receiver of its drop.
+    fn held_forever() -> (BoxFuture<'static, ()>, std::sync::mpsc::Receiver<()>) {
+        let (dropped_tx, dropped_rx) = std::sync::mpsc::channel::<()>();
+        let guard = Guard(dropped_tx);
+        let future = Box::pin(async move {
+            let _guard = guard;
+            futures::future::pending::<()>().await;
+        });
+        (future, dropped_rx)
+    }
+
     #[test]
     fn loops_run_and_a_panic_ends_only_its_own_loop() {
         let rt = runtime();
@@ -166,20 +186,12 @@ mod tests {
     #[test]
     fn dropping_the_runtime_drops_the_loops() {
         let rt = runtime();
-        let (dropped_tx, dropped_rx) = std::sync::mpsc::channel::<()>();
         let loops = rt.block_on(async { LoopExecutor::new(Arc::new(TokioSpawner::current()), 1) });
+        let (held, dropped) = held_forever();
         let (started_tx, started_rx) = oneshot::channel::<()>();
-        struct Guard(std::sync::mpsc::Sender<()>);
-        impl Drop for Guard {
-            fn drop(&mut self) {
-                let _ = self.0.send(());
-            }
-        }
-        let guard = Guard(dropped_tx);
         loops.spawn(Box::pin(async move {
-            let _guard = guard;
             let _ = started_tx.send(());
-            futures::future::pending::<()>().await;
+            held.await;
         }));
         rt.block_on(async {
             tokio::time::timeout(Duration::from_secs(5), started_rx)
@@ -188,7 +200,7 @@ mod tests {
                 .expect("the loop started");
         });
         drop(rt);
-        dropped_rx
+        dropped
             .recv_timeout(Duration::from_secs(5))
             .expect("the loop is dropped with the runtime");
     }
@@ -197,23 +209,13 @@ mod tests {
     fn dropping_the_organization_side_ends_the_runners() {
         for runners in [1, 2] {
             let rt = runtime();
-            let (dropped_tx, dropped_rx) = std::sync::mpsc::channel::<()>();
-            struct Guard(std::sync::mpsc::Sender<()>);
-            impl Drop for Guard {
-                fn drop(&mut self) {
-                    let _ = self.0.send(());
-                }
-            }
+            let (held, dropped) = held_forever();
             rt.block_on(async {
                 let loops = LoopExecutor::new(Arc::new(TokioSpawner::current()), runners);
-                let guard = Guard(dropped_tx);
-                loops.spawn(Box::pin(async move {
-                    let _guard = guard;
-                    futures::future::pending::<()>().await;
-                }));
+                loops.spawn(held);
                 drop(loops);
             });
-            dropped_rx
+            dropped
                 .recv_timeout(Duration::from_secs(5))
                 .expect("the loop is dropped with its organization's executor");
         }
