@@ -109,42 +109,57 @@ impl FusedStream for Replies {
 }
 
 #[cfg(all(test, feature = "testing", feature = "tokio"))]
-#[allow(clippy::expect_used, clippy::unwrap_used)]
+#[allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
 mod tests {
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
     use futures::StreamExt;
 
+    use super::Replies;
     use crate::testing::FnLlm;
     use crate::{ChatResponse, InboundMessage, OrgConfig, Organization, Stores};
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime")
+    }
+
+    /// A started organization of one agent, `echo`, on the memory stores, whose model answers
+    /// "pong" and records the Tokio task each call ran in.
+    async fn echo_org() -> (
+        Organization,
+        Replies,
+        Arc<Mutex<Vec<Option<tokio::task::Id>>>>,
+    ) {
+        let seen: Arc<Mutex<Vec<Option<tokio::task::Id>>>> = Arc::default();
+        let record = seen.clone();
+        let llm = FnLlm::new(move |_| {
+            record.lock().unwrap().push(tokio::task::try_id());
+            Ok(ChatResponse::text("pong"))
+        });
+        let config =
+            OrgConfig::from_toml_str("[[agents]]\nid = \"echo\"\nname = \"Echo\"\n").unwrap();
+        let org = Organization::builder(config)
+            .stores(Stores::memory())
+            .llm(Arc::new(llm))
+            .build()
+            .await
+            .unwrap();
+        org.start_all().await.unwrap();
+        let replies = org.take_replies().unwrap();
+        (org, replies, seen)
+    }
 
     /// On the memory stores a turn never waits, so a chain driven from a task of the runtime
     /// runs its turns in that task: the stream ran them while it waited.
     #[test]
     fn a_chain_on_memory_stores_runs_in_the_waiting_task() {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async {
-            let seen: Arc<Mutex<Vec<Option<tokio::task::Id>>>> = Arc::default();
-            let record = seen.clone();
-            let llm = FnLlm::new(move |_| {
-                record.lock().unwrap().push(tokio::task::try_id());
-                Ok(ChatResponse::text("pong"))
-            });
-            let config =
-                OrgConfig::from_toml_str("[[agents]]\nid = \"echo\"\nname = \"Echo\"\n").unwrap();
-            let org = Organization::builder(config)
-                .stores(Stores::memory())
-                .llm(Arc::new(llm))
-                .build()
-                .await
-                .unwrap();
-            org.start_all().await.unwrap();
-            let mut replies = org.take_replies().unwrap();
+        runtime().block_on(async {
+            let (org, mut replies, seen) = echo_org().await;
             let driver = tokio::spawn(async move {
                 for n in 0..20 {
                     org.deliver(
@@ -171,6 +186,89 @@ mod tests {
                 "{in_driver} of {} turns ran in the waiting task",
                 seen.len()
             );
+        });
+    }
+
+    /// The stream ends once the organization is shut down and dropped and every reply was read.
+    #[test]
+    fn the_stream_ends_when_the_organization_is_gone() {
+        runtime().block_on(async {
+            let (org, mut replies, _) = echo_org().await;
+            org.deliver("echo", InboundMessage::new("portal", "u", "ping"))
+                .await
+                .unwrap();
+            org.wait_idle(&crate::AgentId::parse("echo").unwrap())
+                .await
+                .unwrap();
+            org.shutdown().await.unwrap();
+            drop(org);
+            let first = tokio::time::timeout(Duration::from_secs(10), replies.next())
+                .await
+                .expect("the reply within 10 s");
+            assert_eq!(first.map(|r| r.content).as_deref(), Some("pong"));
+            let end = tokio::time::timeout(Duration::from_secs(10), replies.next())
+                .await
+                .expect("the end within 10 s");
+            assert!(end.is_none());
+            assert!(futures::stream::FusedStream::is_terminated(&replies));
+        });
+    }
+
+    /// A wait runs at most its budget of loop polls, then gives its thread back: a loop that is
+    /// always ready (it wakes itself at every poll) does not keep the waiting task forever. The
+    /// wait runs on a current-thread runtime on a thread of its own, and must time out (10 s at
+    /// most for the whole check, or the wait kept its thread).
+    #[test]
+    fn a_wait_gives_its_thread_back_after_its_budget() {
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            let outcome = rt.block_on(async {
+                let loops = crate::runtime::executor::LoopExecutor::new(
+                    Arc::new(crate::rt::TokioSpawner::current()),
+                    1,
+                );
+                let spins = Arc::new(std::sync::atomic::AtomicU64::new(0));
+                let counter = spins.clone();
+                loops.spawn(Box::pin(futures::future::poll_fn(move |cx| {
+                    counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    cx.waker().wake_by_ref();
+                    std::task::Poll::<()>::Pending
+                })));
+                let (_never, rx) = futures::channel::mpsc::unbounded();
+                let mut replies = Replies::new(rx, loops.helper());
+                let waited = tokio::time::timeout(Duration::from_millis(100), replies.next()).await;
+                (
+                    waited.is_err(),
+                    spins.load(std::sync::atomic::Ordering::Relaxed),
+                )
+            });
+            let _ = done_tx.send(outcome);
+        });
+        let (timed_out, spins) = done_rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the wait gave its thread back");
+        assert!(timed_out, "nothing was sent, the wait must time out");
+        assert!(spins > 64, "the loop was ready all along ({spins} polls)");
+    }
+
+    /// `Organization::spawn` runs its future on the organization's executor (the Tokio task of a
+    /// runner, not the caller's) and resumes a panic where the handle is awaited.
+    #[test]
+    fn organization_spawn_runs_on_a_runner_and_resumes_a_panic() {
+        runtime().block_on(async {
+            let (org, _replies, _) = echo_org().await;
+            let caller = tokio::spawn(async { tokio::task::id() }).await.unwrap();
+            let ran_in = org.spawn(async { tokio::task::try_id() }).await;
+            assert!(ran_in.is_some() && ran_in != Some(caller), "{ran_in:?}");
+            let handle = org.spawn(async { panic!("on purpose") });
+            let awaited = tokio::spawn(handle).await;
+            assert!(awaited.is_err_and(|e| e.is_panic()));
+            // The executor goes on after the panic.
+            assert_eq!(org.spawn(async { 7 }).await, 7);
         });
     }
 }
