@@ -18,12 +18,11 @@
 //!   once;
 //! - `durable_history/{sqlite_normal,redb}/{after_100,after_20000}`: one round trip of a single
 //!   chain (as in `durable_delegation`) after 100 earlier round trips on the same agents and after
-//!   20,000 (`SPACEBOT_BENCH_HISTORY` sets another count), on two organizations built first and
-//!   then measured one right after the other. A round trip must cost about the same however long
+//!   20,000 (`SPACEBOT_BENCH_HISTORY` sets another count), on two organizations each built when
+//!   its bench first runs (the filter `durable_history/redb` builds only redb's). A round trip must cost about the same however long
 //!   the boards and channels already are. After criterion's figures, the two are measured again
 //!   in alternation (pairs of 20-round-trip blocks, `SPACEBOT_BENCH_PAIRS` pairs, 15 by default)
 //!   and the medians and the median per-pair ratio are printed (`.../interleaved` on stderr);
-//!   `SPACEBOT_BENCH_HISTORY_BACKENDS=redb` builds and measures only redb;
 //! - `durable_store_persist/{backend}/64_concurrent`: the stores alone, 64 concurrent
 //!   `DeliveryStore::persist` calls to one agent's database (what group commit is for);
 //! - `raw_fsync/write_4k_sync_data`: write 4 KiB at the start of a temporary file and
@@ -340,16 +339,7 @@ fn history(c: &mut Criterion) {
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(20_000);
-    // `SPACEBOT_BENCH_HISTORY_BACKENDS=redb` (or `sqlite_normal`) measures only that backend, as
-    // criterion's filter `durable_history/redb` does.
-    let only = std::env::var("SPACEBOT_BENCH_HISTORY_BACKENDS").ok();
     for backend in [Backend::SqliteNormal, Backend::Redb] {
-        if only
-            .as_deref()
-            .is_some_and(|o| !o.split(',').any(|n| n.trim() == backend.name()))
-        {
-            continue;
-        }
         // Each organization is built (its earlier round trips run) when its bench first runs: a
         // filter that skips both builds nothing.
         let mut built: Vec<(usize, Option<Running>)> = vec![(100, None), (long, None)];
