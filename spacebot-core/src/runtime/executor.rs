@@ -134,13 +134,14 @@ impl LoopExecutor {
 
 #[cfg(all(test, feature = "tokio"))]
 #[allow(clippy::panic, clippy::expect_used)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::rt::TokioSpawner;
     use futures::StreamExt;
     use std::time::Duration;
 
-    fn runtime() -> tokio::runtime::Runtime {
+    /// A Tokio runtime of two workers (the replies tests use it too).
+    pub(crate) fn runtime() -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()

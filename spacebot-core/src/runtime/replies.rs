@@ -117,16 +117,9 @@ mod tests {
     use futures::StreamExt;
 
     use super::Replies;
+    use crate::runtime::executor::tests::runtime;
     use crate::testing::FnLlm;
     use crate::{ChatResponse, InboundMessage, OrgConfig, Organization, Stores};
-
-    fn runtime() -> tokio::runtime::Runtime {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime")
-    }
 
     /// A started organization of one agent, `echo`, on the memory stores, whose model answers
     /// "pong" and records the Tokio task each call ran in.
