@@ -133,7 +133,7 @@ impl DeliveryStore for MemoryDeliveryStore {
             state.pending.retain(|e| !commit.consumed.contains(&e.id));
         }
         state.applied.extend(commit.applied);
-        // Moved, not copied: the records (and their metadata maps) go into the channel store.
+        // Given away: the channel store keeps their texts without a copy.
         self.channels.append_owned(agent, commit.records);
         Ok(())
     }
