@@ -1187,6 +1187,21 @@ async fn conversation_for_reply(
     Ok(closed)
 }
 
+/// Whether [`route_reply`] could route `answer`: it answers an envelope of a conversation, or it is
+/// in a conversation's channel or in a link channel of the answering agent (where a mirrored
+/// conversation may be open). Anything else, [`route_reply`] leaves to the agent's outbound.
+fn may_belong_to_conversation(answer: &Answer<'_>) -> bool {
+    if answer.answered.iter().any(|e| e.conversation.is_some()) {
+        return true;
+    }
+    let channel = answer.channel.as_str();
+    channel.starts_with("conversation:")
+        || channel
+            .strip_prefix("link:")
+            .and_then(|rest| rest.strip_prefix(answer.agent.as_str()))
+            .is_some_and(|rest| rest.starts_with(':'))
+}
+
 /// Routes a final answer of `agent` in `channel` when the channel belongs to a conversation.
 /// Returns `true` when the reply was handled here (it must then not go to the agent's outbound).
 ///
@@ -1320,14 +1335,20 @@ impl Behaviour for Conversations {
     }
 
     async fn route_answer(&self, org: &Organization, answer: &Answer<'_>) -> bool {
-        route_reply(
+        // Most answers (a user's channel, a task's) belong to no conversation: told without a
+        // store read, and this hook's future stays small (the routing's state, a few kilobytes,
+        // is allocated only when a conversation may be involved).
+        if !may_belong_to_conversation(answer) {
+            return false;
+        }
+        Box::pin(route_reply(
             org,
             answer.agent,
             answer.channel,
             answer.text,
             answer.answered,
             answer.cause,
-        )
+        ))
         .await
     }
 

@@ -882,7 +882,7 @@ pub(crate) async fn run_turn(
     let system = cached_system_prompt(inner, agent, &channel).map_err(|e| failure(e, &frames))?;
     let mut messages = Vec::with_capacity(history.len() + 4);
     messages.push(ChatMessage::system(system));
-    messages.extend(history::into_messages(history));
+    history::extend_messages(&mut messages, history);
     messages.push(ChatMessage::user(merge_backlog(&frames[0].envelopes)));
 
     let tools = &inner.tools;

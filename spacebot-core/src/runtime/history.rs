@@ -15,35 +15,37 @@ use crate::llm::ChatMessage;
 /// assert!(to_messages(&[]).is_empty());
 /// ```
 pub fn to_messages(records: &[ChannelRecord]) -> Vec<crate::llm::ChatMessage> {
-    into_messages(
-        records
-            .iter()
-            .map(|r| HistoryText {
-                kind: r.record.kind,
-                author: r.record.author.clone(),
-                content: r.record.content.clone(),
-            })
-            .collect(),
-    )
+    let mut messages = Vec::with_capacity(records.len());
+    extend_messages(
+        &mut messages,
+        records.iter().map(|r| HistoryText {
+            kind: r.record.kind,
+            author: r.record.author.clone(),
+            content: r.record.content.clone(),
+        }),
+    );
+    messages
 }
 
-/// [`to_messages`] for the texts of a history read ([`ChannelStore::history_texts`]): shared texts
-/// move into the messages; only prefixed ones (`[author] `, `(sent) `, `[system] `) are new.
+/// [`to_messages`] for the texts of a history read ([`ChannelStore::history_texts`]), appended to
+/// `messages` (a turn's request, after its system prompt: no list in between): shared texts move
+/// into the messages; only prefixed ones (`[author] `, `(sent) `, `[system] `) are new.
 ///
 /// [`ChannelStore::history_texts`]: crate::channel::ChannelStore::history_texts
-pub(crate) fn into_messages(records: Vec<HistoryText>) -> Vec<ChatMessage> {
-    let mut messages = Vec::with_capacity(records.len());
-    for rec in records {
-        messages.push(match rec.kind {
+pub(crate) fn extend_messages(
+    messages: &mut Vec<ChatMessage>,
+    records: impl IntoIterator<Item = HistoryText>,
+) {
+    messages.extend(records.into_iter().filter_map(|rec| {
+        Some(match rec.kind {
             RecordKind::User if rec.author == "user" => ChatMessage::user(rec.content),
             RecordKind::User => ChatMessage::user(["[", &rec.author, "] ", &rec.content].concat()),
             RecordKind::Assistant => ChatMessage::assistant(rec.content),
             RecordKind::Sent => ChatMessage::assistant(["(sent) ", &rec.content].concat()),
             RecordKind::System => ChatMessage::user(["[system] ", &rec.content].concat()),
-            _ => continue,
-        });
-    }
-    messages
+            _ => return None,
+        })
+    }));
 }
 
 #[cfg(test)]
