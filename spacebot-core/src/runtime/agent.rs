@@ -385,8 +385,18 @@ async fn process(org: &Arc<OrgInner>, agent: &Arc<AgentRuntime>, envelope: Envel
         commit(org, agent, log).await;
         return;
     }
+    // The task path and the failure path are boxed where taken: the future of every turn (boxed
+    // by the loop) carries only the common path's state.
     if let Some(work) = envelope.task.clone() {
-        run_task(org, agent, envelope, work.number, work.holder, log).await;
+        Box::pin(run_task(
+            org,
+            agent,
+            envelope,
+            work.number,
+            work.holder,
+            log,
+        ))
+        .await;
         return;
     }
     let handle = Organization { inner: org.clone() };
@@ -421,7 +431,7 @@ async fn process(org: &Arc<OrgInner>, agent: &Arc<AgentRuntime>, envelope: Envel
                 log.record(system_record(&envelope.channel, text.clone(), org));
             }
             report_error(org, &me, Some(&channel), text);
-            tell_failure(&handle, agent, &failure).await;
+            Box::pin(tell_failure(&handle, agent, &failure)).await;
         }
         Err(_aborted) => {
             log.record(system_record(
