@@ -16,7 +16,7 @@
 //!   to `b-i` (`send_agent_message`), `b-i`'s model answers the task, `a-i` is woken by the
 //!   completion notice and answers the user: three model calls per round trip, 1 or 64 chains at
 //!   once;
-//! - `durable_history/{sqlite_normal,redb}/{after_100,after_20000}`: one round trip of a single
+//! - `durable_history/{sqlite_normal,redb,postgres}/{after_100,after_20000}`: one round trip of a single
 //!   chain (as in `durable_delegation`) after 100 earlier round trips on the same agents and after
 //!   20,000 (`SPACEBOT_BENCH_HISTORY` sets another count), on two organizations each built when
 //!   its bench first runs (the filter `durable_history/redb` builds only redb's). A round trip must cost about the same however long
@@ -32,7 +32,9 @@
 //! `synchronous = NORMAL`: WAL commits are not synced), `sqlite_full` (`synchronous = FULL`: one
 //! `fsync` per commit), each also with `_commit_each` (`SqliteOptions::commit_each()`: no group
 //! commit, one transaction per write, for comparison in the same run), and `redb` (the default
-//! `Durability::Immediate`: one `fsync` per commit, group commit).
+//! `Durability::Immediate`: one `fsync` per commit, group commit); `durable_history` also runs on
+//! `postgres` (a temporary schema on the server of `DATABASE_URL`, for example the throwaway one of
+//! `eval "$(.ci/postgres start)"`) when that variable is set.
 //! Each benchmark's organization is built once and serves its warm-up and every sample.
 #![allow(
     clippy::unwrap_used,
@@ -53,6 +55,7 @@ use futures::StreamExt;
 use serde_json::json;
 use spacebot::error::LlmError;
 use spacebot::llm::{ChatRequest, ChatResponse, LlmProvider};
+use spacebot::postgres::PgStores;
 use spacebot::rt::{TokioClock, TokioSpawner};
 use spacebot::testing::{FnLlm, tool_call};
 use spacebot::{
@@ -68,6 +71,8 @@ enum Backend {
     SqliteFull,
     SqliteFullCommitEach,
     Redb,
+    /// A temporary schema on the server of `DATABASE_URL` (`durable_history` only).
+    Postgres,
 }
 
 impl Backend {
@@ -86,10 +91,13 @@ impl Backend {
             Self::SqliteFull => "sqlite_full",
             Self::SqliteFullCommitEach => "sqlite_full_commit_each",
             Self::Redb => "redb",
+            Self::Postgres => "postgres",
         }
     }
 
-    async fn open(self, dir: &Path) -> Stores {
+    /// The backend's stores in `dir` (or, for PostgreSQL, in a temporary schema: kept as long as
+    /// the returned `PgStores` lives).
+    async fn open(self, dir: &Path) -> (Stores, Option<PgStores>) {
         use spacebot::sqlite::{SqliteOptions, Synchronous};
         let sqlite = |synchronous, commit_each: bool| {
             let options = SqliteOptions::new().synchronous(synchronous);
@@ -104,9 +112,14 @@ impl Backend {
             Self::SqliteNormalCommitEach => sqlite(Synchronous::Normal, true),
             Self::SqliteFull => sqlite(Synchronous::Full, false),
             Self::SqliteFullCommitEach => sqlite(Synchronous::Full, true),
-            Self::Redb => return spacebot::redb::open_async(dir).await.unwrap(),
+            Self::Redb => return (spacebot::redb::open_async(dir).await.unwrap(), None),
+            Self::Postgres => {
+                let url = std::env::var("DATABASE_URL").expect("DATABASE_URL");
+                let pg = PgStores::temporary(&url).await.unwrap();
+                return (pg.stores(), Some(pg));
+            }
         };
-        options.open(dir).await.unwrap().stores()
+        (options.open(dir).await.unwrap().stores(), None)
     }
 }
 
@@ -143,6 +156,7 @@ struct Running {
     org: Organization,
     replies: spacebot::Replies,
     _dir: tempfile::TempDir,
+    _schema: Option<PgStores>,
 }
 
 impl Running {
@@ -153,7 +167,7 @@ impl Running {
             .prefix("spacebot-bench-")
             .tempdir()
             .unwrap();
-        let stores = backend.open(dir.path()).await;
+        let (stores, schema) = backend.open(dir.path()).await;
         let llm: Arc<dyn LlmProvider> = if recording {
             Arc::new(FnLlm::new(|req| Ok(chains_answer(req))))
         } else {
@@ -173,6 +187,7 @@ impl Running {
             org,
             replies,
             _dir: dir,
+            _schema: schema,
         }
     }
 
@@ -339,7 +354,13 @@ fn history(c: &mut Criterion) {
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(20_000);
-    for backend in [Backend::SqliteNormal, Backend::Redb] {
+    let mut backends = vec![Backend::SqliteNormal, Backend::Redb];
+    if std::env::var("DATABASE_URL").is_ok_and(|u| !u.trim().is_empty()) {
+        backends.push(Backend::Postgres);
+    } else {
+        eprintln!("DATABASE_URL not set: durable_history runs on SQLite and redb only");
+    }
+    for backend in backends {
         // Each organization is built (its earlier round trips run) when its bench first runs: a
         // filter that skips both builds nothing.
         let mut built: Vec<(usize, Option<Running>)> = vec![(100, None), (long, None)];
@@ -451,7 +472,7 @@ fn store_persists(c: &mut Criterion) {
             .prefix("spacebot-bench-")
             .tempdir()
             .unwrap();
-        let stores = rt.block_on(backend.open(dir.path()));
+        let (stores, _schema) = rt.block_on(backend.open(dir.path()));
         group.bench_function(format!("{}/64_concurrent", backend.name()), |b| {
             b.iter_custom(|iters| {
                 rt.block_on(async {
