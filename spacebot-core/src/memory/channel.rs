@@ -106,6 +106,11 @@ struct AgentChannels {
 }
 
 /// A [`ChannelStore`] in process memory. Sequence numbers start at 1 per agent.
+///
+/// Everything appended is kept for as long as the store lives. Texts are kept shared (a history
+/// read hands them out without a copy); a record's metadata is kept as its JSON text (about a
+/// tenth of a map's size in memory) and decoded when [`ChannelStore::history`] hands the record
+/// out, while [`ChannelStore::history_texts`] (what a turn reads) never decodes it.
 #[derive(Debug, Default)]
 pub struct MemoryChannelStore {
     agents: Mutex<crate::fasthash::FastMap<AgentId, AgentChannels>>,
