@@ -244,7 +244,8 @@ on_every_backend!(conversation_mirrored:
     the_budget_severs_a_conversation_nobody_concludes,
     an_answer_after_the_end_is_kept_but_neither_delivered_nor_leaked,
     stopping_an_agent_severs_its_conversations,
-    nebula_multi_hop_in_mirrored_mode;
+    nebula_multi_hop_in_mirrored_mode,
+    an_answer_to_a_notice_in_a_conversations_channel_goes_to_the_peer;
     fresh: concurrent_handshakes_between_one_pair_end_in_one_conversation,
 );
 

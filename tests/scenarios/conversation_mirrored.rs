@@ -479,6 +479,65 @@ pub async fn stopping_an_agent_severs_its_conversations(stores: Stores) {
 }
 
 /// Builds eight organizations, each on fresh stores from `open`.
+/// A delegation made inside a mirrored conversation sends its completion notice to the channel it
+/// came from: the conversation's link channel. The delegator's answer to the notice there is
+/// conversation output: it reaches the peer as a turn of the conversation, not the application.
+pub async fn an_answer_to_a_notice_in_a_conversations_channel_goes_to_the_peer(stores: Stores) {
+    let llm = silent_after_script();
+    let (a, b, c) = (id("a"), id("b"), id("c"));
+    llm.push_tool_call(
+        &a,
+        "send_link_message",
+        json!({"target": "c", "message": "hello"}),
+    );
+    llm.push_text(&a, "asked Gamma");
+    llm.push_text(&c, "hi");
+    // Answering c inside the conversation, a delegates to b (which ends its turn).
+    llm.push_tool_call(
+        &a,
+        "send_agent_message",
+        json!({"target": "b", "message": "Compute."}),
+    );
+    llm.push_text(&b, "42");
+    llm.push_text(&a, "Beta says 42");
+    // c answers once a's first turn is over, b once a's conversation turn is over: nothing steers.
+    let c_held = Held::new(Arc::new(llm.clone()), "c");
+    let b_held = Held::new(c_held.clone(), "b");
+    let mut h = harness(stores, b_held.clone()).await;
+    h.org.start_all().await.unwrap();
+    h.org.deliver("a", chat("a", "ask c")).await.unwrap();
+    assert_eq!(h.reply().await.content, "asked Gamma");
+    c_held.open();
+    h.wait_for("a's turn in the conversation to end", |events| {
+        events.iter().any(|e| {
+            e.agent == a
+                && matches!(e.kind, EventKind::TurnFinished { .. })
+                && e.channel == Some(link("a", "c"))
+        })
+    })
+    .await;
+    let task = h.task("b", 1).await;
+    assert_eq!(task.metadata.originating_channel, Some(link("a", "c")));
+    b_held.open();
+    h.wait_until("c to receive a's answer to the notice", || async {
+        h.lines("c", &link("c", "a"))
+            .await
+            .contains(&(RecordKind::User, "Beta says 42".into()))
+    })
+    .await;
+    h.wait_quiet().await;
+    assert!(
+        h.replies.try_recv().is_err(),
+        "the answer to the notice went to the conversation, not the outbound"
+    );
+    assert_eq!(h.only_conversation().await.status, ConversationStatus::Open);
+    assert_eq!(
+        llm.requests_for(&c).len(),
+        2,
+        "c answered hello and a's answer"
+    );
+}
+
 pub async fn concurrent_handshakes_between_one_pair_end_in_one_conversation(open: OpenStores) {
     for round in 0..8 {
         let stores = open().await;

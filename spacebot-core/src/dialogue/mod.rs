@@ -1443,3 +1443,51 @@ impl Organization {
         sever(self, id, None, reason).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::time::Timestamp;
+
+    /// Whether `agent`'s answer in `channel` to one envelope (tagged with a conversation or not)
+    /// goes to the conversation routing.
+    fn may_route(agent: &str, channel: &str, tagged: bool) -> bool {
+        let agent = AgentId::parse(agent).unwrap();
+        let channel = ChannelId::new(channel);
+        let mut envelope = Envelope::new(
+            Source::System,
+            channel.clone(),
+            EnvelopeKind::Retrigger,
+            "done",
+            Timestamp(0),
+        );
+        if tagged {
+            envelope.conversation = Some(ConversationId::new("c1"));
+        }
+        let cause = envelope.id.clone();
+        may_belong_to_conversation(&Answer {
+            agent: &agent,
+            channel: &channel,
+            text: "ok",
+            answered: std::slice::from_ref(&envelope),
+            cause: &cause,
+        })
+    }
+
+    /// The fast path leaves out only answers `route_reply` would leave to the outbound: every
+    /// channel `conversation_for_reply` looks a conversation up for still goes to it.
+    #[test]
+    fn only_answers_outside_every_conversation_skip_the_routing() {
+        // Where a conversation may be found: a tagged envelope, a conversation's channel, the
+        // answering agent's own link channel (a mirrored conversation with that peer).
+        assert!(may_route("a", "portal:chat:a", true));
+        assert!(may_route("a", "conversation:c1", false));
+        assert!(may_route("a", "link:a:b", false));
+        // Where none can be: a user's channel, a peer's side of a link, an id that only starts
+        // like the agent's.
+        assert!(!may_route("a", "portal:chat:a", false));
+        assert!(!may_route("a", "link:b:a", false));
+        assert!(!may_route("a", "link:ab:c", false));
+        assert!(!may_route("a", "task:a:1", false));
+    }
+}
