@@ -126,7 +126,9 @@ pub async fn on_a_one_way_link_only_from_opens_and_the_other_side_may_answer(sto
         json!({"target": "a", "message": "may I?"}),
     );
     llm.push_text(&b, "tried");
-    let mut h = harness(stores, Arc::new(llm.clone())).await;
+    let held = Held::new(Arc::new(llm.clone()), "b");
+    held.open();
+    let mut h = harness(stores, held.clone()).await;
     h.org.start_all().await.unwrap();
     h.org.deliver("b", chat("b", "talk to a")).await.unwrap();
     assert_eq!(h.reply().await.content, "tried");
@@ -150,8 +152,11 @@ pub async fn on_a_one_way_link_only_from_opens_and_the_other_side_may_answer(sto
         json!({"target": "a", "message": "all good"}),
     );
     llm.push_text(&b, "");
+    // b answers once a's turn is over (an answer arriving during it would steer it).
+    held.close();
     h.org.deliver("a", chat("a", "get a report")).await.unwrap();
     assert_eq!(h.reply().await.content, "asked");
+    held.open();
     h.wait_quiet().await;
     let results = tool_results(llm.requests_for(&b).last().unwrap());
     assert!(results[0].contains("continues it"), "{results:?}");
