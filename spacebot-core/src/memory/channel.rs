@@ -68,9 +68,11 @@ impl KeptMetadata {
 }
 
 impl Kept {
-    fn new(seq: u64, record: &NewRecord) -> Self {
+    /// The record as kept, its sequence number still to be given (under the store's lock; the
+    /// metadata is encoded before it is taken).
+    fn new(record: &NewRecord) -> Self {
         Self {
-            seq,
+            seq: 0,
             kind: record.kind,
             author: record.author.clone(),
             content: record.content.clone(),
@@ -128,23 +130,24 @@ impl MemoryChannelStore {
         if records.is_empty() {
             return;
         }
+        let kept: Vec<Kept> = records.iter().map(Kept::new).collect();
         let mut agents = lock(&self.agents);
         let state = agents.entry(agent.clone()).or_default();
-        for record in &records {
-            state.push(record);
+        for (record, kept) in records.iter().zip(kept) {
+            state.push(&record.channel, kept);
         }
     }
 }
 
 impl AgentChannels {
-    /// Appends one record with the next sequence number and returns its sequence number.
-    fn push(&mut self, record: &NewRecord) -> u64 {
+    /// Appends one record to `channel` with the next sequence number and returns that number.
+    fn push(&mut self, channel: &ChannelId, mut kept: Kept) -> u64 {
         self.last_seq += 1;
-        let kept = Kept::new(self.last_seq, record);
-        match self.channels.get_mut(&record.channel) {
+        kept.seq = self.last_seq;
+        match self.channels.get_mut(channel) {
             Some(records) => records.push(kept),
             None => {
-                self.channels.insert(record.channel.clone(), vec![kept]);
+                self.channels.insert(channel.clone(), vec![kept]);
             }
         }
         self.last_seq
@@ -167,10 +170,11 @@ impl ChannelStore for MemoryChannelStore {
         agent: &AgentId,
         record: NewRecord,
     ) -> Result<ChannelRecord, StoreError> {
+        let kept = Kept::new(&record);
         let seq = lock(&self.agents)
             .entry(agent.clone())
             .or_default()
-            .push(&record);
+            .push(&record.channel, kept);
         Ok(ChannelRecord {
             seq,
             agent: agent.clone(),
