@@ -1335,9 +1335,9 @@ impl Behaviour for Conversations {
     }
 
     async fn route_answer(&self, org: &Organization, answer: &Answer<'_>) -> bool {
-        // Most answers (a user's channel, a task's) belong to no conversation: told without a
-        // store read, and this hook's future stays small (the routing's state, a few kilobytes,
-        // is allocated only when a conversation may be involved).
+        // Most answers (a user's channel, a task's) cannot belong to a conversation: this hook's
+        // future stays small, and the routing's state (a few kilobytes) is allocated only when a
+        // conversation may be involved.
         if !may_belong_to_conversation(answer) {
             return false;
         }
