@@ -247,6 +247,13 @@ pub struct Dialect {
     ///
     /// [`LlmError::InvalidRequest`]: spacebot_core::LlmError::InvalidRequest
     pub invalid_request_as_500: bool,
+    /// The server can stream an answer to a request that offers tools. When false,
+    /// [`stream`](spacebot_core::LlmProvider::stream) (and a streamed
+    /// [`complete`](spacebot_core::LlmProvider::complete)) sends such a request as a plain call and
+    /// yields the answer as one piece: llama-cpp-python answers a streamed request with tools
+    /// with HTTP 200 and then closes the stream without a chunk ("Automatic streaming tool choice
+    /// is not supported"). Requests without tools (or with `tool_choice: none`) still stream.
+    pub streams_tool_calls: bool,
 }
 
 impl Default for Dialect {
@@ -267,12 +274,14 @@ impl Dialect {
             max_tokens_field: MaxTokensField::MaxCompletionTokens,
             tool_choice: ToolChoicePolicy::Omit,
             invalid_request_as_500: false,
+            streams_tool_calls: true,
         }
     }
 
     /// llama.cpp's `llama-server` and llama-cpp-python's server: no usage chunk, `""` instead of
     /// null content next to tool calls, `max_tokens`, `tool_choice: "auto"` whenever tools are
-    /// offered (llama-cpp-python drops `tools` without it), validation errors as HTTP 500.
+    /// offered (llama-cpp-python drops `tools` without it), validation errors as HTTP 500, and
+    /// requests with tools never streamed (llama-cpp-python cannot stream them).
     pub fn llama_cpp() -> Self {
         Self {
             name: "llama.cpp",
@@ -283,6 +292,7 @@ impl Dialect {
             max_tokens_field: MaxTokensField::MaxTokens,
             tool_choice: ToolChoicePolicy::Auto,
             invalid_request_as_500: true,
+            streams_tool_calls: false,
         }
     }
 
@@ -298,6 +308,7 @@ impl Dialect {
             max_tokens_field: MaxTokensField::MaxTokens,
             tool_choice: ToolChoicePolicy::Auto,
             invalid_request_as_500: false,
+            streams_tool_calls: true,
         }
     }
 
@@ -313,12 +324,15 @@ impl Dialect {
             max_tokens_field: MaxTokensField::MaxTokens,
             tool_choice: ToolChoicePolicy::Omit,
             invalid_request_as_500: false,
+            streams_tool_calls: true,
         }
     }
 
     /// A cautious choice for an unknown compatible server (LM Studio, proxies, ...): `max_tokens`,
     /// no usage request, `""` instead of null content, `tool_choice: "auto"` whenever tools are
-    /// offered.
+    /// offered, validation errors read from HTTP 500 (see
+    /// [`invalid_request_as_500`](Self::invalid_request_as_500)), requests with tools never
+    /// streamed.
     pub fn compatible() -> Self {
         Self {
             name: "compatible",
@@ -328,7 +342,8 @@ impl Dialect {
             null_content_with_tool_calls: false,
             max_tokens_field: MaxTokensField::MaxTokens,
             tool_choice: ToolChoicePolicy::Auto,
-            invalid_request_as_500: false,
+            invalid_request_as_500: true,
+            streams_tool_calls: false,
         }
     }
 
@@ -445,6 +460,7 @@ impl OpenAiConfig {
     /// | `SPACEBOT_SUPPORTS_TOOLS` | [`Dialect::supports_tools`] | a boolean |
     /// | `SPACEBOT_STREAM_USAGE` | [`Dialect::stream_usage`] | a boolean |
     /// | `SPACEBOT_PARALLEL_TOOL_CALLS` | [`Dialect::parallel_tool_calls`] | a boolean |
+    /// | `SPACEBOT_STREAM_TOOL_CALLS` | [`Dialect::streams_tool_calls`] | a boolean |
     /// | `SPACEBOT_MAX_TOKENS` | [`max_tokens`](Self::max_tokens) | a whole number above 0 |
     /// | `SPACEBOT_STREAM` | [`stream_completions`](Self::stream_completions) | a boolean |
     /// | `SPACEBOT_CHECK_TOOL_ARGUMENTS` | [`check_tool_arguments`](Self::check_tool_arguments) | a boolean |
@@ -533,6 +549,9 @@ impl OpenAiConfig {
         }
         if let Some(on) = flag("SPACEBOT_PARALLEL_TOOL_CALLS")? {
             config.dialect.parallel_tool_calls = Some(on);
+        }
+        if let Some(on) = flag("SPACEBOT_STREAM_TOOL_CALLS")? {
+            config.dialect.streams_tool_calls = on;
         }
         if let Some(on) = flag("SPACEBOT_STREAM")? {
             config.stream_completions = on;
@@ -787,6 +806,7 @@ mod tests {
             ("SPACEBOT_SUPPORTS_TOOLS", "no"),
             ("SPACEBOT_STREAM_USAGE", "off"),
             ("SPACEBOT_PARALLEL_TOOL_CALLS", "1"),
+            ("SPACEBOT_STREAM_TOOL_CALLS", "false"),
             ("SPACEBOT_MAX_TOKENS", "2048"),
             ("SPACEBOT_STREAM", "yes"),
             ("SPACEBOT_CHECK_TOOL_ARGUMENTS", "true"),
@@ -815,6 +835,7 @@ mod tests {
         assert!(!c.dialect.supports_tools);
         assert!(!c.dialect.stream_usage);
         assert_eq!(c.dialect.parallel_tool_calls, Some(true));
+        assert!(!c.dialect.streams_tool_calls);
         assert_eq!(c.max_tokens, Some(2048));
         assert!(c.stream_completions);
         assert!(c.check_tool_arguments);

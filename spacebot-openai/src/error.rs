@@ -84,7 +84,11 @@ impl ErrorDetail {
             "unknown error",
             "unexpected error",
         ];
-        const INVALID: [&str; 11] = [
+        const INVALID: [&str; 15] = [
+            "validation error",
+            "validation errors",
+            "should be",
+            "not a valid",
             "must",
             "invalid",
             "expected",
@@ -204,6 +208,16 @@ pub(crate) fn from_status(
         400..=499 if context_too_long => LlmError::ContextTooLong { message },
         400..=499 => LlmError::InvalidRequest { status, message },
         500 if context_too_long => LlmError::ContextTooLong { message },
+        // A 500 that says nothing: the server failed on this very request without a word (a
+        // handler that crashed on it); the same request fails the same way, so it is not retried.
+        // 502, 503 and 504 without a body stay retried: they come from a server passing through a
+        // bad moment.
+        500 if body.iter().all(u8::is_ascii_whitespace) => LlmError::InvalidRequest {
+            status,
+            message: "the server failed with HTTP 500 and an empty body; not retried, the same \
+                      request would fail the same way"
+                .to_owned(),
+        },
         500 if dialect.invalid_request_as_500
             && detail
                 .as_ref()
@@ -366,7 +380,6 @@ mod tests {
             br#"{"error":{"code":500,"message":"Unexpected token at position 3 in the model output","type":"server_error"}}"#,
             br#"{"error":{"code":500,"message":"mustache renderer crashed","type":"server_error"}}"#,
             br#"{"error":{"code":500,"message":"An unknown error occurred","type":"server_error"}}"#,
-            b"",
         ] {
             assert!(
                 matches!(
@@ -380,6 +393,25 @@ mod tests {
         let template = br#"{"error":{"code":500,"message":"Assistant message must contain either 'content' or 'tool_calls'!","type":"server_error"}}"#;
         assert!(matches!(
             from_status(500, &h, template, &llama, now),
+            LlmError::InvalidRequest { status: 500, .. }
+        ));
+        // A 500 without a word is not retried, whatever the dialect; other empty 5xx are.
+        for dialect in [&d, &llama] {
+            for empty in [&b""[..], b" \r\n"] {
+                assert!(matches!(
+                    from_status(500, &h, empty, dialect, now),
+                    LlmError::InvalidRequest { status: 500, .. }
+                ));
+            }
+            assert!(matches!(
+                from_status(503, &h, b"", dialect, now),
+                LlmError::Server { status: 503, .. }
+            ));
+        }
+        // llama-cpp-python's pydantic validation errors.
+        let pydantic = br#"{"error":{"message":"1 validation error for CreateChatCompletionRequest\nmessages.1.content\n  Input should be a valid string [type=string_type, input_value=None, input_type=NoneType]","type":"internal_server_error","param":null,"code":null}}"#;
+        assert!(matches!(
+            from_status(500, &h, pydantic, &llama, now),
             LlmError::InvalidRequest { status: 500, .. }
         ));
         let python = br#"{"error":{"message":"Conversation roles must alternate user/assistant/user/assistant/...","type":"internal_server_error","param":null,"code":null}}"#;

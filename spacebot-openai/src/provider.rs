@@ -10,7 +10,7 @@ use eventsource_stream::{Event, EventStreamError, Eventsource};
 use futures::future::{self, Either};
 use futures::stream::{BoxStream, Stream, StreamExt};
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
-use spacebot_core::llm::{ChatRequest, ChatResponse, LlmProvider, StreamEvent};
+use spacebot_core::llm::{ChatRequest, ChatResponse, LlmProvider, StreamEvent, ToolChoice};
 use spacebot_core::{Clock, LlmError};
 
 use crate::config::{ConfigError, OpenAiConfig};
@@ -133,6 +133,25 @@ impl OpenAiProvider {
         let wire = build_request(request, self.defaults(), stream)?;
         serde_json::to_vec(&wire)
             .map_err(|e| LlmError::Other(format!("cannot encode the request: {e}")))
+    }
+
+    /// Whether `request` may be streamed: it offers no tools (or forbids them), or the dialect
+    /// streams answers to requests with tools ([`Dialect::streams_tool_calls`]).
+    ///
+    /// [`Dialect::streams_tool_calls`]: crate::Dialect::streams_tool_calls
+    fn may_stream(&self, request: &ChatRequest) -> bool {
+        let offers_tools =
+            !request.tools.is_empty() && !matches!(request.tool_choice, Some(ToolChoice::None));
+        !offers_tools || self.inner.config.dialect.streams_tool_calls
+    }
+
+    /// `complete` without a stream, with retries.
+    async fn complete_plain(&self, request: &ChatRequest) -> Result<ChatResponse, LlmError> {
+        let body = self.encode(request, false)?;
+        let inner = &self.inner;
+        inner
+            .with_retries(|| inner.complete_once(body.clone()))
+            .await
     }
 
     /// `complete` through a stream (see [`OpenAiConfig::stream_completions`]).
@@ -352,20 +371,28 @@ fn transport_error(error: reqwest::Error, limit: Duration) -> LlmError {
 #[async_trait]
 impl LlmProvider for OpenAiProvider {
     async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, LlmError> {
-        if self.inner.config.stream_completions {
+        if self.inner.config.stream_completions && self.may_stream(&request) {
             return self.complete_streamed(request).await;
         }
-        let body = self.encode(&request, false)?;
-        let inner = &self.inner;
-        inner
-            .with_retries(|| inner.complete_once(body.clone()))
-            .await
+        self.complete_plain(&request).await
     }
 
     async fn stream(
         &self,
         request: ChatRequest,
     ) -> Result<BoxStream<'static, Result<StreamEvent, LlmError>>, LlmError> {
+        if !self.may_stream(&request) {
+            // The server cannot stream an answer that may call tools: one plain call, its answer
+            // yielded as the pieces a stream would have carried.
+            tracing::debug!(
+                dialect = self.inner.config.dialect.name,
+                "the request offers tools and the dialect does not stream them; calling without a stream"
+            );
+            let response = self.complete_plain(&request).await?;
+            return Ok(Box::pin(futures::stream::iter(
+                as_events(response).into_iter().map(Ok),
+            )));
+        }
         let body = self.encode(&request, true)?;
         let inner = &self.inner;
         let response = inner
@@ -381,6 +408,28 @@ impl LlmProvider for OpenAiProvider {
         };
         Ok(Box::pin(futures::stream::unfold(state, next_event)))
     }
+}
+
+/// The events a stream of `response` would have carried: its text (when it calls no tool), each
+/// tool call whole, then `Done`.
+fn as_events(response: ChatResponse) -> Vec<StreamEvent> {
+    let mut events = Vec::with_capacity(response.tool_calls.len() + 2);
+    match &response.content {
+        Some(text) if !text.is_empty() && response.tool_calls.is_empty() => {
+            events.push(StreamEvent::TextDelta { text: text.clone() });
+        }
+        _ => {}
+    }
+    for (index, call) in response.tool_calls.iter().enumerate() {
+        events.push(StreamEvent::ToolCallDelta {
+            index: u32::try_from(index).unwrap_or(u32::MAX),
+            id: Some(call.id.clone()),
+            name: Some(call.name.clone()),
+            arguments: call.arguments.clone(),
+        });
+    }
+    events.push(StreamEvent::Done(response));
+    events
 }
 
 /// Rewrites `error: {...}` lines into `event: error` / `data: {...}`. llama.cpp's server has sent
@@ -529,11 +578,12 @@ fn finish(mut state: StreamState) -> Option<(Result<StreamEvent, LlmError>, Stre
 }
 
 /// HTTP 200, then a stream with no chunk (nothing at all, or only `[DONE]`). Core's [`LlmError`]
-/// has no variant for it; it is a [`LlmError::MalformedResponse`] that says what was seen.
+/// has no variant for it; it is a [`LlmError::MalformedResponse`] that says what was seen and
+/// guesses no cause (servers do this for several: a prompt too long, a request they cannot
+/// stream, a crash).
 fn empty_stream() -> LlmError {
     LlmError::MalformedResponse(
-        "the server sent an empty stream (HTTP 200 without a single chunk); llama.cpp-based servers \
-         do this when the prompt does not fit the context window"
+        "the server sent an empty stream (HTTP 200, then the stream ended without a single chunk)"
             .to_owned(),
     )
 }

@@ -348,7 +348,10 @@ async fn streamed_parallel_tool_calls_end_as_complete_would() {
 async fn llama_cpp_stream_repeats_id_and_name_and_sends_no_usage() {
     let server =
         FixtureServer::start(vec![Reply::sse("compat/llamacpp_stream_tool_calls.sse")]).await;
-    let (provider, _) = make(config(&server).with_dialect(Dialect::llama_cpp()));
+    // llama.cpp's own server streams tool calls (llama-cpp-python does not: the preset's default).
+    let mut dialect = Dialect::llama_cpp();
+    dialect.streams_tool_calls = true;
+    let (provider, _) = make(config(&server).with_dialect(dialect));
     let mut request = after_tool_round();
     request.max_tokens = Some(256);
     let events = collect(&provider, request).await;
@@ -675,9 +678,9 @@ async fn retries_stop_after_the_limit_with_the_last_error() {
 #[tokio::test]
 async fn jitter_shortens_waits_within_its_bounds() {
     let server = FixtureServer::start(vec![
-        Reply::raw(500, ""),
-        Reply::raw(500, ""),
-        Reply::raw(500, ""),
+        Reply::raw(503, ""),
+        Reply::raw(503, ""),
+        Reply::raw(503, ""),
         Reply::json("openai/plain.json"),
     ])
     .await;
@@ -958,10 +961,13 @@ async fn the_dialect_and_its_switches_come_from_the_environment() {
             ("SPACEBOT_STREAM", "true"),
             ("SPACEBOT_REQUEST_TIMEOUT_SECS", "45"),
             ("SPACEBOT_MAX_RETRIES", "0"),
+            ("SPACEBOT_STREAM_TOOL_CALLS", "true"),
         ],
     )
     .unwrap();
-    assert_eq!(cfg.dialect, Dialect::llama_cpp());
+    let mut expected = Dialect::llama_cpp();
+    expected.streams_tool_calls = true;
+    assert_eq!(cfg.dialect, expected);
     assert_eq!(cfg.request_timeout, Duration::from_secs(45));
     assert_eq!(cfg.retry.max_retries, 0);
     assert!(cfg.api_key.is_none());
@@ -1170,7 +1176,9 @@ async fn malformed_tool_arguments_are_passed_through_not_errors() {
         Reply::sse("openai/stream_tool_calls_bad_arguments.sse"),
     ])
     .await;
-    let (provider, _) = make(config(&server).with_dialect(Dialect::llama_cpp()));
+    let mut dialect = Dialect::llama_cpp();
+    dialect.streams_tool_calls = true;
+    let (provider, _) = make(config(&server).with_dialect(dialect));
     let mut request = ask("Weather?");
     request.tools = vec![weather_tool()].into();
     let response = provider.complete(request.clone()).await.unwrap();
@@ -1311,4 +1319,173 @@ async fn not_implemented_is_not_retried() {
         "{error:?}"
     );
     assert_eq!(server.count(), 1);
+}
+
+/// A request that offers the weather tool.
+fn ask_with_tools(text: &str) -> ChatRequest {
+    let mut request = ask(text);
+    request.tools = vec![weather_tool()].into();
+    request
+}
+
+#[tokio::test]
+async fn a_dialect_that_cannot_stream_tools_calls_without_a_stream() {
+    // llama-cpp-python: a streamed request with tools gets HTTP 200 and an empty stream.
+    for dialect in [Dialect::llama_cpp(), Dialect::compatible()] {
+        let server = FixtureServer::start(vec![
+            Reply::json("compat/llamacpp_python_tool_calls.json").unless_streamed_with_tools(),
+            Reply::json("compat/llamacpp_python_text.json").unless_streamed_with_tools(),
+        ])
+        .await;
+        let (provider, _) = make(config(&server).with_dialect(dialect.clone()));
+        let name = dialect.name;
+
+        // A tool call: one plain request, its call yielded whole, then Done.
+        let events = collect(&provider, ask_with_tools("Weather in Paris?")).await;
+        let response = done(&events);
+        assert_eq!(response.tool_calls.len(), 1, "{name}");
+        assert_eq!(response.tool_calls[0].name, "get_weather");
+        assert!(
+            matches!(&events[0], Ok(StreamEvent::ToolCallDelta { index: 0, name: Some(n), arguments, .. })
+                if n == "get_weather" && arguments.contains("Paris")),
+            "{name}: {events:?}"
+        );
+        // A text answer to a request with tools: its text as one delta, then Done.
+        let events = collect(&provider, ask_with_tools("And now?")).await;
+        assert!(
+            matches!(&events[0], Ok(StreamEvent::TextDelta { text }) if text == "It is sunny in Paris."),
+            "{name}: {events:?}"
+        );
+        assert_eq!(
+            done(&events).content.as_deref(),
+            Some("It is sunny in Paris.")
+        );
+        let requests = server.requests();
+        assert_eq!(requests.len(), 2, "{name}");
+        for r in &requests {
+            assert!(r.body.get("stream").is_none(), "{name}: {}", r.body);
+            assert_eq!(r.body["tool_choice"], "auto", "{name}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn streamed_completions_call_without_a_stream_when_tools_cannot_stream() {
+    let server = FixtureServer::start(vec![
+        Reply::json("compat/llamacpp_python_tool_calls.json").unless_streamed_with_tools(),
+        Reply::sse("compat/llamacpp_stream_text.sse"),
+    ])
+    .await;
+    let (provider, _) = make(
+        config(&server)
+            .with_dialect(Dialect::llama_cpp())
+            .with_stream_completions(true),
+    );
+    let response = provider
+        .complete(ask_with_tools("Weather in Paris?"))
+        .await
+        .unwrap();
+    assert_eq!(response.tool_calls[0].name, "get_weather");
+    // Without tools the request still streams.
+    let response = provider.complete(ask("hi")).await.unwrap();
+    assert!(response.content.is_some());
+    let requests = server.requests();
+    assert!(requests[0].body.get("stream").is_none());
+    assert_eq!(requests[1].body["stream"], true);
+}
+
+#[tokio::test]
+async fn a_request_that_forbids_tools_still_streams() {
+    let server = FixtureServer::start(vec![Reply::sse("compat/llamacpp_stream_text.sse")]).await;
+    let (provider, _) = make(config(&server).with_dialect(Dialect::llama_cpp()));
+    let mut request = ask_with_tools("hi");
+    request.tool_choice = Some(ToolChoice::None);
+    let events = collect(&provider, request).await;
+    done(&events);
+    assert_eq!(server.only_body()["stream"], true);
+}
+
+#[tokio::test]
+async fn an_empty_stream_to_a_request_with_tools_names_no_cause_it_did_not_see() {
+    // The switch overridden from the environment: the request streams, the server closes.
+    let server = FixtureServer::start(vec![
+        Reply::json("compat/llamacpp_python_tool_calls.json").unless_streamed_with_tools(),
+    ])
+    .await;
+    let cfg = OpenAiConfig::from_lookup(|name| match name {
+        "OPENAI_BASE_URL" => Some(server.base_url.clone()),
+        "SPACEBOT_DIALECT" => Some("llama_cpp".into()),
+        "SPACEBOT_STREAM_TOOL_CALLS" => Some("true".into()),
+        _ => None,
+    })
+    .unwrap();
+    assert!(cfg.dialect.streams_tool_calls);
+    let (provider, _) = make(cfg.with_retry(RetryPolicy::none()));
+    let events = collect(&provider, ask_with_tools("Weather in Paris?")).await;
+    assert_eq!(events.len(), 1, "{events:?}");
+    let error = last_error(&events);
+    let text = error.to_string();
+    assert!(matches!(error, LlmError::MalformedResponse(_)), "{text}");
+    assert!(text.contains("empty stream"), "{text}");
+    assert!(!text.to_lowercase().contains("context"), "{text}");
+    assert_eq!(server.only_body()["stream"], true);
+}
+
+#[tokio::test]
+async fn a_500_with_an_empty_body_is_not_retried() {
+    for dialect in presets() {
+        for body in ["", "\n"] {
+            let server = FixtureServer::start(vec![
+                Reply::raw(500, body),
+                Reply::json("openai/plain.json"),
+            ])
+            .await;
+            let (provider, clock) = make(config(&server).with_dialect(dialect.clone()));
+            let error = provider.complete(ask("hi")).await.unwrap_err();
+            assert!(!error.is_retryable(), "{}: {error:?}", dialect.name);
+            assert!(
+                matches!(&error, LlmError::InvalidRequest { status: 500, message } if message.contains("empty body")),
+                "{}: {error:?}",
+                dialect.name
+            );
+            assert_eq!(server.count(), 1, "{}", dialect.name);
+            assert!(clock.waits().is_empty());
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_validation_error_as_500_is_not_retried() {
+    for dialect in [Dialect::llama_cpp(), Dialect::compatible()] {
+        let server = FixtureServer::start(vec![
+            Reply::status_json(500, "compat/llamacpp_python_error_validation.json"),
+            Reply::json("openai/plain.json"),
+        ])
+        .await;
+        let (provider, clock) = make(config(&server).with_dialect(dialect.clone()));
+        let error = provider.complete(ask("hi")).await.unwrap_err();
+        assert!(!error.is_retryable(), "{}: {error:?}", dialect.name);
+        assert!(
+            matches!(&error, LlmError::InvalidRequest { status: 500, message } if message.contains("validation error")),
+            "{}: {error:?}",
+            dialect.name
+        );
+        assert_eq!(server.count(), 1, "{}", dialect.name);
+        assert!(clock.waits().is_empty());
+    }
+}
+
+#[tokio::test]
+async fn an_empty_answer_is_passed_on_as_it_came() {
+    // The provider reports what the server said; the runtime decides what an empty answer means
+    // (it tries once more, then fails the turn).
+    let server = FixtureServer::start(vec![Reply::json(
+        "compat/llamacpp_python_empty_answer.json",
+    )])
+    .await;
+    let (provider, _) = make(config(&server).with_dialect(Dialect::llama_cpp()));
+    let response = provider.complete(ask("hi")).await.unwrap();
+    assert_eq!(response.content.as_deref(), Some(""));
+    assert!(response.tool_calls.is_empty());
+    assert_eq!(response.finish_reason, Some(FinishReason::Stop));
 }

@@ -53,6 +53,10 @@ pub struct Reply {
     pub status: u16,
     pub headers: Vec<(String, String)>,
     pub body: Payload,
+    /// Answer a streamed request that offers tools as llama-cpp-python does ("Automatic
+    /// streaming tool choice is not supported"): HTTP 200, then the stream ends without a chunk.
+    /// The reply stays for the next request.
+    pub cannot_stream_tools: bool,
 }
 
 impl Reply {
@@ -66,6 +70,7 @@ impl Reply {
             status,
             headers: vec![("content-type".into(), "application/json".into())],
             body: Payload::Whole(fixture(name)),
+            cannot_stream_tools: false,
         }
     }
     /// 200 with an event-stream fixture.
@@ -74,6 +79,7 @@ impl Reply {
             status: 200,
             headers: vec![("content-type".into(), "text/event-stream".into())],
             body: Payload::Events(fixture(name)),
+            cannot_stream_tools: false,
         }
     }
     /// `status` with a raw body.
@@ -82,6 +88,7 @@ impl Reply {
             status,
             headers: Vec::new(),
             body: Payload::Whole(body.as_bytes().to_vec()),
+            cannot_stream_tools: false,
         }
     }
     /// No answer.
@@ -90,7 +97,14 @@ impl Reply {
             status: 200,
             headers: Vec::new(),
             body: Payload::Hang,
+            cannot_stream_tools: false,
         }
+    }
+    /// This reply, kept for a request that does not stream tools; a streamed request that offers
+    /// tools gets HTTP 200 and an empty stream first (see [`Reply::cannot_stream_tools`]).
+    pub fn unless_streamed_with_tools(mut self) -> Self {
+        self.cannot_stream_tools = true;
+        self
     }
     /// This reply with one more header.
     pub fn header(mut self, name: &str, value: &str) -> Self {
@@ -209,12 +223,25 @@ async fn handle(
     let body: Value = serde_json::from_slice(&body).unwrap_or_else(|e| {
         Value::String(format!("not JSON: {e}: {}", String::from_utf8_lossy(&body)))
     });
+    let streams_tools = body["stream"] == Value::Bool(true)
+        && body["tools"].as_array().is_some_and(|t| !t.is_empty());
     shared.received.lock().unwrap().push(Received {
         path: uri.path().to_owned(),
         headers,
         body,
     });
-    let reply = shared.replies.lock().unwrap().pop_front();
+    let reply = {
+        let mut replies = shared.replies.lock().unwrap();
+        match replies.front() {
+            Some(r) if r.cannot_stream_tools && streams_tools => Some(Reply {
+                status: 200,
+                headers: vec![("content-type".into(), "text/event-stream".into())],
+                body: Payload::Whole(Vec::new()),
+                cannot_stream_tools: false,
+            }),
+            _ => replies.pop_front(),
+        }
+    };
     shared.count.send_modify(|c| *c += 1);
     let Some(reply) = reply else {
         return Response::builder()
