@@ -10,10 +10,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use spacebot_core::runtime::Reply as OutboundReply;
 use spacebot_core::runtime::{OutboundItem, StreamingOutbound};
 use spacebot_core::testing::OrgHarness;
-use spacebot_core::{AgentId, InboundMessage, Stores, TaskRef};
-use spacebot_openai::{OpenAiConfig, OpenAiProvider, RetryPolicy};
+use spacebot_core::{AgentId, InboundMessage, RecordKind, Stores, TaskRef, TaskStatus};
+use spacebot_openai::{Dialect, OpenAiConfig, OpenAiProvider, RetryPolicy};
 use support::{FixtureServer, Reply, TestClock};
 
 const ONE: &str = "[[agents]]\nid = \"a\"\nname = \"Alpha\"\n";
@@ -189,4 +190,270 @@ async fn usage_reported_by_the_server_is_summed_across_a_two_hop_delegation() {
         20 + 40 + 30
     );
     assert_eq!(h.org.usage(&a).total_tokens, 10 + 50);
+}
+
+/// A provider on the llama.cpp dialect (requests with tools are never streamed) that does not
+/// retry.
+fn llama_provider(server: &FixtureServer) -> Arc<OpenAiProvider> {
+    let config = OpenAiConfig::new("smollm2")
+        .with_base_url(server.base_url.clone())
+        .with_dialect(Dialect::llama_cpp())
+        .with_retry(RetryPolicy::default().with_max_retries(0));
+    let clock = TestClock::new(Duration::from_secs(10));
+    Arc::new(OpenAiProvider::new(config, Arc::new(clock)).unwrap())
+}
+
+/// The next reply on a streaming outbound (deltas skipped).
+async fn next_reply(
+    items: &mut (impl futures::Stream<Item = OutboundItem> + Unpin),
+) -> OutboundReply {
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), items.next())
+            .await
+            .expect("an item within 10 s")
+            .expect("open")
+        {
+            OutboundItem::Delta(_) => {}
+            OutboundItem::Reply(r) => break r,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_streaming_outbound_and_tools_on_a_server_that_cannot_stream_them() {
+    // llama-cpp-python: a streamed request with tools gets HTTP 200 and an empty stream. Every
+    // model call of the turn offers tools; none may stream.
+    let server = FixtureServer::start(vec![
+        completion(
+            None,
+            Some(("get_weather", serde_json::json!({"city": "Paris"}))),
+            10,
+        )
+        .unless_streamed_with_tools(),
+        completion(Some("I cannot check the weather."), None, 20).unless_streamed_with_tools(),
+    ])
+    .await;
+    let (outbound, mut items) = StreamingOutbound::new();
+    let h = OrgHarness::builder(CHAIN)
+        .stores(Stores::memory())
+        .llm(llama_provider(&server))
+        .outbound(Arc::new(outbound))
+        .build()
+        .await;
+    h.org.start_all().await.unwrap();
+    h.org
+        .deliver(
+            "a",
+            InboundMessage::new("portal", "u1", "weather in Paris?"),
+        )
+        .await
+        .unwrap();
+    let reply = next_reply(&mut items).await;
+    assert!(!reply.is_failure(), "{reply:?}");
+    assert_eq!(reply.content, "I cannot check the weather.");
+    let requests = server.requests();
+    assert_eq!(requests.len(), 2);
+    for r in &requests {
+        assert!(!r.body["tools"].as_array().unwrap().is_empty());
+        assert!(r.body.get("stream").is_none(), "{}", r.body);
+    }
+}
+
+#[tokio::test]
+async fn an_empty_answer_is_asked_again_once() {
+    let server = FixtureServer::start(vec![
+        Reply::json("compat/llamacpp_python_empty_answer.json"),
+        completion(Some("Hello."), None, 5),
+    ])
+    .await;
+    let mut h = OrgHarness::builder(ONE)
+        .stores(Stores::memory())
+        .llm(llama_provider(&server))
+        .build()
+        .await;
+    h.org.start_all().await.unwrap();
+    h.org
+        .deliver("a", InboundMessage::new("portal", "u1", "hi"))
+        .await
+        .unwrap();
+    let reply = h.reply().await;
+    assert!(!reply.is_failure(), "{reply:?}");
+    assert_eq!(reply.content, "Hello.");
+    assert_eq!(server.count(), 2);
+}
+
+#[tokio::test]
+async fn two_empty_answers_are_a_failure_reply_not_an_answer() {
+    let server = FixtureServer::start(vec![
+        Reply::json("compat/llamacpp_python_empty_answer.json"),
+        Reply::json("compat/llamacpp_python_empty_answer.json"),
+        completion(Some("never asked"), None, 5),
+    ])
+    .await;
+    let mut h = OrgHarness::builder(ONE)
+        .stores(Stores::memory())
+        .llm(llama_provider(&server))
+        .build()
+        .await;
+    h.org.start_all().await.unwrap();
+    h.org
+        .deliver("a", InboundMessage::new("portal", "u1", "hi"))
+        .await
+        .unwrap();
+    let reply = h.reply().await;
+    assert!(reply.is_failure(), "{reply:?}");
+    assert!(reply.content.contains("empty answer"), "{}", reply.content);
+    assert_eq!(server.count(), 2);
+}
+
+#[tokio::test]
+async fn a_task_answered_empty_fails_with_that_reason_instead_of_done() {
+    let mut replies = vec![completion(
+        None,
+        Some((
+            "send_agent_message",
+            serde_json::json!({"target": "b", "message": "Pick a word."}),
+        )),
+        10,
+    )];
+    // Every attempt of b's task: an empty answer, asked again, empty again.
+    replies.extend((0..6).map(|_| Reply::json("compat/llamacpp_python_empty_answer.json")));
+    replies.push(completion(Some("Beta could not pick a word."), None, 30));
+    let server = FixtureServer::start(replies).await;
+    let mut h = OrgHarness::builder(CHAIN)
+        .stores(Stores::memory())
+        .llm(llama_provider(&server))
+        .build()
+        .await;
+    h.org.start_all().await.unwrap();
+    h.org
+        .deliver("a", InboundMessage::new("portal", "u1", "a word"))
+        .await
+        .unwrap();
+    let reply = h.reply().await;
+    assert_eq!(reply.content, "Beta could not pick a word.");
+    let task = h
+        .org
+        .task(&TaskRef::new(AgentId::parse("b").unwrap(), 1))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(task.status, TaskStatus::Failed, "{task:?}");
+    assert!(task.result.is_none(), "{task:?}");
+    assert!(
+        task.error
+            .as_deref()
+            .unwrap_or_default()
+            .contains("empty answer"),
+        "{task:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_failed_turn_leaves_a_system_notice_without_url_or_secret() {
+    let server = FixtureServer::start(vec![
+        Reply::raw(
+            502,
+            "upstream http://10.9.8.7:9000/v1/chat?api-key=sk-live-0123456789abcdef failed; \
+             Authorization: Bearer sk-live-0123456789abcdef",
+        ),
+        completion(Some("Sorry about that."), None, 5),
+    ])
+    .await;
+    let mut h = OrgHarness::builder(ONE)
+        .stores(Stores::memory())
+        .llm(provider(&server, false))
+        .build()
+        .await;
+    h.org.start_all().await.unwrap();
+    h.org
+        .deliver("a", InboundMessage::new("portal", "u1", "hi"))
+        .await
+        .unwrap();
+    let failed = h.reply().await;
+    assert!(failed.is_failure(), "{failed:?}");
+    for secret in ["10.9.8.7", "sk-live", "http://"] {
+        assert!(!failed.content.contains(secret), "{}", failed.content);
+    }
+    assert!(failed.content.contains("HTTP 502"), "{}", failed.content);
+    h.org
+        .deliver("a", InboundMessage::new("portal", "u1", "again?"))
+        .await
+        .unwrap();
+    assert_eq!(h.reply().await.content, "Sorry about that.");
+    // The second turn's history holds the notice as a system message, without the secrets.
+    let body = &server.requests()[1].body;
+    let messages = body["messages"].as_array().unwrap();
+    let notice: Vec<&serde_json::Value> = messages
+        .iter()
+        .filter(|m| m["content"].as_str().unwrap_or("").contains("turn failed"))
+        .collect();
+    assert_eq!(notice.len(), 1, "{body}");
+    assert_eq!(notice[0]["role"], "system");
+    let text = body.to_string();
+    for secret in ["10.9.8.7", "sk-live", "http://"] {
+        assert!(!text.contains(secret), "{text}");
+    }
+    assert!(
+        messages
+            .iter()
+            .filter(|m| m["role"] == "user")
+            .all(|m| !m["content"].as_str().unwrap_or("").contains("[system]")),
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn a_transport_failure_reply_names_no_url() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    let config = OpenAiConfig::new("m")
+        .with_base_url(format!("http://{addr}/v1"))
+        .with_retry(RetryPolicy::none());
+    let clock = TestClock::new(Duration::from_secs(10));
+    let llm = Arc::new(OpenAiProvider::new(config, Arc::new(clock)).unwrap());
+    let mut h = OrgHarness::builder(ONE)
+        .stores(Stores::memory())
+        .llm(llm)
+        .build()
+        .await;
+    h.org.start_all().await.unwrap();
+    h.org
+        .deliver("a", InboundMessage::new("portal", "u1", "hi"))
+        .await
+        .unwrap();
+    let reply = h.reply().await;
+    assert!(reply.is_failure(), "{reply:?}");
+    assert!(
+        reply
+            .content
+            .starts_with("the agent could not answer: transport error"),
+        "{}",
+        reply.content
+    );
+    assert!(!reply.content.contains("http://"), "{}", reply.content);
+    assert!(
+        !reply.content.contains(&addr.to_string()),
+        "{}",
+        reply.content
+    );
+    let a = AgentId::parse("a").unwrap();
+    tokio::time::timeout(Duration::from_secs(10), h.org.wait_idle(&a))
+        .await
+        .unwrap()
+        .unwrap();
+    let history = h.history("a", &reply.channel).await;
+    let notice = history
+        .iter()
+        .find(|r| r.record.kind == RecordKind::System)
+        .expect("a notice");
+    assert!(
+        notice
+            .record
+            .content
+            .starts_with("turn failed: transport error")
+    );
+    assert!(!notice.record.content.contains("http://"));
 }

@@ -58,7 +58,25 @@ pub enum TurnError {
         /// The limit.
         limit: u32,
     },
+    /// The model answered with no text and no tool call, again when asked once more.
+    #[error("the model gave an empty answer {attempts} times in a row")]
+    EmptyAnswer {
+        /// How many empty answers it gave.
+        attempts: u32,
+    },
 }
+
+impl TurnError {
+    /// This error's text fit to leave the runtime (a failure reply, a task's failure reason, the
+    /// notice in the channel's history the model reads): without URLs or credentials (see
+    /// [`redact`](crate::runtime::redact::redact)).
+    pub fn public_text(&self) -> String {
+        crate::runtime::redact::redact(&self.to_string())
+    }
+}
+
+/// How many times a turn asks the model again after an empty answer before it fails.
+const EMPTY_ANSWER_RETRIES: u32 = 1;
 
 /// What a finished turn produced.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -426,7 +444,7 @@ async fn process(org: &Arc<OrgInner>, agent: &Arc<AgentRuntime>, envelope: Envel
     match result {
         Ok(Ok(_)) => {}
         Ok(Err(failure)) => {
-            let text = format!("turn failed: {}", failure.error);
+            let text = format!("turn failed: {}", failure.error.public_text());
             for envelope in &failure.unanswered {
                 log.record(system_record(&envelope.channel, text.clone(), org));
             }
@@ -467,7 +485,7 @@ async fn keep_for_later(org: &OrgInner, agent: &AgentRuntime, envelope: Envelope
 /// application for external messages, a report to the parent for a child agent.
 async fn tell_failure(org: &Organization, agent: &AgentRuntime, failure: &TurnFailure) {
     let inner = &org.inner;
-    let reason = failure.error.to_string();
+    let reason = failure.error.public_text();
     let mut by_source: Vec<(Source, ChannelId, Vec<EnvelopeId>)> = Vec::new();
     for envelope in failure.unanswered.iter().filter(|e| e.task.is_none()) {
         let source = reply_source(agent, std::slice::from_ref(envelope));
@@ -579,12 +597,13 @@ async fn run_task(
     let result = match outcome {
         Ok(Ok(outcome)) => Ok(outcome),
         Ok(Err(failure)) => {
-            let text = format!("turn failed: {}", failure.error);
+            let reason = failure.error.public_text();
+            let text = format!("turn failed: {reason}");
             for e in failure.unanswered.iter().filter(|e| e.task.is_none()) {
                 turn_log.record(system_record(&e.channel, text.clone(), org));
             }
             tell_failure(&handle, agent, &failure).await;
-            Err(failure.error.to_string())
+            Err(reason)
         }
         Err(_) => Err("the turn was cancelled".to_string()),
     };
@@ -908,6 +927,8 @@ pub(crate) async fn run_turn(
 
     let mut total_rounds: u32 = 0;
     let mut last_text = String::new();
+    // Empty answers in a row (no text, no tool call): a failed attempt, asked again once.
+    let mut empty_answers: u32 = 0;
     loop {
         let Some(top) = frames.last() else {
             return Ok(TurnOutcome::Answer(last_text));
@@ -942,6 +963,25 @@ pub(crate) async fn run_turn(
         if let Some(usage) = response.usage {
             log.usage = log.usage.plus(usage);
         }
+        if response.tool_calls.is_empty()
+            && response
+                .content
+                .as_deref()
+                .is_none_or(|t| t.trim().is_empty())
+        {
+            empty_answers += 1;
+            if empty_answers > EMPTY_ANSWER_RETRIES {
+                return Err(failure(
+                    TurnError::EmptyAnswer {
+                        attempts: empty_answers,
+                    },
+                    &frames,
+                ));
+            }
+            tracing::warn!(agent = %me, "the model gave an empty answer; asking again");
+            continue;
+        }
+        empty_answers = 0;
         if response.tool_calls.is_empty() {
             let text = response.content.unwrap_or_default();
             let Some(frame) = frames.pop() else {

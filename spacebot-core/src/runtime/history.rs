@@ -7,8 +7,10 @@ use crate::llm::ChatMessage;
 ///
 /// User records become user messages (prefixed with their author when it is not the human user),
 /// the agent's own replies become assistant messages, sent records (copies of what the agent sent to a
-/// peer) become assistant messages marked as such, and system records become user messages marked
-/// `[system]`. Tool records stay out: tool chatter of past turns is not replayed.
+/// peer) become assistant messages marked as such, and system records (notices the runtime wrote:
+/// a task's outcome, a conversation's rules, a turn that failed) become system messages, so the
+/// model never takes them for the user's words. Tool records stay out: tool chatter of past turns
+/// is not replayed.
 ///
 /// ```
 /// use spacebot_core::runtime::history::to_messages;
@@ -29,7 +31,7 @@ pub fn to_messages(records: &[ChannelRecord]) -> Vec<crate::llm::ChatMessage> {
 
 /// [`to_messages`] for the texts of a history read ([`ChannelStore::history_texts`]), appended to
 /// `messages` (a turn's request, after its system prompt: no list in between): shared texts move
-/// into the messages; only prefixed ones (`[author] `, `(sent) `, `[system] `) are new.
+/// into the messages; only prefixed ones (`[author] `, `(sent) `) are new.
 ///
 /// [`ChannelStore::history_texts`]: crate::channel::ChannelStore::history_texts
 pub(crate) fn extend_messages(
@@ -42,7 +44,7 @@ pub(crate) fn extend_messages(
             RecordKind::User => ChatMessage::user(["[", &rec.author, "] ", &rec.content].concat()),
             RecordKind::Assistant => ChatMessage::assistant(rec.content),
             RecordKind::Sent => ChatMessage::assistant(["(sent) ", &rec.content].concat()),
-            RecordKind::System => ChatMessage::user(["[system] ", &rec.content].concat()),
+            RecordKind::System => ChatMessage::system(rec.content),
             _ => return None,
         })
     }));
@@ -80,7 +82,7 @@ mod tests {
                 ChatMessage::user("hello"),
                 ChatMessage::assistant("hi"),
                 ChatMessage::user("[agent b] status?"),
-                ChatMessage::user("[system] b completed task #1"),
+                ChatMessage::system("b completed task #1"),
                 ChatMessage::assistant("(sent) to b: go"),
             ]
         );

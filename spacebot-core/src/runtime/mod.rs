@@ -11,6 +11,7 @@ pub mod history;
 pub(crate) mod hosting;
 pub mod outbound;
 pub mod queue;
+pub mod redact;
 pub mod replies;
 pub mod steer;
 
