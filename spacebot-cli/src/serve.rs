@@ -94,9 +94,8 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<(), CliError> {
         HttpConfig::random_token()
     };
     let token = http.token().map(str::to_string);
-    let app = Api::new(org.clone(), chat, http)
-        .map_err(|e| failed(e.to_string()))?
-        .router();
+    let api = Api::new(org.clone(), chat, http).map_err(|e| failed(e.to_string()))?;
+    let app = api.router();
     let listener = tokio::net::TcpListener::bind(args.addr)
         .await
         .map_err(|e| failed(format!("cannot listen on {}: {e}", args.addr)))?;
@@ -121,10 +120,12 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<(), CliError> {
         }
     }
     say!("press Ctrl-C to stop");
+    // Ctrl-C ends the event streams too: a graceful shutdown waits for every connection, and an
+    // event stream would never end by itself.
     let served = axum::serve(listener, app)
-        .with_graceful_shutdown(async {
+        .with_graceful_shutdown(api.graceful_shutdown(async {
             let _ = tokio::signal::ctrl_c().await;
-        })
+        }))
         .await;
     let stopped = org.shutdown().await;
     served.map_err(|e| failed(format!("server error: {e}")))?;

@@ -573,3 +573,76 @@ async fn serve_prints_the_url_and_token_and_serves_the_api() {
         drop(child);
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ctrl_c_stops_serve_while_an_event_stream_is_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), ORG);
+    let mut command = Command::cargo_bin("spacebot").unwrap();
+    command
+        .arg("serve")
+        .arg("--config")
+        .arg(&config)
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .args(["--addr", "127.0.0.1:0", "--insecure-no-auth"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    for (name, _) in std::env::vars_os() {
+        let text = name.to_string_lossy();
+        if text.starts_with("SPACEBOT_") || text.starts_with("OPENAI_") {
+            command.env_remove(&name);
+        }
+    }
+    let mut child = Child(command.spawn().unwrap());
+    let stdout = child.0.stdout.take().unwrap();
+    let (found, found_rx) = tokio::sync::oneshot::channel();
+    let (stopped, stopped_rx) = tokio::sync::oneshot::channel();
+    let _reader = std::thread::spawn(move || {
+        let mut found = Some(found);
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(rest) = line.strip_prefix("dashboard: ") {
+                if let Some(found) = found.take() {
+                    let _ = found.send(rest.trim_end_matches('/').to_string());
+                }
+            }
+            if line == "stopped" {
+                let _ = stopped.send(());
+                return;
+            }
+        }
+    });
+    let url = tokio::time::timeout(Duration::from_secs(30), found_rx)
+        .await
+        .unwrap()
+        .expect("no dashboard line");
+    // An event-stream client stays connected.
+    let mut events = reqwest::Client::new()
+        .get(format!("{url}/api/events"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(events.status(), 200);
+    // Ctrl-C.
+    let pid = child.0.id().to_string();
+    let status = std::process::Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    // The stream ends and the server stops, well before any keep-alive would matter.
+    let ended = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Ok(Some(_)) = events.chunk().await {}
+    })
+    .await;
+    assert!(ended.is_ok(), "the event stream did not end after Ctrl-C");
+    tokio::time::timeout(Duration::from_secs(20), stopped_rx)
+        .await
+        .expect("serve did not stop within 20 s of Ctrl-C")
+        .expect("serve's output ended without `stopped`");
+    let exit = tokio::task::spawn_blocking(move || child.0.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(exit.success(), "{exit:?}");
+}

@@ -32,6 +32,8 @@ pub(crate) struct AppState {
     pub(crate) org: Organization,
     pub(crate) hub: Arc<Hub>,
     pub(crate) token: Option<String>,
+    /// True once [`crate::Api::shutdown`] was called: every event stream ends.
+    pub(crate) closing: watch::Sender<bool>,
 }
 
 pub(crate) type St = State<Arc<AppState>>;
@@ -678,6 +680,7 @@ pub(crate) async fn events(
     let stream = EventStream {
         hub,
         notify,
+        closing: st.closing.subscribe(),
         last,
         pending: VecDeque::new(),
     };
@@ -688,6 +691,8 @@ pub(crate) async fn events(
 struct EventStream {
     hub: Arc<Hub>,
     notify: watch::Receiver<u64>,
+    /// The API's shutdown flag: the stream ends once it is true.
+    closing: watch::Receiver<bool>,
     last: u64,
     pending: VecDeque<SseEvent>,
 }
@@ -695,6 +700,9 @@ struct EventStream {
 impl EventStream {
     async fn next(mut self) -> Option<(Result<SseEvent, Infallible>, Self)> {
         loop {
+            if *self.closing.borrow() {
+                return None;
+            }
             if let Some(event) = self.pending.pop_front() {
                 return Some((Ok(event), self));
             }
@@ -717,8 +725,14 @@ impl EventStream {
                         .data(&*entry.data),
                 );
             }
-            if self.pending.is_empty() && self.notify.changed().await.is_err() {
-                return None;
+            if self.pending.is_empty() {
+                let changed = std::pin::pin!(self.notify.changed());
+                let closing = std::pin::pin!(self.closing.wait_for(|closing| *closing));
+                match futures::future::select(changed, closing).await {
+                    futures::future::Either::Left((Ok(()), _)) => {}
+                    // The hub is gone, or the API shuts down (or was dropped).
+                    _ => return None,
+                }
             }
         }
     }

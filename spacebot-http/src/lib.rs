@@ -161,8 +161,55 @@ impl Api {
                 org,
                 hub,
                 token: config.token,
+                closing: tokio::sync::watch::channel(false).0,
             }),
         })
+    }
+
+    /// Ends every open event stream (`GET /api/events`), and any opened later at once.
+    ///
+    /// An event stream never ends by itself, so a server's graceful shutdown (axum's
+    /// `with_graceful_shutdown`, which waits for every connection) would wait for its clients
+    /// forever: call this when the shutdown starts, or pass the signal through
+    /// [`graceful_shutdown`](Self::graceful_shutdown). The rest of the API keeps working.
+    pub fn shutdown(&self) {
+        self.state.closing.send_replace(true);
+    }
+
+    /// Whether [`shutdown`](Self::shutdown) was called.
+    pub fn is_shut_down(&self) -> bool {
+        *self.state.closing.borrow()
+    }
+
+    /// A future for axum's `with_graceful_shutdown`: it waits for `signal`, then ends the event
+    /// streams ([`shutdown`](Self::shutdown)) so the server's connections can close.
+    ///
+    /// ```no_run
+    /// # async fn demo(api: spacebot_http::Api) -> std::io::Result<()> {
+    /// let listener = tokio::net::TcpListener::bind("127.0.0.1:7860").await?;
+    /// // In an application: `async { let _ = tokio::signal::ctrl_c().await; }`.
+    /// let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    /// # drop(stop);
+    /// let signal = async {
+    ///     let _ = stopped.await;
+    /// };
+    /// axum::serve(listener, api.router())
+    ///     .with_graceful_shutdown(api.graceful_shutdown(signal))
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn graceful_shutdown<F>(
+        &self,
+        signal: F,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let api = self.clone();
+        async move {
+            signal.await;
+            api.shutdown();
+        }
     }
 
     /// The organization.
