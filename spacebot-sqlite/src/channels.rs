@@ -7,9 +7,13 @@ use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
 
 use crate::SqliteStores;
-use crate::error::{corrupt, db_error, encode_error};
+use crate::error::{Location, corrupt, db_error, encode_error};
 
-fn decode(location: &str, agent: &AgentId, row: &SqliteRow) -> Result<ChannelRecord, StoreError> {
+fn decode(
+    location: &Location,
+    agent: &AgentId,
+    row: &SqliteRow,
+) -> Result<ChannelRecord, StoreError> {
     let read = |e| db_error(location, "reading a channel record", e);
     let seq: i64 = row.try_get("seq").map_err(read)?;
     let bad =
@@ -44,6 +48,10 @@ pub struct SqliteChannelStore(pub(crate) SqliteStores);
 
 #[async_trait]
 impl ChannelStore for SqliteChannelStore {
+    async fn release(&self) {
+        self.0.close().await;
+    }
+
     async fn append(
         &self,
         agent: &AgentId,

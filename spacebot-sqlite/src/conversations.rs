@@ -10,12 +10,12 @@ use sqlx::sqlite::SqliteRow;
 use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection};
 
 use crate::SqliteStores;
-use crate::error::{corrupt, db_error, is_unique_violation};
+use crate::error::{Location, corrupt, db_error, is_unique_violation};
 
 const COLUMNS: &str = "id, mode, initiator, initiated_from, status, budget_remaining, pair_key, \
      summary, revision, created_at, updated_at";
 
-fn decode(location: &str, row: &SqliteRow) -> Result<Conversation, StoreError> {
+fn decode(location: &Location, row: &SqliteRow) -> Result<Conversation, StoreError> {
     let read = |e| db_error(location, "reading a conversation", e);
     let id: String = row.try_get("id").map_err(read)?;
     let bad =
@@ -46,7 +46,7 @@ fn decode(location: &str, row: &SqliteRow) -> Result<Conversation, StoreError> {
     })
 }
 
-fn decode_member(location: &str, row: &SqliteRow) -> Result<(String, Member), StoreError> {
+fn decode_member(location: &Location, row: &SqliteRow) -> Result<(String, Member), StoreError> {
     let read = |e| db_error(location, "reading a conversation member", e);
     let conversation: String = row.try_get("conversation_id").map_err(read)?;
     let bad = |what: &str, why: String| {
@@ -71,12 +71,12 @@ fn decode_member(location: &str, row: &SqliteRow) -> Result<(String, Member), St
     Ok((conversation, member))
 }
 
-fn to_sql(location: &str, what: &str, v: u64) -> Result<i64, StoreError> {
+fn to_sql(location: &Location, what: &str, v: u64) -> Result<i64, StoreError> {
     i64::try_from(v).map_err(|_| corrupt(location, format!("{what} {v} is out of range")))
 }
 
 /// Maps a unique violation while writing `c` to `AlreadyExists` (its id, or its open pair key).
-fn write_error(location: &str, c: &Conversation, doing: &str, e: sqlx::Error) -> StoreError {
+fn write_error(location: &Location, c: &Conversation, doing: &str, e: sqlx::Error) -> StoreError {
     if is_unique_violation(&e) {
         let what = match &c.pair_key {
             Some(key) if e.to_string().contains("pair_key") => {
@@ -92,7 +92,7 @@ fn write_error(location: &str, c: &Conversation, doing: &str, e: sqlx::Error) ->
 
 async fn write_members(
     conn: &mut SqliteConnection,
-    location: &str,
+    location: &Location,
     c: &Conversation,
 ) -> Result<(), StoreError> {
     sqlx::query("DELETE FROM conversation_members WHERE conversation_id = ?")
@@ -132,7 +132,7 @@ async fn write_members(
 /// Reads the conversations selected by `q` (which must select [`COLUMNS`]) with their members.
 async fn load(
     conn: &mut SqliteConnection,
-    location: &str,
+    location: &Location,
     mut q: QueryBuilder<Sqlite>,
 ) -> Result<Vec<Conversation>, StoreError> {
     let rows = q
@@ -172,6 +172,10 @@ pub struct SqliteConversationStore(pub(crate) SqliteStores);
 
 #[async_trait]
 impl ConversationStore for SqliteConversationStore {
+    async fn release(&self) {
+        self.0.close().await;
+    }
+
     async fn create(&self, c: &Conversation) -> Result<(), StoreError> {
         let db = self.0.instance();
         let location = db.location.clone();
@@ -180,7 +184,7 @@ impl ConversationStore for SqliteConversationStore {
         db.writes
             .run(move |tx| {
                 Box::pin(async move {
-                    let loc = &*location;
+                    let loc = &location;
                     let c = &c;
                     sqlx::query(
                         "INSERT INTO conversations (id, mode, initiator, initiated_from, status, \
@@ -233,7 +237,7 @@ impl ConversationStore for SqliteConversationStore {
         db.writes
             .run(move |tx| {
                 Box::pin(async move {
-                    let loc = &*location;
+                    let loc = &location;
                     let next = &next;
                     let mut q = select();
                     q.push(" WHERE id = ").push_bind(next.id.as_str());

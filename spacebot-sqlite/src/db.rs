@@ -4,13 +4,14 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use futures::TryStreamExt;
 use spacebot_core::StoreError;
 use sqlx::migrate::Migrator;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
-use sqlx::{Connection, Row, SqliteConnection};
+use sqlx::{Connection, Row, SqliteConnection, TypeInfo, ValueRef};
 
-use crate::error::{BACKEND, corrupt, db_error, migrate_error};
-use crate::options::SqliteOptions;
+use crate::error::{BACKEND, Location, corrupt, db_error, migrate_error};
+use crate::options::{OpenCheck, SqliteOptions};
 use crate::writer::Writer;
 
 /// Migrations of every agent's `spacebot.db`.
@@ -73,8 +74,8 @@ pub(crate) struct Db {
     pub(crate) writer: SqlitePool,
     /// Serves reads concurrently (WAL lets them run beside the writer).
     pub(crate) reader: SqlitePool,
-    /// The file (or `:memory:`), for error messages.
-    pub(crate) location: Arc<str>,
+    /// The file (or `:memory:`), for error messages; remembers damage seen in it.
+    pub(crate) location: Location,
     /// The writer task: runs write operations in shared transactions (group commit).
     pub(crate) writes: Writer,
 }
@@ -83,7 +84,7 @@ pub(crate) struct Db {
 struct Pools {
     writer: SqlitePool,
     reader: SqlitePool,
-    location: Arc<str>,
+    location: Location,
 }
 
 impl Db {
@@ -144,7 +145,7 @@ impl Db {
         Ok(Pools {
             writer: pool.clone(),
             reader: pool,
-            location,
+            location: Location::new(location),
         })
     }
 
@@ -195,7 +196,7 @@ impl Db {
         Ok(Pools {
             writer,
             reader,
-            location,
+            location: Location::new(location),
         })
     }
 
@@ -251,7 +252,15 @@ async fn check_existing(
         // a non-empty log beside it, the file alone may be mid-checkpoint (a process killed while
         // it closed): only the file as the log leaves it, checked on a copy below, tells.
         if !has_wal(path) {
-            inspect_file(path, location, kind).await?;
+            let checked = inspect_file(path, location, kind, options.check_on_open).await;
+            if options.check_on_open != OpenCheck::Skip {
+                // Also when SQLite refused the file for a reason of its own ("unsupported file
+                // format"): a damaged header is named as such.
+                if let Err(StoreError::Backend { .. }) | Ok(()) = &checked {
+                    check_layout(path, location, "")?;
+                }
+            }
+            checked?;
         }
     }
 
@@ -283,6 +292,16 @@ async fn check_existing(
                     )
                 });
             copied?;
+            if options.check_on_open != OpenCheck::Skip {
+                let log = std::fs::read(wal_path(&copy)).map_err(|e| {
+                    StoreError::backend(
+                        BACKEND,
+                        format!("reading the write-ahead log of {location} to check it: {e}"),
+                        e,
+                    )
+                })?;
+                check_wal(&log, location)?;
+            }
             let connect = SqliteConnectOptions::new()
                 .filename(&copy)
                 .create_if_missing(false)
@@ -290,7 +309,22 @@ async fn check_existing(
             let mut conn = SqliteConnection::connect_with(&connect)
                 .await
                 .map_err(|e| db_error(location, "checking the database's write-ahead log", e))?;
-            let checked = inspect(&mut conn, location, kind).await;
+            let mut checked = inspect(&mut conn, location, kind, options.check_on_open).await;
+            if checked.is_ok() && options.check_on_open != OpenCheck::Skip {
+                // The copy as the log leaves it, the log copied into it: its header and length are
+                // then those of a closed database.
+                checked = sqlx::query_scalar::<_, i64>("PRAGMA wal_checkpoint(TRUNCATE)")
+                    .fetch_one(&mut conn)
+                    .await
+                    .map_err(|e| db_error(location, "checkpointing a copy of the database", e))
+                    .and_then(|busy| {
+                        if busy == 0 {
+                            check_layout(&copy, location, " as its write-ahead log leaves it")
+                        } else {
+                            Ok(())
+                        }
+                    });
+            }
             // The copy is thrown away; closing it cannot lose anything.
             let _ = conn.close().await;
             checked
@@ -307,7 +341,12 @@ async fn check_existing(
 
 /// Checks `path` through a read-only, immutable connection: nothing is written, created or
 /// replayed.
-async fn inspect_file(path: &Path, location: &str, kind: DbKind) -> Result<(), StoreError> {
+async fn inspect_file(
+    path: &Path,
+    location: &str,
+    kind: DbKind,
+    check: OpenCheck,
+) -> Result<(), StoreError> {
     let connect = SqliteConnectOptions::new()
         .filename(path)
         .create_if_missing(false)
@@ -316,7 +355,7 @@ async fn inspect_file(path: &Path, location: &str, kind: DbKind) -> Result<(), S
     let mut conn = SqliteConnection::connect_with(&connect)
         .await
         .map_err(|e| db_error(location, "opening the database read-only to check it", e))?;
-    let checked = inspect(&mut conn, location, kind).await;
+    let checked = inspect(&mut conn, location, kind, check).await;
     // Closing a read-only connection cannot lose anything; its error would hide the real one.
     let _ = conn.close().await;
     checked
@@ -333,6 +372,7 @@ async fn inspect(
     conn: &mut SqliteConnection,
     location: &str,
     kind: DbKind,
+    check_on_open: OpenCheck,
 ) -> Result<(), StoreError> {
     let check = |e| db_error(location, "checking the database", e);
     let application_id: i64 = sqlx::query_scalar("PRAGMA application_id")
@@ -398,7 +438,221 @@ async fn inspect(
             ));
         }
     }
+    check_contents(conn, location, check_on_open).await
+}
+
+/// The whole file through SQLite: `PRAGMA integrity_check` (or `quick_check`), then every text
+/// value decoded as UTF-8 (SQLite stores text as it was given and never checks it).
+async fn check_contents(
+    conn: &mut SqliteConnection,
+    location: &str,
+    check: OpenCheck,
+) -> Result<(), StoreError> {
+    let pragma = match check {
+        OpenCheck::Full => "PRAGMA integrity_check(10)",
+        OpenCheck::Quick => "PRAGMA quick_check(10)",
+        OpenCheck::Skip => return Ok(()),
+    };
+    let doing = |e| db_error(location, "checking the database's integrity", e);
+    let findings: Vec<String> = sqlx::query_scalar(pragma)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(doing)?;
+    if findings.len() != 1 || findings[0] != "ok" {
+        return Err(corrupt(
+            location,
+            format!("the integrity check failed: {}", findings.join("; ")),
+        ));
+    }
+    let tables: Vec<String> = sqlx::query_scalar(
+        "SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' ORDER BY name",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(doing)?;
+    for table in tables {
+        let sql = format!("SELECT * FROM \"{}\"", table.replace('"', "\"\""));
+        let mut rows = sqlx::query(sqlx::AssertSqlSafe(sql)).fetch(&mut *conn);
+        while let Some(row) = rows.try_next().await.map_err(doing)? {
+            for i in 0..row.len() {
+                let raw = row.try_get_raw(i).map_err(doing)?;
+                if raw.is_null() || raw.type_info().name() != "TEXT" {
+                    continue;
+                }
+                if let Err(e) = row.try_get::<&str, _>(i) {
+                    return Err(corrupt(
+                        location,
+                        format!("table {table}: a text value is not UTF-8: {e}"),
+                    ));
+                }
+            }
+        }
+    }
     Ok(())
+}
+
+/// The file's 100-byte header and its length, for what SQLite itself does not check: a file cut
+/// short or extended (its length is not the page count the header gives), and header fields that
+/// spacebot never sets otherwise (SQLite trusts or ignores most of them).
+fn check_layout(path: &Path, location: &str, as_left: &str) -> Result<(), StoreError> {
+    let bytes_of = |e: std::io::Error| {
+        StoreError::backend(
+            BACKEND,
+            format!("reading the header of {location} to check it: {e}"),
+            e,
+        )
+    };
+    let len = std::fs::metadata(path).map_err(bytes_of)?.len();
+    let mut header = Vec::with_capacity(100);
+    std::fs::File::open(path)
+        .and_then(|f| f.take(100).read_to_end(&mut header))
+        .map_err(bytes_of)?;
+    let damaged = |what: String| corrupt(location, format!("the file{as_left} is damaged: {what}"));
+    if len == 0 {
+        return Ok(());
+    }
+    if header.len() < 100 {
+        return Err(damaged(format!(
+            "it is {len} bytes long, shorter than its header"
+        )));
+    }
+    let u16_at = |i: usize| u32::from(u16::from_be_bytes([header[i], header[i + 1]]));
+    let u32_at =
+        |i: usize| u32::from_be_bytes([header[i], header[i + 1], header[i + 2], header[i + 3]]);
+    let page_size = match u16_at(16) {
+        1 => 65536,
+        n => n,
+    };
+    if !(512..=65536).contains(&page_size) || !page_size.is_power_of_two() {
+        return Err(damaged(format!("page size {page_size} in the header")));
+    }
+    let fields: [(&str, u32, &[u32]); 10] = [
+        ("file format write version", u32::from(header[18]), &[1, 2]),
+        ("file format read version", u32::from(header[19]), &[1, 2]),
+        ("reserved bytes per page", u32::from(header[20]), &[0]),
+        (
+            "maximum embedded payload fraction",
+            u32::from(header[21]),
+            &[64],
+        ),
+        (
+            "minimum embedded payload fraction",
+            u32::from(header[22]),
+            &[32],
+        ),
+        ("leaf payload fraction", u32::from(header[23]), &[32]),
+        ("schema format", u32_at(44), &[1, 2, 3, 4]),
+        ("text encoding", u32_at(56), &[1]),
+        ("auto-vacuum root page", u32_at(52), &[0]),
+        ("incremental vacuum flag", u32_at(64), &[0]),
+    ];
+    for (name, value, allowed) in fields {
+        if !allowed.contains(&value) {
+            return Err(damaged(format!("{name} {value} in the header")));
+        }
+    }
+    if header[72..92].iter().any(|b| *b != 0) {
+        return Err(damaged("the header's reserved bytes are not zero".into()));
+    }
+    let version = u32_at(96);
+    if !(3_000_000..=3_999_999).contains(&version) {
+        return Err(damaged(format!(
+            "the header names SQLite version number {version}"
+        )));
+    }
+    // SQLite writes the change counter and the "version valid for" number together; the page
+    // count is valid only when they agree (always, for a file SQLite 3.7 or later wrote).
+    let (counter, valid_for) = (u32_at(24), u32_at(92));
+    if counter != valid_for {
+        return Err(damaged(format!(
+            "the header's change counter {counter} and its version-valid-for number {valid_for} differ"
+        )));
+    }
+    let pages = u64::from(u32_at(28));
+    let expected = pages * u64::from(page_size);
+    if len != expected {
+        return Err(damaged(format!(
+            "it is {len} bytes long, but its header counts {pages} pages of {page_size} bytes \
+             ({expected} bytes): truncated or extended"
+        )));
+    }
+    Ok(())
+}
+
+/// A write-ahead log's header and frames, as SQLite reads them: a log whose header is damaged is
+/// ignored whole by SQLite, and one whose frame is damaged is cut at that frame, so the commits
+/// in it or after it would silently be lost. A damaged frame followed by an intact frame of the
+/// same log is damage; an invalid last frame is what a write cut short by a crash leaves, and
+/// SQLite drops it (so does this check).
+fn check_wal(log: &[u8], location: &str) -> Result<(), StoreError> {
+    const MAGIC: u32 = 0x377f_0682;
+    if log.len() < 32 {
+        return Ok(());
+    }
+    let damaged = |what: String| {
+        corrupt(
+            location,
+            format!("the write-ahead log beside the file is damaged: {what}"),
+        )
+    };
+    let be = |b: &[u8], i: usize| u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+    let magic = be(log, 0);
+    if magic & !1 != MAGIC {
+        return Err(damaged(format!("its header has magic number {magic:#x}")));
+    }
+    let big_endian = magic & 1 == 1;
+    let version = be(log, 4);
+    if version != 3_007_000 {
+        return Err(damaged(format!("its header has format version {version}")));
+    }
+    let page_size = be(log, 8);
+    if !(512..=65536).contains(&page_size) || !page_size.is_power_of_two() {
+        return Err(damaged(format!("its header has page size {page_size}")));
+    }
+    let header_sum = wal_checksum(big_endian, (0, 0), &log[..24]);
+    if header_sum != (be(log, 24), be(log, 28)) {
+        return Err(damaged("its header's checksum does not match".into()));
+    }
+    let salts = (be(log, 16), be(log, 20));
+    let frame_size = 24 + page_size as usize;
+    let mut previous = header_sum;
+    let mut first_bad = None;
+    for (n, frame) in log[32..].chunks_exact(frame_size).enumerate() {
+        let stored = (be(frame, 16), be(frame, 20));
+        let sum = wal_checksum(big_endian, previous, &frame[..8]);
+        let sum = wal_checksum(big_endian, sum, &frame[24..]);
+        let intact = (be(frame, 8), be(frame, 12)) == salts && be(frame, 0) != 0 && sum == stored;
+        match (intact, first_bad) {
+            (false, None) => first_bad = Some(n),
+            (true, Some(bad)) => {
+                return Err(damaged(format!(
+                    "frame {bad} does not match its checksum or its log, but frame {n} after it does"
+                )));
+            }
+            _ => {}
+        }
+        // Each frame's checksum continues the one stored in the frame before it.
+        previous = stored;
+    }
+    Ok(())
+}
+
+/// SQLite's write-ahead log checksum over `data` (a multiple of 8 bytes), continuing `sum`.
+fn wal_checksum(big_endian: bool, sum: (u32, u32), data: &[u8]) -> (u32, u32) {
+    let (mut s0, mut s1) = sum;
+    for pair in data.chunks_exact(8) {
+        let word = |b: &[u8]| {
+            let b = [b[0], b[1], b[2], b[3]];
+            if big_endian {
+                u32::from_be_bytes(b)
+            } else {
+                u32::from_le_bytes(b)
+            }
+        };
+        s0 = s0.wrapping_add(word(&pair[..4])).wrapping_add(s1);
+        s1 = s1.wrapping_add(word(&pair[4..])).wrapping_add(s0);
+    }
+    (s0, s1)
 }
 
 /// `{dir}/instance.db`.

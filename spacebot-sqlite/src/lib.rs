@@ -52,7 +52,6 @@ mod db;
 mod deliveries;
 mod error;
 mod links;
-mod lock;
 mod options;
 mod tasks;
 mod writer;
@@ -70,10 +69,10 @@ pub use crate::conversations::SqliteConversationStore;
 use crate::db::{Db, DbKind};
 pub use crate::deliveries::SqliteDeliveryStore;
 pub use crate::links::SqliteLinkStore;
-use crate::lock::DirLock;
-pub use crate::options::{SqliteOptions, Synchronous};
+pub use crate::options::{OpenCheck, SqliteOptions, Synchronous};
 pub use crate::tasks::SqliteTaskStore;
 pub use crate::writer::WriteStats;
+use spacebot_core::dir_lock::{self, DirLock};
 
 /// The statements of a task cycle (create, claim, complete with its outbox row), for the benchmark
 /// that compares the stores with raw sqlx running the same SQL. Not a stable API.
@@ -140,7 +139,7 @@ impl SqliteStores {
         options: SqliteOptions,
     ) -> Result<Self, StoreError> {
         let dir = dir.as_ref().to_path_buf();
-        let lock = DirLock::acquire(&dir)?;
+        let lock = acquire_lock(&dir).await?;
         let instance = Db::open(Some(&db::instance_path(&dir)), DbKind::Instance, &options).await?;
         Ok(Self::from_parts(
             Some(dir),
@@ -269,6 +268,45 @@ impl SqliteStores {
         self.inner.dir.as_deref().map(|d| db::agent_path(d, agent))
     }
 
+    /// Test support, not a stable API: caps the database of `agent` (the instance database for
+    /// `None`) at its current number of pages plus `headroom` with `PRAGMA max_page_count` on its
+    /// writer connection, so that a write needing more gets SQLite's "database or disk is full",
+    /// as a full disk would give; `None` lifts the cap.
+    ///
+    /// # Errors
+    /// As any write.
+    #[doc(hidden)]
+    pub async fn cap_pages_for_testing(
+        &self,
+        agent: Option<&AgentId>,
+        headroom: Option<u32>,
+    ) -> Result<(), StoreError> {
+        let db = match agent {
+            Some(agent) => self.agent(agent).await?,
+            None => self.inner.instance.clone(),
+        };
+        let location = db.location.clone();
+        db.writes
+            .run(move |conn| {
+                Box::pin(async move {
+                    let fail = |e| error::db_error(&location, "capping the page count", e);
+                    let pages: i64 = sqlx::query_scalar("PRAGMA page_count")
+                        .fetch_one(&mut *conn)
+                        .await
+                        .map_err(fail)?;
+                    let cap = headroom.map_or(4_294_967_294, |h| pages + i64::from(h));
+                    sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(format!(
+                        "PRAGMA max_page_count = {cap}"
+                    )))
+                    .fetch_one(&mut *conn)
+                    .await
+                    .map_err(fail)?;
+                    Ok(())
+                })
+            })
+            .await
+    }
+
     /// Group-commit counters of the instance database's writer: transactions committed and the
     /// write operations they carried. For tests and diagnostics.
     pub fn instance_write_stats(&self) -> WriteStats {
@@ -287,6 +325,15 @@ impl SqliteStores {
     /// [`StoreError::Backend`].
     pub async fn close(&self) {
         self.inner.closed.store(true, Ordering::SeqCst);
+        if let Some(lock) = self
+            .inner
+            .lock
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            lock.begin_release();
+        }
         let cells: Vec<Arc<OnceCell<Db>>> = self.lock_agents().values().cloned().collect();
         for cell in cells {
             if let Some(db) = cell.get() {
@@ -344,5 +391,70 @@ impl SqliteStores {
             .get_or_try_init(|| Db::open(path.as_deref(), DbKind::Agent, &self.inner.options))
             .await?;
         Ok(db.clone())
+    }
+}
+
+/// How long an opener waits for this process's release of the same directory (a handle dropped or
+/// closed a moment ago, its connections still closing) before it gives up.
+const RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Takes `dir`'s lock; when this process is still releasing it (the last handle was dropped or
+/// closed a moment ago), waits for the release first.
+async fn acquire_lock(dir: &Path) -> Result<DirLock, StoreError> {
+    loop {
+        match DirLock::acquire(dir, error::BACKEND) {
+            Ok(lock) => return Ok(lock),
+            Err(e) => {
+                let Some(release) = dir_lock::release_in_progress(dir) else {
+                    return Err(e);
+                };
+                if tokio::time::timeout(RELEASE_WAIT, release.wait())
+                    .await
+                    .is_err()
+                {
+                    return Err(e);
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Inner {
+    /// The last handle is gone: the databases close (their connections finish on their own
+    /// threads) and only then is the directory's lock released, so that an opener never meets
+    /// files still being closed. An opener in this process waits for that release.
+    fn drop(&mut self) {
+        let Some(lock) = self
+            .lock
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        else {
+            return;
+        };
+        lock.begin_release();
+        let mut dbs = vec![self.instance.clone()];
+        dbs.extend(
+            self.agents
+                .get_mut()
+                .unwrap_or_else(|e| e.into_inner())
+                .values()
+                .filter_map(|cell| cell.get().cloned()),
+        );
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                drop(runtime.spawn(async move {
+                    for db in dbs {
+                        db.close().await;
+                    }
+                    drop(lock);
+                }));
+            }
+            // No runtime to close them on: the connections close as they are dropped.
+            Err(_) => {
+                drop(dbs);
+                drop(lock);
+            }
+        }
     }
 }

@@ -6,9 +6,9 @@ use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
 
 use crate::SqliteStores;
-use crate::error::{corrupt, db_error, is_unique_violation};
+use crate::error::{Location, corrupt, db_error, is_unique_violation};
 
-fn decode(location: &str, row: &SqliteRow) -> Result<AgentLink, StoreError> {
+fn decode(location: &Location, row: &SqliteRow) -> Result<AgentLink, StoreError> {
     let read = |e| db_error(location, "reading a link", e);
     let text = |name: &str| row.try_get::<String, _>(name).map_err(read);
     let bad = |e: spacebot_core::InvalidInput| corrupt(location, format!("stored link: {e}"));
@@ -49,6 +49,10 @@ pub struct SqliteLinkStore(pub(crate) SqliteStores);
 
 #[async_trait]
 impl LinkStore for SqliteLinkStore {
+    async fn release(&self) {
+        self.0.close().await;
+    }
+
     async fn create(&self, link: &AgentLink) -> Result<(), StoreError> {
         let db = self.0.instance();
         let (link, location) = (link.clone(), db.location.clone());

@@ -39,6 +39,32 @@ impl From<Synchronous> for SqliteSynchronous {
     }
 }
 
+/// How much of an existing database file is checked when it is opened, before anything is written
+/// to it ([`SqliteOptions::check_on_open`]).
+///
+/// Whatever the setting, a file that is not an SQLite database, another application's database,
+/// the other kind of spacebot database or a schema newer than this build is refused. The checks
+/// below find damage: a file refused by them is reported as [`StoreError::Corrupt`] naming the
+/// file, and is not written to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum OpenCheck {
+    /// The default: the file header's fields and the file's length (a truncated or extended
+    /// file), the write-ahead log's header and frame checksums (a damaged frame followed by intact
+    /// ones), `PRAGMA integrity_check` (every b-tree page, and every index against its table), and
+    /// every text value as UTF-8. Reads the whole file once per open.
+    #[default]
+    Full,
+    /// As [`OpenCheck::Full`], with `PRAGMA quick_check` instead of `integrity_check`: indexes are
+    /// not compared with their tables. Faster on large files.
+    Quick,
+    /// None of the checks above: only what identifies the file. For very large files whose
+    /// open time matters more, or to open a file refused after an operating-system crash or power
+    /// loss left its write-ahead log partly written (see `docs/storage.md`). Damage met later, by a
+    /// read or a write, is still reported as [`StoreError::Corrupt`] and stops every later write.
+    Skip,
+}
+
 /// How [`SqliteStores`] opens its databases. Build with [`SqliteOptions::new`] and the setters,
 /// then call [`SqliteOptions::open`].
 ///
@@ -60,6 +86,7 @@ pub struct SqliteOptions {
     pub(crate) readers: u32,
     pub(crate) reader_idle_timeout: Option<Duration>,
     pub(crate) max_batch: usize,
+    pub(crate) check_on_open: OpenCheck,
 }
 
 impl Default for SqliteOptions {
@@ -70,13 +97,15 @@ impl Default for SqliteOptions {
             readers: 4,
             reader_idle_timeout: Some(Duration::from_secs(60)),
             max_batch: 256,
+            check_on_open: OpenCheck::Full,
         }
     }
 }
 
 impl SqliteOptions {
     /// The defaults: 5 s busy timeout, `synchronous = NORMAL`, 4 readers per database, group
-    /// commit of up to 256 write operations per transaction.
+    /// commit of up to 256 write operations per transaction, the full check of every existing
+    /// file at open ([`OpenCheck::Full`]).
     pub fn new() -> Self {
         Self::default()
     }
@@ -123,6 +152,13 @@ impl SqliteOptions {
     /// One transaction per write operation (`max_batch(1)`): no group commit.
     pub fn commit_each(self) -> Self {
         self.max_batch(1)
+    }
+
+    /// How much of an existing database file is checked at open, before it is written to:
+    /// [`OpenCheck::Full`] by default. See [`OpenCheck`].
+    pub fn check_on_open(mut self, check: OpenCheck) -> Self {
+        self.check_on_open = check;
+        self
     }
 
     /// Opens (creating if needed) the stores under `dir`. See [`SqliteStores::open_with`].

@@ -11,7 +11,7 @@ use sqlx::sqlite::SqliteRow;
 use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection};
 
 use crate::SqliteStores;
-use crate::error::{corrupt, db_error, encode_error};
+use crate::error::{Location, corrupt, db_error, encode_error};
 
 /// The columns every task query selects, in the order [`decode`] reads them by name.
 const TASK_COLUMNS: &str = "number, title, description, status, priority, created_by, metadata, \
@@ -72,7 +72,7 @@ fn number_to_sql(number: u64) -> Option<i64> {
     i64::try_from(number).ok()
 }
 
-fn decode(location: &str, agent: &AgentId, row: &SqliteRow) -> Result<Task, StoreError> {
+fn decode(location: &Location, agent: &AgentId, row: &SqliteRow) -> Result<Task, StoreError> {
     let read = |e| db_error(location, "reading a task", e);
     let number: i64 = row.try_get("number").map_err(read)?;
     let bad = |what: &str, why: String| corrupt(location, format!("task {number}: {what}: {why}"));
@@ -115,11 +115,11 @@ fn decode(location: &str, agent: &AgentId, row: &SqliteRow) -> Result<Task, Stor
     })
 }
 
-fn encode_metadata(location: &str, metadata: &TaskMetadata) -> Result<String, StoreError> {
+fn encode_metadata(location: &Location, metadata: &TaskMetadata) -> Result<String, StoreError> {
     serde_json::to_string(metadata).map_err(|e| encode_error(location, "task metadata", e))
 }
 
-fn revision_to_sql(location: &str, revision: u64) -> Result<i64, StoreError> {
+fn revision_to_sql(location: &Location, revision: u64) -> Result<i64, StoreError> {
     i64::try_from(revision).map_err(|_| {
         corrupt(
             location,
@@ -131,7 +131,7 @@ fn revision_to_sql(location: &str, revision: u64) -> Result<i64, StoreError> {
 /// Writes `transition` (read at `old_revision` in the same transaction) and its notice.
 async fn write_transition(
     conn: &mut SqliteConnection,
-    location: &str,
+    location: &Location,
     old_revision: u64,
     transition: &Transition,
 ) -> Result<(), StoreError> {
@@ -179,7 +179,7 @@ async fn write_transition(
 
 async fn write_notice(
     conn: &mut SqliteConnection,
-    location: &str,
+    location: &Location,
     number: i64,
     notice: &CompletionNotice,
 ) -> Result<(), StoreError> {
@@ -239,7 +239,7 @@ impl SqliteTaskStore {
 /// Inserts `task` (with its create's idempotency key, if any) and returns its new number.
 async fn insert(
     conn: &mut SqliteConnection,
-    location: &str,
+    location: &Location,
     task: &Task,
     key: Option<&str>,
 ) -> Result<i64, StoreError> {
@@ -273,6 +273,10 @@ async fn insert(
 
 #[async_trait]
 impl TaskStore for SqliteTaskStore {
+    async fn release(&self) {
+        self.0.close().await;
+    }
+
     async fn create(
         &self,
         agent: &AgentId,

@@ -23,7 +23,7 @@ use sqlx::SqliteConnection;
 use sqlx::sqlite::SqlitePool;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::error::{BACKEND, db_error};
+use crate::error::{BACKEND, Location, db_error};
 
 /// A boxed, sendable future borrowing the connection for `'a`.
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -104,14 +104,14 @@ struct Counters {
 pub(crate) struct Writer {
     queue: mpsc::UnboundedSender<Message>,
     counters: Arc<Counters>,
-    location: Arc<str>,
+    location: Location,
 }
 
 impl Writer {
     /// Starts the writer task of the database at `location` on the current Tokio runtime.
     pub(crate) fn start(
         pool: SqlitePool,
-        location: Arc<str>,
+        location: Location,
         max_batch: usize,
     ) -> Result<Self, StoreError> {
         let runtime = tokio::runtime::Handle::try_current().map_err(|e| {
@@ -141,6 +141,9 @@ impl Writer {
 
     /// Runs `op` in the next batch and returns its result once the batch is committed.
     ///
+    /// Once a read or a write has met damage in the database ([`StoreError::Corrupt`]), every
+    /// later call is refused with that same error and nothing more is written to the file.
+    ///
     /// `op` must read and check before it writes where it can; if it fails, whatever it wrote is
     /// rolled back and the other operations of its batch are kept.
     pub(crate) async fn run<T, F>(&self, op: F) -> Result<T, StoreError>
@@ -150,6 +153,9 @@ impl Writer {
             + Send
             + 'static,
     {
+        if let Some(damage) = self.location.damage() {
+            return Err(damage);
+        }
         let (reply, answered) = oneshot::channel::<Result<T, StoreError>>();
         let job: Job = Box::new(Op { op, reply });
         self.queue
@@ -205,7 +211,7 @@ fn replicate(e: &StoreError) -> StoreError {
 /// The writer task.
 struct Task {
     pool: SqlitePool,
-    location: Arc<str>,
+    location: Location,
     max_batch: usize,
     receiver: mpsc::UnboundedReceiver<Message>,
     counters: Arc<Counters>,
@@ -265,29 +271,49 @@ impl Task {
     }
 
     /// Runs `batch` in one transaction and answers each operation once it is committed.
+    ///
+    /// The transaction is begun, committed and rolled back with plain statements on a connection
+    /// taken from the pool, not with the driver's transaction object: SQLite rolls a transaction
+    /// back by itself on some errors (a full disk, an I/O error, an interrupted statement), and
+    /// the driver's count of open transactions would then stay at one for ever (every later
+    /// `BEGIN` refused), whereas a `ROLLBACK` statement is harmless when nothing is open.
     async fn run_batch(&mut self, mut batch: Vec<Job>) {
         if batch.is_empty() {
             return;
         }
+        // A database that has shown damage is not written to again.
+        if let Some(damage) = self.location.damage() {
+            return answer_all(batch, &damage);
+        }
         let location = self.location.clone();
         let fail = |doing: &str, e| db_error(&location, doing, e);
         // Waits for the writer connection (a migration or a write outside this task may hold it).
-        let mut tx = match self.pool.begin_with("BEGIN IMMEDIATE").await {
-            Ok(tx) => tx,
-            Err(e) => return answer_all(batch, &fail("starting a transaction", e)),
+        let mut conn = match self.pool.acquire().await {
+            Ok(conn) => conn,
+            Err(e) => return answer_all(batch, &fail("taking the writer connection", e)),
         };
+        if let Err(e) = sqlx::query("BEGIN IMMEDIATE").execute(&mut *conn).await {
+            // A transaction left open (a batch cancelled half-way) is ended, so the next batch can
+            // begin; this one fails.
+            rollback(&mut conn).await;
+            return answer_all(batch, &fail("starting a transaction", e));
+        }
         let mut answers: Vec<Answer> = Vec::with_capacity(batch.len());
         if batch.len() == 1 {
             let Some(job) = batch.pop() else { return };
-            let (ok, answer) = job.run(&mut tx).await;
-            let outcome = if ok {
-                tx.commit()
-                    .await
-                    .map_err(|e| fail("committing a transaction", e))
-            } else {
-                // The operation failed: whatever it wrote goes; its own error is its answer.
-                let _ = tx.rollback().await;
-                Ok(())
+            let (ok, answer) = job.run(&mut conn).await;
+            let outcome = match self.location.damage() {
+                // The operation met damage: nothing of it is kept.
+                Some(damage) => {
+                    rollback(&mut conn).await;
+                    Err(damage)
+                }
+                None if ok => commit(&mut conn, &fail).await,
+                None => {
+                    // The operation failed: whatever it wrote goes; its own error is its answer.
+                    rollback(&mut conn).await;
+                    Ok(())
+                }
             };
             if outcome.is_ok() {
                 self.count(1);
@@ -299,7 +325,10 @@ impl Task {
         let mut broken = None;
         let mut unrun = None;
         for job in jobs.by_ref() {
-            if let Err(e) = sqlx::query("SAVEPOINT spacebot_op").execute(&mut *tx).await {
+            if let Err(e) = sqlx::query("SAVEPOINT spacebot_op")
+                .execute(&mut *conn)
+                .await
+            {
                 let e = fail("starting an operation's savepoint", e);
                 if answers.is_empty() {
                     // The first operation: refuse it, so that every batch makes progress.
@@ -311,16 +340,21 @@ impl Task {
                 broken = Some(e);
                 break;
             }
-            let (ok, answer) = job.run(&mut tx).await;
+            let (ok, answer) = job.run(&mut conn).await;
             answers.push(answer);
+            if let Some(damage) = self.location.damage() {
+                // Nothing of a batch that met damage is committed.
+                broken = Some(damage);
+                break;
+            }
             let end = if ok {
-                sqlx::query("RELEASE spacebot_op").execute(&mut *tx).await
+                sqlx::query("RELEASE spacebot_op").execute(&mut *conn).await
             } else {
                 match sqlx::query("ROLLBACK TO spacebot_op")
-                    .execute(&mut *tx)
+                    .execute(&mut *conn)
                     .await
                 {
-                    Ok(_) => sqlx::query("RELEASE spacebot_op").execute(&mut *tx).await,
+                    Ok(_) => sqlx::query("RELEASE spacebot_op").execute(&mut *conn).await,
                     Err(e) => Err(e),
                 }
             };
@@ -331,20 +365,18 @@ impl Task {
                 break;
             }
         }
-        // Operations not run because the batch broke off go first into the next batch, in order.
+        // Operations not run because the batch broke off go first into the next batch, in order
+        // (to be refused at once if the batch met damage).
         let rest: Vec<Job> = unrun.into_iter().chain(jobs).collect();
         for job in rest.into_iter().rev() {
             self.pending.push_front(job);
         }
         let outcome = match broken {
             Some(e) => {
-                let _ = tx.rollback().await;
+                rollback(&mut conn).await;
                 Err(e)
             }
-            None => tx
-                .commit()
-                .await
-                .map_err(|e| fail("committing a transaction", e)),
+            None => commit(&mut conn, &fail).await,
         };
         if outcome.is_ok() {
             self.count(answers.len());
@@ -364,6 +396,30 @@ impl Task {
         self.counters
             .operations
             .fetch_add(operations as u64, Ordering::Relaxed);
+    }
+}
+
+/// Commits the open transaction. If the commit fails, SQLite may have rolled the transaction back
+/// already (a full disk) or kept it open (a busy database): a `ROLLBACK` ends it either way, so
+/// the next batch starts clean.
+async fn commit(
+    conn: &mut SqliteConnection,
+    fail: &impl Fn(&str, sqlx::Error) -> StoreError,
+) -> Result<(), StoreError> {
+    match sqlx::query("COMMIT").execute(&mut *conn).await {
+        Ok(_) => Ok(()),
+        Err(e) => {
+            rollback(conn).await;
+            Err(fail("committing a transaction", e))
+        }
+    }
+}
+
+/// Ends the open transaction, if any. Its error says at most that none was open (SQLite rolled it
+/// back itself), which is the state wanted.
+async fn rollback(conn: &mut SqliteConnection) {
+    if let Err(e) = sqlx::query("ROLLBACK").execute(&mut *conn).await {
+        tracing::trace!(error = %e, "rollback after a failure");
     }
 }
 
@@ -443,6 +499,114 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(keys, ["a", "c", "e"]);
+    }
+
+    async fn insert_owned(writes: &Writer, key: String) -> Result<(), StoreError> {
+        writes
+            .run(move |conn| {
+                Box::pin(async move {
+                    sqlx::query("INSERT INTO applied_keys (key, applied_at) VALUES (?, 0)")
+                        .bind(key)
+                        .execute(&mut *conn)
+                        .await
+                        .map_err(|e| db_error("test", "inserting", e))?;
+                    Ok(())
+                })
+            })
+            .await
+    }
+
+    async fn keys(db: &Db) -> Vec<String> {
+        sqlx::query_scalar("SELECT key FROM applied_keys ORDER BY key")
+            .fetch_all(&db.reader)
+            .await
+            .unwrap()
+    }
+
+    /// SQLite ends a transaction by itself on some errors (a full disk at `COMMIT`): the batch
+    /// fails, and the next one begins on the same connection. (The driver's transaction object
+    /// counted the transaction as still open and refused every later `BEGIN`.)
+    #[tokio::test]
+    async fn a_transaction_sqlite_ended_itself_does_not_stop_the_writer() {
+        let db = Db::open(None, DbKind::Agent, &SqliteOptions::default())
+            .await
+            .unwrap();
+        let ended = || {
+            db.writes.run(|conn| {
+                Box::pin(async move {
+                    sqlx::query("ROLLBACK")
+                        .execute(&mut *conn)
+                        .await
+                        .map_err(|e| db_error("test", "rolling back", e))?;
+                    Ok(())
+                })
+            })
+        };
+        // Alone: its commit fails.
+        let e = ended().await.unwrap_err();
+        assert!(e.to_string().contains("committing"), "{e}");
+        insert_key(&db.writes, "after alone", false).await.unwrap();
+        // In a batch: the batch fails whole.
+        let (a, b) = tokio::join!(insert_key(&db.writes, "lost", false), ended());
+        assert!(a.is_err() && b.is_err(), "{a:?} {b:?}");
+        insert_key(&db.writes, "after batch", false).await.unwrap();
+        assert_eq!(keys(&db).await, ["after alone", "after batch"]);
+    }
+
+    /// A full database ("database or disk is full", here from `max_page_count`) fails the writes
+    /// that need space; once there is space again, the same writer writes again.
+    #[tokio::test]
+    async fn after_a_full_disk_the_writer_recovers_on_the_same_connection() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(
+            Some(&dir.path().join("a.db")),
+            DbKind::Agent,
+            &SqliteOptions::default(),
+        )
+        .await
+        .unwrap();
+        let cap = |pages: u32| {
+            db.writes.run(move |conn| {
+                Box::pin(async move {
+                    sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(format!(
+                        "PRAGMA max_page_count = {pages}"
+                    )))
+                    .fetch_one(&mut *conn)
+                    .await
+                    .map_err(|e| db_error("test", "pragma", e))?;
+                    Ok(())
+                })
+            })
+        };
+        insert_key(&db.writes, "before", false).await.unwrap();
+        cap(1).await.unwrap(); // clamped to the current size
+        let big = |i: usize| format!("{i:03}{}", "x".repeat(20_000));
+        let mut stored = vec!["before".to_string()];
+        let mut full = None;
+        for i in 0..50 {
+            match insert_owned(&db.writes, big(i)).await {
+                Ok(()) => stored.push(big(i)),
+                Err(e) => {
+                    full = Some(e);
+                    break;
+                }
+            }
+        }
+        let e = full.expect("the capped database never filled up");
+        assert!(e.to_string().contains("full"), "{e}");
+        // Several writes in one batch fail together while it is full.
+        let (a, b) = tokio::join!(
+            insert_owned(&db.writes, big(100)),
+            insert_owned(&db.writes, big(101))
+        );
+        assert!(a.is_err() && b.is_err(), "{a:?} {b:?}");
+        // Space is back: the same writer writes again, and nothing refused was kept.
+        cap(u32::MAX - 1).await.unwrap();
+        insert_key(&db.writes, "zafter", false).await.unwrap();
+        stored.push("zafter".to_string());
+        stored.sort();
+        assert_eq!(keys(&db).await, stored);
+        db.close().await;
     }
 
     /// A statement error inside a batch (a duplicate key) is an operation's own failure.
