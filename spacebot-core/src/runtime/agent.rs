@@ -927,7 +927,8 @@ pub(crate) async fn run_turn(
 
     let mut total_rounds: u32 = 0;
     let mut last_text = String::new();
-    // Empty answers in a row (no text, no tool call): a failed attempt, asked again once.
+    // Empty answers in a row (no text, no tool call) where an answer is owed: a failed attempt,
+    // asked again once.
     let mut empty_answers: u32 = 0;
     loop {
         let Some(top) = frames.last() else {
@@ -968,6 +969,7 @@ pub(crate) async fn run_turn(
                 .content
                 .as_deref()
                 .is_none_or(|t| t.trim().is_empty())
+            && frames.last().is_some_and(owes_an_answer)
         {
             empty_answers += 1;
             if empty_answers > EMPTY_ANSWER_RETRIES {
@@ -1184,6 +1186,12 @@ fn answers_outbound(frame: &Frame) -> bool {
             && !e.channel.as_str().starts_with("link:")
             && !e.channel.as_str().starts_with("conversation:")
     })
+}
+
+/// Whether a frame's answer must have words: a task's result, or a reply to the application. An
+/// empty answer to a conversation or a link message is silence, which is allowed there.
+fn owes_an_answer(frame: &Frame) -> bool {
+    frame.envelopes.iter().any(|e| e.task.is_some()) || answers_outbound(frame)
 }
 
 /// Calls the model with streaming, forwarding text to the outbound as it comes.
