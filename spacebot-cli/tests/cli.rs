@@ -601,10 +601,10 @@ async fn ctrl_c_stops_serve_while_an_event_stream_is_open() {
     let _reader = std::thread::spawn(move || {
         let mut found = Some(found);
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if let Some(rest) = line.strip_prefix("dashboard: ") {
-                if let Some(found) = found.take() {
-                    let _ = found.send(rest.trim_end_matches('/').to_string());
-                }
+            if let Some(rest) = line.strip_prefix("dashboard: ")
+                && let Some(found) = found.take()
+            {
+                let _ = found.send(rest.trim_end_matches('/').to_string());
             }
             if line == "stopped" {
                 let _ = stopped.send(());
