@@ -169,6 +169,9 @@ on_every_backend!(junctions #[tokio::test(flavor = "multi_thread", worker_thread
     a_panicking_model_ends_only_its_own_agent,
     two_runners_carry_delegation_round_trips,
     a_chain_driven_by_waiting_for_replies_is_answered,
+    a_spent_conversation_budget_stays_spent_across_a_restart,
+    a_failed_mark_sent_does_not_leave_a_delivered_notice_in_the_outbox,
+    a_claim_cut_before_the_model_call_uses_no_attempt,
 );
 
 on_every_backend!(agent:
@@ -261,3 +264,157 @@ on_every_backend!(conversation_group:
     opening_a_group_that_is_already_open_continues_it_with_a_clear_answer,
     a_group_needs_a_link_the_opener_may_start_with_each_member,
 );
+
+/// A data directory opens again right after a shutdown: deliver a message, get the reply, shut the
+/// organization down, drop every handle, open the same directory at once (SQLite and redb, on both
+/// Tokio runtimes, ten rounds each).
+mod reopen {
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use serde_json::json;
+    use spacebot::llm::ChatResponse;
+    use spacebot::testing::{FnLlm, OrgHarness, tool_call};
+    use spacebot::{AgentId, EnvelopeKind, InboundMessage, Stores};
+
+    const CONFIG: &str = r#"
+[[agents]]
+id = "chief"
+name = "Chief"
+[[agents]]
+id = "lead"
+name = "Lead"
+[[links]]
+from = "chief"
+to = "lead"
+direction = "one_way"
+relationship = "superior"
+"#;
+
+    #[derive(Clone, Copy, Debug)]
+    enum Kind {
+        Sqlite,
+        #[cfg(feature = "redb")]
+        Redb,
+    }
+
+    async fn open(kind: Kind, dir: &Path) -> Stores {
+        match kind {
+            Kind::Sqlite => spacebot::sqlite::open(dir).await,
+            #[cfg(feature = "redb")]
+            Kind::Redb => spacebot::redb::open(dir),
+        }
+        .unwrap_or_else(|e| panic!("{kind:?}: the directory opens again after a shutdown: {e}"))
+    }
+
+    /// One round: a delegation there and back (the chief's task loop, the lead's worker), then
+    /// a shutdown and every handle dropped.
+    async fn round(kind: Kind, dir: &Path, n: usize) {
+        let llm = Arc::new(FnLlm::new(|req| {
+            let me = req.agent.as_ref().map(AgentId::as_str).unwrap_or("");
+            Ok(match (me, req.envelope_kind) {
+                ("chief", Some(EnvelopeKind::UserMessage)) => {
+                    ChatResponse::tool_calls(vec![tool_call(
+                        "send_agent_message",
+                        json!({"target": "lead", "message": "count"}),
+                    )])
+                }
+                ("chief", _) => ChatResponse::text("FINAL"),
+                _ => ChatResponse::text("seven"),
+            })
+        }));
+        let stores = open(kind, dir).await;
+        let mut h = OrgHarness::builder(CONFIG)
+            .stores(stores)
+            .llm(llm)
+            .build()
+            .await;
+        h.org.start_all().await.unwrap();
+        h.org
+            .deliver(
+                "chief",
+                InboundMessage::new("portal", "u1", format!("go {n}")),
+            )
+            .await
+            .unwrap();
+        let mut fin = h.reply().await;
+        while fin.content != "FINAL" {
+            fin = h.reply().await;
+        }
+        h.org.shutdown().await.unwrap();
+        drop(h);
+    }
+
+    async fn rounds(kind: Kind) {
+        let dir = tempfile::tempdir().unwrap();
+        for n in 0..10 {
+            round(kind, dir.path(), n).await;
+        }
+        // And the data is all there.
+        let stores = open(kind, dir.path()).await;
+        let lead = AgentId::parse("lead").unwrap();
+        let tasks = stores
+            .tasks
+            .list(&lead, &spacebot::task::TaskFilter::default())
+            .await
+            .unwrap();
+        assert_eq!(tasks.len(), 10, "one task a round");
+    }
+
+    /// `Stores::close` releases the directory at once, even while clones of the stores live;
+    /// those clones then fail with a named error.
+    async fn close_releases(kind: Kind) {
+        let dir = tempfile::tempdir().unwrap();
+        let a = AgentId::parse("a").unwrap();
+        let stores = open(kind, dir.path()).await;
+        let kept = stores.clone();
+        assert!(
+            stores
+                .deliveries
+                .mark_applied(&a, "k1", spacebot::Timestamp(1))
+                .await
+                .unwrap()
+        );
+        stores.close().await;
+        let again = open(kind, dir.path()).await;
+        assert!(again.deliveries.is_applied(&a, "k1").await.unwrap());
+        let e = kept
+            .deliveries
+            .mark_applied(&a, "k2", spacebot::Timestamp(2))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(e, spacebot::StoreError::Backend { .. }),
+            "{kind:?}: {e}"
+        );
+    }
+
+    #[tokio::test]
+    async fn stores_close_releases_the_directory() {
+        close_releases(Kind::Sqlite).await;
+        #[cfg(feature = "redb")]
+        close_releases(Kind::Redb).await;
+    }
+
+    #[tokio::test]
+    async fn sqlite_current_thread() {
+        rounds(Kind::Sqlite).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sqlite_multi_thread() {
+        rounds(Kind::Sqlite).await;
+    }
+
+    #[cfg(feature = "redb")]
+    #[tokio::test]
+    async fn redb_current_thread() {
+        rounds(Kind::Redb).await;
+    }
+
+    #[cfg(feature = "redb")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn redb_multi_thread() {
+        rounds(Kind::Redb).await;
+    }
+}

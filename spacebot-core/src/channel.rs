@@ -141,6 +141,12 @@ pub trait ChannelStore: Send + Sync + fmt::Debug {
     async fn ensure_channel(&self, agent: &AgentId, channel: &ChannelId) -> Result<(), StoreError>;
     /// The agent's channels, sorted.
     async fn channels(&self, agent: &AgentId) -> Result<Vec<ChannelId>, StoreError>;
+
+    /// Closes what backs this store, waiting for the operations in progress, and releases what it
+    /// holds (a data directory's lock, a connection pool); later calls fail with
+    /// [`StoreError::Backend`]. Closing one store of a backend closes the backend's every store;
+    /// closing again does nothing. The default does nothing (stores that hold nothing to release).
+    async fn release(&self) {}
 }
 
 /// A `dyn` channel store.
@@ -176,5 +182,8 @@ impl<T: ChannelStore + ?Sized> ChannelStore for std::sync::Arc<T> {
     }
     async fn channels(&self, agent: &AgentId) -> Result<Vec<ChannelId>, StoreError> {
         (**self).channels(agent).await
+    }
+    async fn release(&self) {
+        (**self).release().await
     }
 }

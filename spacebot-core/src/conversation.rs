@@ -191,6 +191,12 @@ pub trait ConversationStore: Send + Sync + fmt::Debug {
     async fn find_open(&self, pair_key: &str) -> Result<Option<Conversation>, StoreError>;
     /// Conversations matching `filter`.
     async fn list(&self, filter: &ConversationFilter) -> Result<Vec<Conversation>, StoreError>;
+
+    /// Closes what backs this store, waiting for the operations in progress, and releases what it
+    /// holds (a data directory's lock, a connection pool); later calls fail with
+    /// [`StoreError::Backend`]. Closing one store of a backend closes the backend's every store;
+    /// closing again does nothing. The default does nothing (stores that hold nothing to release).
+    async fn release(&self) {}
 }
 
 /// A `dyn` conversation store.
@@ -216,5 +222,8 @@ impl<T: ConversationStore + ?Sized> ConversationStore for std::sync::Arc<T> {
     }
     async fn list(&self, filter: &ConversationFilter) -> Result<Vec<Conversation>, StoreError> {
         (**self).list(filter).await
+    }
+    async fn release(&self) {
+        (**self).release().await
     }
 }

@@ -596,18 +596,47 @@ impl Organization {
         }
     }
 
-    /// Marks a delivered notice sent in `agent`'s outbox. A failure is reported and leaves the
-    /// notice to the next flush (delivering it again changes nothing: its records and retrigger
-    /// are keyed).
+    /// Marks a delivered notice sent in `agent`'s outbox. A failure is tried again at once (twice),
+    /// then reported and tried again in the background after growing delays (the organization is
+    /// not kept alive for it); the next flush of the outbox tries too (delivering the notice again
+    /// changes nothing: its records and retrigger are keyed). A notice that was delivered does not
+    /// stay in the outbox because one write failed.
     async fn mark_sent(&self, agent: &AgentId, key: &str) {
-        if let Err(e) = self.inner.stores.tasks.outbox_mark_sent(agent, key).await {
+        let mut error = None;
+        for _ in 0..3 {
+            match self.inner.stores.tasks.outbox_mark_sent(agent, key).await {
+                Ok(()) => return,
+                Err(e) => error = Some(e),
+            }
+        }
+        if let Some(e) = error {
             crate::runtime::agent::report_error(
                 &self.inner,
                 agent,
                 None,
-                format!("notice {key} delivered but not marked sent: {e}"),
+                format!("notice {key} delivered but not marked sent (tried again later): {e}"),
             );
         }
+        let weak = std::sync::Arc::downgrade(&self.inner);
+        let clock = self.inner.clock.clone();
+        let (agent, key) = (agent.clone(), key.to_string());
+        self.inner.spawner.spawn(Box::pin(async move {
+            for ms in [50, 250, 1_000, 5_000, 20_000] {
+                clock.sleep(Duration::from_millis(ms)).await;
+                let Some(inner) = weak.upgrade() else {
+                    return;
+                };
+                if inner
+                    .stores
+                    .tasks
+                    .outbox_mark_sent(&agent, &key)
+                    .await
+                    .is_ok()
+                {
+                    return;
+                }
+            }
+        }));
     }
 
     /// Hands one notice of `agent`'s outbox to its delegator and marks it sent: before the
@@ -761,8 +790,10 @@ impl Organization {
             // Hosted in another process (under a placement): a hint wakes its task loop there.
             let inner = self.inner.clone();
             let agent = agent.clone();
+            let counted = self.inner.background.enter();
             self.inner.spawner.spawn(Box::pin(async move {
                 inner.wake_elsewhere(&agent).await;
+                drop(counted);
             }));
         }
     }
@@ -908,8 +939,10 @@ async fn run_task_loop(
                         drop(slot);
                         drop(live);
                     };
+                    let counted = inner.background.enter();
                     inner.spawner.spawn(Box::pin(async move {
                         let _ = futures::future::Abortable::new(run, registration).await;
+                        drop(counted);
                     }));
                 }
             }
@@ -956,11 +989,8 @@ async fn recover_orphaned_claims(org: &Organization, me: &AgentId) {
         if org.inner.live_claim(&lease.holder) {
             continue;
         }
-        let event = TaskEvent::Fail {
+        let event = TaskEvent::Recover {
             holder: lease.holder,
-            error:
-                "the worker stopped before it finished (its process ended); the attempt runs again"
-                    .to_string(),
         };
         if let Err(e) = org.task_transition(me, task.number, event).await {
             crate::runtime::agent::report_error(
@@ -1182,12 +1212,12 @@ impl Behaviour for Delegation {
             return;
         };
         let executor = self.executors.get(agent.id()).cloned();
-        org.inner.loops.spawn(Box::pin(run_task_loop(
-            org.clone(),
-            agent,
-            doorbell,
-            executor,
-        )));
+        let counted = org.inner.background.enter();
+        let task_loop = run_task_loop(org.clone(), agent, doorbell, executor);
+        org.inner.loops.spawn(Box::pin(async move {
+            task_loop.await;
+            drop(counted);
+        }));
     }
 
     async fn exchange_open(

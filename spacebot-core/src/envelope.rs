@@ -257,6 +257,12 @@ pub trait DeliveryStore: Send + Sync + fmt::Debug {
             Err(e) => Err((e, commit)),
         }
     }
+
+    /// Closes what backs this store, waiting for the operations in progress, and releases what it
+    /// holds (a data directory's lock, a connection pool); later calls fail with
+    /// [`StoreError::Backend`]. Closing one store of a backend closes the backend's every store;
+    /// closing again does nothing. The default does nothing (stores that hold nothing to release).
+    async fn release(&self) {}
 }
 
 /// Everything one turn of an agent writes to that agent's own store, applied in one transaction.
@@ -321,5 +327,8 @@ impl<T: DeliveryStore + ?Sized> DeliveryStore for std::sync::Arc<T> {
         now: Timestamp,
     ) -> Result<(), (StoreError, TurnCommit)> {
         (**self).commit_owned(agent, commit, now).await
+    }
+    async fn release(&self) {
+        (**self).release().await
     }
 }

@@ -58,6 +58,7 @@ pub mod config;
 pub mod conversation;
 pub mod delegation;
 pub mod dialogue;
+pub mod dir_lock;
 pub mod envelope;
 pub mod error;
 pub mod event;

@@ -186,6 +186,12 @@ pub trait LinkStore: Send + Sync + fmt::Debug {
     async fn list(&self) -> Result<Vec<AgentLink>, StoreError>;
     /// Inserts or updates several links by ordered pair, atomically (see the contract).
     async fn upsert_all(&self, links: &[AgentLink]) -> Result<(), StoreError>;
+
+    /// Closes what backs this store, waiting for the operations in progress, and releases what it
+    /// holds (a data directory's lock, a connection pool); later calls fail with
+    /// [`StoreError::Backend`]. Closing one store of a backend closes the backend's every store;
+    /// closing again does nothing. The default does nothing (stores that hold nothing to release).
+    async fn release(&self) {}
 }
 
 /// A `dyn` link store.
@@ -220,5 +226,8 @@ impl<T: LinkStore + ?Sized> LinkStore for std::sync::Arc<T> {
     }
     async fn upsert_all(&self, links: &[AgentLink]) -> Result<(), StoreError> {
         (**self).upsert_all(links).await
+    }
+    async fn release(&self) {
+        (**self).release().await
     }
 }

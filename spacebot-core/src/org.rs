@@ -406,6 +406,8 @@ pub(crate) struct OrgInner {
     pub(crate) spawner: Arc<dyn Spawner>,
     /// Runs the agent loops and task loops (see `runtime::executor`).
     pub(crate) loops: crate::runtime::executor::LoopExecutor,
+    /// Background work that uses the stores outside agents' loops; a shutdown waits for it.
+    pub(crate) background: Arc<crate::runtime::executor::Background>,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) events: Arc<dyn EventSink>,
     pub(crate) prompts: Prompts,
@@ -1197,6 +1199,7 @@ impl Organization {
         let loop_runtime = runtime.clone();
         let (fence, fenced) = AbortHandle::new_pair();
         *lock(&runtime.fence) = Some(fence);
+        let counted = self.inner.background.enter();
         self.inner.loops.spawn(Box::pin(async move {
             let id = loop_runtime.id().clone();
             let run = crate::runtime::agent::run_loop(inner.clone(), loop_runtime);
@@ -1205,7 +1208,11 @@ impl Organization {
                 inner.behaviours_agent_stopped(&id).await;
                 inner.emit(inner.event(&id, EventKind::AgentStopped));
             }
+            // The organization is let go before the loop says it ended: a shutdown that returns
+            // leaves no loop holding the stores.
+            drop(inner);
             let _ = done_tx.send(());
+            drop(counted);
         }));
         let worker = crate::runtime::behaviour::AgentWorker { rt: runtime };
         for behaviour in &self.inner.behaviours {
@@ -1345,8 +1352,15 @@ impl Organization {
             .map(|(id, _)| id.clone())
             .collect();
         for agent in running {
-            self.stop_keeping_session(&agent, false).await?;
+            // A custom executor's attempt is cut as a crash would cut it: its claim is recovered
+            // at the next start (not counted as a failed attempt), and it writes nothing after
+            // the shutdown returned.
+            self.stop_keeping_session(&agent, true).await?;
         }
+        // Task loops, executor attempts and wake-ups end with their agents: once they have,
+        // nothing of the organization uses the stores, and dropping the last handles releases
+        // them (a data directory can be opened again at once).
+        self.inner.background.idle().await;
         Ok(())
     }
 

@@ -222,6 +222,7 @@ impl OrganizationBuilder {
                 stores,
                 llm,
                 loops: crate::runtime::executor::LoopExecutor::new(spawner.clone(), self.runners),
+                background: Arc::default(),
                 spawner,
                 clock,
                 events: self.events,

@@ -23,3 +23,26 @@ pub struct Stores {
     /// Pending deliveries and applied keys (per agent).
     pub deliveries: Arc<dyn DeliveryStore>,
 }
+
+impl Stores {
+    /// Closes every store, waiting for the operations in progress, and releases what the backends
+    /// hold: a SQLite or redb data directory's lock (the directory can be opened again as soon as
+    /// this returns), a PostgreSQL pool. Calls made afterwards through any clone fail with
+    /// [`StoreError::Backend`](crate::StoreError::Backend). Dropping the last clone releases the
+    /// same in the background; `close` is for when the caller must know it is done. Shut the
+    /// organization down first ([`Organization::shutdown`](crate::Organization::shutdown)).
+    ///
+    /// ```
+    /// # futures::executor::block_on(async {
+    /// let stores = spacebot_core::Stores::memory();
+    /// stores.close().await; // in-memory stores hold nothing to release
+    /// # });
+    /// ```
+    pub async fn close(&self) {
+        self.deliveries.release().await;
+        self.channels.release().await;
+        self.tasks.release().await;
+        self.conversations.release().await;
+        self.links.release().await;
+    }
+}

@@ -16,7 +16,9 @@
 //!
 //! Everything not in the table is [`InvalidTransition`]. `complete`, `fail`, `renew` and `wait` are
 //! accepted only from the lease holder ([`StoreError::NotLeaseHolder`]). `attempts` counts failed
-//! or expired attempts; when it reaches `max_attempts` the task fails for good. A terminal
+//! or expired attempts; when it reaches `max_attempts` the task fails for good. `recover` (from the
+//! holder, in_progress -> ready) puts back a claim whose worker's process ended: not an attempt, it
+//! counts in `metadata.recoveries` up to [`Task::recovery_allowance`], then the task fails. A terminal
 //! transition of a delegated task (one with `metadata.delegated_by`) yields exactly one
 //! [`CompletionNotice`], which stores write to their outbox in the same transaction.
 
@@ -172,6 +174,10 @@ pub struct TaskMetadata {
     /// `Organization::task_usage` for the sum).
     #[serde(default, skip_serializing_if = "crate::llm::Usage::is_zero")]
     pub usage: crate::llm::Usage,
+    /// How many times the claim was recovered after its worker's process ended
+    /// ([`TaskEvent::Recover`]); not failed attempts.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub recoveries: u32,
     /// Application data.
     #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
     pub extra: serde_json::Map<String, serde_json::Value>,
@@ -400,6 +406,15 @@ pub enum TaskEvent {
     },
     /// in_progress with an expired lease -> ready (attempts left) or failed.
     ExpireLease,
+    /// in_progress -> ready: the holder's process ended (a crash, a kill) before the work finished,
+    /// and the claim is recovered. The work may not have begun (a kill between the claim and the
+    /// model call), so this is no failed attempt: it counts in [`TaskMetadata::recoveries`],
+    /// which has an allowance of its own ([`Task::recovery_allowance`]); past it the task fails
+    /// for good, saying so.
+    Recover {
+        /// The holder whose process ended.
+        holder: String,
+    },
     /// Any non-terminal status -> cancelled.
     Cancel {
         /// Why.
@@ -427,13 +442,14 @@ pub enum TaskEventKind {
     Fail,
     GiveUp,
     ExpireLease,
+    Recover,
     Cancel,
 }
 
 text_enum!(TaskEventKind, "task event", [
     Approve => "approve", Schedule => "schedule", Park => "park", Claim => "claim", Renew => "renew",
     RecordUsage => "record_usage", AddChild => "add_child", Wait => "wait", ChildEnded => "child_ended", Resume => "resume",
-    Complete => "complete", Fail => "fail", GiveUp => "give_up", ExpireLease => "expire_lease", Cancel => "cancel",
+    Complete => "complete", Fail => "fail", GiveUp => "give_up", ExpireLease => "expire_lease", Recover => "recover", Cancel => "cancel",
 ]);
 
 impl TaskEvent {
@@ -454,6 +470,7 @@ impl TaskEvent {
             Self::Fail { .. } => TaskEventKind::Fail,
             Self::GiveUp { .. } => TaskEventKind::GiveUp,
             Self::ExpireLease => TaskEventKind::ExpireLease,
+            Self::Recover { .. } => TaskEventKind::Recover,
             Self::Cancel { .. } => TaskEventKind::Cancel,
         }
     }
@@ -655,6 +672,27 @@ impl Task {
                 }
                 next.fail_attempt("lease expired: the worker stopped without finishing".into());
             }
+            (S::InProgress, TaskEvent::Recover { holder }) => {
+                self.check_holder(holder)?;
+                next.lease = None;
+                next.metadata.recoveries = next.metadata.recoveries.saturating_add(1);
+                let n = next.metadata.recoveries;
+                if n >= self.recovery_allowance() {
+                    next.status = S::Failed;
+                    next.error = Some(format!(
+                        "the worker's process ended before the task finished, {n} times: \
+                         given up (recovery allowance {})",
+                        self.recovery_allowance()
+                    ));
+                } else {
+                    next.status = S::Ready;
+                    next.error = Some(
+                        "the worker's process ended before the task finished; it runs again \
+                         (not counted as a failed attempt)"
+                            .into(),
+                    );
+                }
+            }
             (s, TaskEvent::Cancel { reason }) if !s.is_terminal() => {
                 next.status = S::Cancelled;
                 next.lease = None;
@@ -670,6 +708,14 @@ impl Task {
             None
         };
         Ok(Transition { task: next, notice })
+    }
+
+    /// How many crash recoveries ([`TaskEvent::Recover`]) the task may go through before it
+    /// fails for good: three times its attempts, at least 10. A crash between a claim and the
+    /// model call uses up no attempt, but a task whose work ends its worker's process every time
+    /// still ends.
+    pub fn recovery_allowance(&self) -> u32 {
+        self.max_attempts.saturating_mul(3).max(10)
     }
 
     fn fail_attempt(&mut self, error: String) {
@@ -844,6 +890,12 @@ pub trait TaskStore: Send + Sync + fmt::Debug {
     async fn outbox_pending(&self, agent: &AgentId) -> Result<Vec<CompletionNotice>, StoreError>;
     /// Marks a notice as sent (idempotent).
     async fn outbox_mark_sent(&self, agent: &AgentId, key: &str) -> Result<(), StoreError>;
+
+    /// Closes what backs this store, waiting for the operations in progress, and releases what it
+    /// holds (a data directory's lock, a connection pool); later calls fail with
+    /// [`StoreError::Backend`]. Closing one store of a backend closes the backend's every store;
+    /// closing again does nothing. The default does nothing (stores that hold nothing to release).
+    async fn release(&self) {}
 }
 
 /// A `dyn` task store.
@@ -896,6 +948,9 @@ impl<T: TaskStore + ?Sized> TaskStore for std::sync::Arc<T> {
     }
     async fn outbox_mark_sent(&self, agent: &AgentId, key: &str) -> Result<(), StoreError> {
         (**self).outbox_mark_sent(agent, key).await
+    }
+    async fn release(&self) {
+        (**self).release().await
     }
 }
 

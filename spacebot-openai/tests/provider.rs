@@ -1460,7 +1460,10 @@ async fn a_validation_error_as_500_is_not_retried() {
     for (dialect, name) in [
         (Dialect::llama_cpp(), "llamacpp_python_error_validation"),
         (Dialect::compatible(), "llamacpp_python_error_validation"),
-        (Dialect::llama_cpp(), "llamacpp_python_error_validation_recorded"),
+        (
+            Dialect::llama_cpp(),
+            "llamacpp_python_error_validation_recorded",
+        ),
     ] {
         let server = FixtureServer::start(vec![
             Reply::status_json(500, &format!("compat/{name}.json")),

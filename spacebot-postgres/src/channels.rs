@@ -112,6 +112,10 @@ pub struct PgChannelStore(pub(crate) PgStores);
 
 #[async_trait]
 impl ChannelStore for PgChannelStore {
+    async fn release(&self) {
+        self.0.close().await;
+    }
+
     async fn append(
         &self,
         agent: &AgentId,

@@ -196,6 +196,10 @@ pub struct PgConversationStore(pub(crate) PgStores);
 
 #[async_trait]
 impl ConversationStore for PgConversationStore {
+    async fn release(&self) {
+        self.0.close().await;
+    }
+
     async fn create(&self, c: &Conversation) -> Result<(), StoreError> {
         let db = self.0.db()?;
         let location = db.location.clone();

@@ -29,6 +29,10 @@ pub struct PgDeliveryStore(pub(crate) PgStores);
 
 #[async_trait]
 impl DeliveryStore for PgDeliveryStore {
+    async fn release(&self) {
+        self.0.close().await;
+    }
+
     async fn persist(&self, agent: &AgentId, envelope: &Envelope) -> Result<(), StoreError> {
         let db = self.0.db()?;
         let json = serde_json::to_string(envelope)

@@ -62,6 +62,10 @@ impl PgLinkStore {
 
 #[async_trait]
 impl LinkStore for PgLinkStore {
+    async fn release(&self) {
+        self.0.close().await;
+    }
+
     async fn create(&self, link: &AgentLink) -> Result<(), StoreError> {
         let db = self.0.db()?;
         sqlx::query(

@@ -314,6 +314,10 @@ impl PgTaskStore {
 
 #[async_trait]
 impl TaskStore for PgTaskStore {
+    async fn release(&self) {
+        self.0.close().await;
+    }
+
     async fn create(
         &self,
         agent: &AgentId,

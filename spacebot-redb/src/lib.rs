@@ -49,7 +49,6 @@ mod agent;
 mod backend;
 mod file;
 mod instance;
-mod lock;
 mod options;
 mod tables;
 mod worker;
@@ -78,7 +77,7 @@ pub use file::SCHEMA_VERSION;
 pub use options::{Durability, RedbOptions};
 
 use file::FileKind;
-use lock::DirLock;
+use spacebot_core::dir_lock::{self, DirLock};
 use worker::{Access, Worker};
 
 /// The instance file's name under the data directory.
@@ -173,7 +172,7 @@ impl RedbStore {
         options: RedbOptions,
         ready: impl FnOnce(Result<(), file::Failure>) + Send + 'static,
     ) -> Result<(Arc<Self>, PathBuf), StoreError> {
-        let lock = Arc::new(DirLock::acquire(dir)?);
+        let lock = Arc::new(acquire_lock(dir)?);
         let path = dir.join(INSTANCE_FILE);
         let instance = Worker::start(
             path.clone(),
@@ -222,6 +221,9 @@ impl RedbStore {
     /// every handle) before the directory is opened again.
     pub async fn close(&self) {
         self.closed.store(true, Ordering::SeqCst);
+        if let Some(lock) = self.lock.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            lock.begin_release();
+        }
         let agents: Vec<Arc<Worker>> = self.lock_agents().values().cloned().collect();
         for worker in agents {
             worker.close().await;
@@ -276,6 +278,10 @@ impl RedbStore {
 
 #[async_trait]
 impl LinkStore for RedbStore {
+    async fn release(&self) {
+        RedbStore::close(self).await;
+    }
+
     async fn create(&self, link: &AgentLink) -> Result<(), StoreError> {
         let link = link.clone();
         self.instance
@@ -329,6 +335,10 @@ impl LinkStore for RedbStore {
 
 #[async_trait]
 impl ConversationStore for RedbStore {
+    async fn release(&self) {
+        RedbStore::close(self).await;
+    }
+
     async fn create(&self, conversation: &Conversation) -> Result<(), StoreError> {
         let c = conversation.clone();
         self.instance
@@ -369,6 +379,10 @@ impl ConversationStore for RedbStore {
 
 #[async_trait]
 impl TaskStore for RedbStore {
+    async fn release(&self) {
+        RedbStore::close(self).await;
+    }
+
     async fn create(
         &self,
         agent: &AgentId,
@@ -440,6 +454,10 @@ impl TaskStore for RedbStore {
 
 #[async_trait]
 impl ChannelStore for RedbStore {
+    async fn release(&self) {
+        RedbStore::close(self).await;
+    }
+
     async fn append(
         &self,
         agent: &AgentId,
@@ -474,6 +492,10 @@ impl ChannelStore for RedbStore {
 
 #[async_trait]
 impl DeliveryStore for RedbStore {
+    async fn release(&self) {
+        RedbStore::close(self).await;
+    }
+
     async fn persist(&self, agent: &AgentId, envelope: &Envelope) -> Result<(), StoreError> {
         let envelope = envelope.clone();
         self.on_agent(agent, Access::Write, move |t| t.delivery_persist(&envelope))
@@ -517,5 +539,43 @@ impl DeliveryStore for RedbStore {
             t.turn_commit(&a, &commit, now)
         })
         .await
+    }
+}
+
+/// How long an opener waits for this process's release of the same directory (a store dropped or
+/// closed a moment ago, its files' threads still closing them) before it gives up.
+const RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Takes `dir`'s lock; when this process is still releasing it (the last handle was dropped or
+/// closed a moment ago), waits for the release first (the files close on their own threads, so
+/// the wait blocks only the caller).
+fn acquire_lock(dir: &Path) -> Result<DirLock, StoreError> {
+    loop {
+        match DirLock::acquire(dir, "redb") {
+            Ok(lock) => return Ok(lock),
+            Err(e) => {
+                let Some(release) = dir_lock::release_in_progress(dir) else {
+                    return Err(e);
+                };
+                if !release.wait_blocking(RELEASE_WAIT) {
+                    return Err(e);
+                }
+            }
+        }
+    }
+}
+
+impl Drop for RedbStore {
+    /// The last handle is gone: each file's thread finishes its queue and closes its file, and the
+    /// last one to end releases the directory's lock. An opener in this process waits for that.
+    fn drop(&mut self) {
+        if let Some(lock) = self
+            .lock
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            lock.begin_release();
+        }
     }
 }

@@ -19,9 +19,9 @@ use redb::{Database, WriteTransaction};
 use spacebot_core::StoreError;
 
 use crate::file::{Failure, FileKind, open_database};
-use crate::lock::DirLock;
 use crate::options::RedbOptions;
 use crate::tables::Tables;
+use spacebot_core::dir_lock::DirLock;
 
 /// What an operation does to the file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

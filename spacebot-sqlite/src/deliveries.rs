@@ -21,6 +21,10 @@ pub struct SqliteDeliveryStore(pub(crate) SqliteStores);
 
 #[async_trait]
 impl DeliveryStore for SqliteDeliveryStore {
+    async fn release(&self) {
+        self.0.close().await;
+    }
+
     async fn persist(&self, agent: &AgentId, envelope: &Envelope) -> Result<(), StoreError> {
         let db = self.0.agent(agent).await?;
         let json = serde_json::to_string(envelope)

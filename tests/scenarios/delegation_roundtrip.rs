@@ -599,8 +599,10 @@ pub async fn fan_out_each_delegation_comes_back_independently(stores: Stores) {
     assert!(h.replies_now().is_empty(), "exactly three replies");
 }
 
-/// A task store whose first `outbox_mark_sent` fails: the notice is delivered, then delivered
-/// again by the next flush (at-least-once delivery).
+/// A task store whose first `outbox_mark_sent` is lost (it answers Ok but marks nothing, as a
+/// crash right after the delivery would lose it): the notice is delivered, then delivered again by
+/// the next flush (at-least-once delivery). A mark that *fails* is tried again at once, so a
+/// failure would not show the second delivery.
 #[derive(Debug)]
 struct ForgetfulOutbox {
     inner: Arc<dyn spacebot::TaskStore>,
@@ -675,11 +677,7 @@ impl spacebot::TaskStore for ForgetfulOutbox {
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_ok()
         {
-            return Err(spacebot::StoreError::backend(
-                "test",
-                "outbox not updated",
-                std::io::Error::other("disk hiccup"),
-            ));
+            return Ok(());
         }
         self.inner.outbox_mark_sent(agent, key).await
     }

@@ -955,6 +955,8 @@ pub struct FlakyCompletion {
     inner: Arc<dyn spacebot::TaskStore>,
     failures_left: AtomicUsize,
     mark_delay: Duration,
+    /// Marks of a sent notice that fail before one goes through.
+    mark_failures_left: AtomicUsize,
 }
 
 #[async_trait]
@@ -1031,6 +1033,13 @@ impl spacebot::TaskStore for FlakyCompletion {
         if !self.mark_delay.is_zero() {
             tokio::time::sleep(self.mark_delay).await;
         }
+        if self
+            .mark_failures_left
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return injected("the disk is full");
+        }
         self.inner.outbox_mark_sent(agent, key).await
     }
 }
@@ -1043,6 +1052,7 @@ pub async fn a_failed_outcome_write_is_retried_with_the_result_kept(stores: Stor
         inner: stores.tasks.clone(),
         failures_left: AtomicUsize::new(3),
         mark_delay: Duration::ZERO,
+        mark_failures_left: AtomicUsize::new(0),
     });
     let llm = Arc::new(FnLlm::new(|_| Ok(ChatResponse::text("ok"))));
     let exec = Arc::new(Parses::default());
@@ -1093,6 +1103,7 @@ pub async fn a_notice_is_marked_sent_before_the_delegator_answers_it(stores: Sto
         inner: stores.tasks.clone(),
         failures_left: AtomicUsize::new(0),
         mark_delay: Duration::from_millis(300),
+        mark_failures_left: AtomicUsize::new(0),
     });
     let b = id("b");
     let llm = Arc::new(FnLlm::new(|req| {
@@ -1457,4 +1468,248 @@ pub async fn a_chain_driven_by_waiting_for_replies_is_answered(stores: Stores) {
         seen.iter().all(|(_, on_runtime)| *on_runtime),
         "a turn ran outside the organization's runtime: {seen:?}"
     );
+}
+
+const A_B_AND_C: &str = r#"
+[settings]
+conversation_turn_budget = 4
+[[agents]]
+id = "a"
+name = "Alpha"
+[[agents]]
+id = "b"
+name = "Beta"
+[[agents]]
+id = "c"
+name = "Gamma"
+[[links]]
+from = "a"
+to = "b"
+direction = "two_way"
+relationship = "peer"
+[[links]]
+from = "a"
+to = "c"
+direction = "one_way"
+relationship = "superior"
+"#;
+
+/// A conversation budget spent by an exchange stays spent across a restart: a opens a
+/// conversation with b and delegates a slow job to c in the same turn; a and b always answer, so
+/// the budget severs the conversation. The organization is restarted on the same stores; c's
+/// result wakes a in the same exchange, and a's new message to b is refused: no fresh conversation,
+/// no fresh budget (a budget is a backstop that nothing resets).
+pub async fn a_spent_conversation_budget_stays_spent_across_a_restart(stores: Stores) {
+    let llm = Arc::new(FnLlm::new(|req| {
+        let me = req.agent.as_ref().map(AgentId::as_str).unwrap_or("");
+        let tool_round = req
+            .messages
+            .iter()
+            .any(|m| matches!(m, ChatMessage::Tool { .. }));
+        let in_link = req
+            .channel
+            .as_ref()
+            .is_some_and(|c| c.as_str().starts_with("link:"));
+        Ok(match me {
+            "b" => ChatResponse::text("b answers"),
+            "c" => ChatResponse::text("the job is done"),
+            _ if in_link => ChatResponse::text("a answers"),
+            _ if req.envelope_kind == Some(EnvelopeKind::UserMessage) => {
+                ChatResponse::tool_calls(vec![
+                    tool_call(
+                        "send_link_message",
+                        json!({"target": "b", "message": "hello b"}),
+                    ),
+                    tool_call(
+                        "send_agent_message",
+                        json!({"target": "c", "message": "a slow job"}),
+                    ),
+                ])
+            }
+            _ if tool_round => ChatResponse::text("a is done"),
+            // Woken by c's result: try b again.
+            _ => ChatResponse::tool_calls(vec![tool_call(
+                "send_link_message",
+                json!({"target": "b", "message": "hello again b"}),
+            )]),
+        })
+    }));
+    let (a, b, c) = (id("a"), id("b"), id("c"));
+    let mut first = OrgHarness::builder(A_B_AND_C)
+        .stores(stores.clone())
+        .llm(llm.clone())
+        .build()
+        .await;
+    first.timeout = Duration::from_secs(60);
+    first.org.start_agent(&a).await.unwrap();
+    first.org.start_agent(&b).await.unwrap();
+    first.org.deliver("a", user("start")).await.unwrap();
+
+    first
+        .wait_until("the budget severed the conversation", || {
+            let org = first.org.clone();
+            async move {
+                let list = org.conversations(&Default::default()).await.unwrap();
+                list.len() == 1
+                    && list[0].status == spacebot::conversation::ConversationStatus::Severed
+            }
+        })
+        .await;
+    first
+        .wait_until("a and b idle", || {
+            let ok = first.org.is_idle(&a) && first.org.is_idle(&b);
+            async move { ok }
+        })
+        .await;
+    let before = first
+        .history("b", &ChannelId::link(&b, &a))
+        .await
+        .into_iter()
+        .filter(|r| r.record.content.starts_with("hello"))
+        .count();
+    first.org.shutdown().await.unwrap();
+    drop(first);
+
+    let mut second = OrgHarness::builder(A_B_AND_C)
+        .stores(stores)
+        .llm(llm)
+        .build()
+        .await;
+    second.timeout = Duration::from_secs(60);
+    second.org.start_all().await.unwrap();
+    // c's result wakes a; a tries b again and is refused, then reports.
+    assert_eq!(second.reply().await.content, "a is done");
+    second
+        .wait_until("every agent idle", || {
+            let ok = second.org.is_idle(&a) && second.org.is_idle(&b) && second.org.is_idle(&c);
+            async move { ok }
+        })
+        .await;
+    let conversations = second.org.conversations(&Default::default()).await.unwrap();
+    assert_eq!(
+        conversations.len(),
+        1,
+        "no fresh conversation after the restart: {conversations:?}"
+    );
+    let sent = second
+        .history("b", &ChannelId::link(&b, &a))
+        .await
+        .into_iter()
+        .filter(|r| r.record.content.starts_with("hello"))
+        .count();
+    assert_eq!(
+        sent, before,
+        "nothing more reached b after the restart ({before} before)"
+    );
+}
+
+/// A notice whose mark as sent fails once (then twice more, then for good five times) still leaves
+/// the outbox: the delegator answers it once, and the outbox is empty soon after, long before the
+/// task loop's next periodic round.
+pub async fn a_failed_mark_sent_does_not_leave_a_delivered_notice_in_the_outbox(stores: Stores) {
+    for failures in [1, 3, 5] {
+        let stores = stores.clone();
+        let mut wrapped = stores.clone();
+        wrapped.tasks = Arc::new(FlakyCompletion {
+            inner: stores.tasks.clone(),
+            failures_left: AtomicUsize::new(0),
+            mark_delay: Duration::ZERO,
+            mark_failures_left: AtomicUsize::new(failures),
+        });
+        let b = id("b");
+        let llm = Arc::new(FnLlm::new(|req| {
+            let tool_round = req
+                .messages
+                .iter()
+                .any(|m| matches!(m, ChatMessage::Tool { .. }));
+            Ok(
+                match (req.agent.as_ref().map(|a| a.as_str()), req.envelope_kind) {
+                    (Some("a"), Some(EnvelopeKind::UserMessage)) if !tool_round => {
+                        ChatResponse::tool_calls(vec![tool_call(
+                            "send_agent_message",
+                            json!({"target": "b", "message": "Count the files."}),
+                        )])
+                    }
+                    (Some("a"), Some(EnvelopeKind::UserMessage)) => ChatResponse::text("asked"),
+                    (Some("a"), _) => ChatResponse::text("Beta is done"),
+                    _ => ChatResponse::text("12"),
+                },
+            )
+        }));
+        let mut h = OrgHarness::builder(ONE_WAY)
+            .stores(wrapped)
+            .llm(llm)
+            .build()
+            .await;
+        h.org.start_all().await.unwrap();
+        h.org
+            .deliver("a", InboundMessage::new("portal", "u1", "count"))
+            .await
+            .unwrap();
+        // The delegating turn ends with the delegation; the notice's retrigger is answered.
+        assert_eq!(h.reply().await.content, "Beta is done");
+        h.wait_until("the outbox is empty", || {
+            let tasks = stores.tasks.clone();
+            let b = b.clone();
+            async move { tasks.outbox_pending(&b).await.unwrap().is_empty() }
+        })
+        .await;
+        h.wait_idle("a").await;
+        assert!(
+            h.replies_now().is_empty(),
+            "the notice was answered once ({failures} failed marks)"
+        );
+        h.org.shutdown().await.unwrap();
+    }
+}
+
+/// A claim cut before its model call (the process killed between the claim and the call) uses up
+/// no attempt: the next start recovers it, runs it once, and the task ends done with attempts 0
+/// and one recovery counted, three times in a row.
+pub async fn a_claim_cut_before_the_model_call_uses_no_attempt(stores: Stores) {
+    let (a, b) = (id("a"), id("b"));
+    let llm = Arc::new(FnLlm::new(|_| Ok(ChatResponse::text("counted"))));
+    for round in 1..=3u32 {
+        let h = OrgHarness::builder(ONE_WAY)
+            .stores(stores.clone())
+            .llm(llm.clone())
+            .build()
+            .await;
+        let task = h
+            .org
+            .delegate(
+                &a,
+                "b",
+                "Count the files.",
+                DelegationOrigin::new(ChannelId::new("portal:a")),
+            )
+            .await
+            .unwrap();
+        // A process that died right after its claim (its holder names a loop no longer alive).
+        let claimed = stores
+            .tasks
+            .claim_next(
+                &b,
+                &format!("b:worker:gone{round}:1"),
+                Duration::from_secs(300),
+                spacebot::Timestamp(1),
+            )
+            .await
+            .unwrap()
+            .expect("the task is claimed");
+        assert_eq!(claimed.number, task.number);
+        h.org.start_agent(&b).await.unwrap();
+        let ended = tokio::time::timeout(
+            Duration::from_secs(10),
+            h.org.wait_task_ended(&TaskRef::new(b.clone(), task.number)),
+        )
+        .await
+        .expect("the task ended")
+        .unwrap();
+        assert_eq!(ended.status, TaskStatus::Done, "{ended:?}");
+        assert_eq!(ended.attempts, 0, "no attempt used by the cut claim");
+        assert_eq!(ended.metadata.recoveries, 1, "one recovery counted");
+        h.org.shutdown().await.unwrap();
+    }
+    assert_eq!(llm.requests_for(&b).len(), 3, "the model ran once per task");
 }

@@ -36,6 +36,7 @@ macro_rules! __task_store_tests {
                 task_store_concurrent_claims,
                 task_store_lease_expiry_uses_given_now,
                 task_store_requeue_then_fail_at_max_attempts,
+                task_store_recoveries_are_not_attempts,
                 task_store_waiting_on_children,
                 task_store_child_end_kept_while_requeued,
                 task_store_outbox_written_with_terminal_transition,
@@ -829,6 +830,61 @@ pub async fn task_store_lease_expiry_uses_given_now(
     Ok(())
 }
 
+/// A claim recovered after its worker's process ended (`recover`) is not a failed attempt: the
+/// task is ready again with its attempts unchanged, the recovery counted (and stored) apart, until
+/// the recovery allowance, when it fails for good with an error saying why (and a notice).
+pub async fn task_store_recoveries_are_not_attempts(
+    store: &dyn TaskStore,
+) -> Result<(), ConformanceError> {
+    let (a, boss) = (agent("rho")?, agent("boss")?);
+    ensure_empty(store, &[&a]).await?;
+    let new = NewTask {
+        max_attempts: 3,
+        ..delegated("killed before the model call", &boss)
+    };
+    ok!(store.create(&a, new, T0));
+    let allowance = 10;
+    for n in 1..=allowance {
+        let holder = format!("w{n}");
+        let claimed = ok!(store.claim_next(&a, &holder, LEASE, T0));
+        ensure_eq!(claimed.map(|t| t.number), Some(1), "claim {n}");
+        let tr = ok!(store.transition(&a, 1, Expect::any(), TaskEvent::Recover { holder }, T0));
+        ensure_eq!(tr.task.attempts, 0, "recovery {n} uses no attempt");
+        ensure_eq!(tr.task.metadata.recoveries, n, "recovery {n} is counted");
+        let stored = ok!(store.get(&a, 1));
+        ensure_eq!(
+            stored.map(|t| t.metadata.recoveries),
+            Some(n),
+            "recovery {n} is stored"
+        );
+        if n < allowance {
+            ensure_eq!(
+                tr.task.status,
+                TaskStatus::Ready,
+                "ready after recovery {n}"
+            );
+            ensure_eq!(tr.notice, None, "no notice while recoveries are left");
+        } else {
+            ensure_eq!(
+                tr.task.status,
+                TaskStatus::Failed,
+                "failed at the allowance"
+            );
+            let error = tr.task.error.clone().unwrap_or_default();
+            ensure!(
+                error.contains("process ended") && error.contains("10 times"),
+                "the error says why: {error}"
+            );
+            ensure_eq!(
+                tr.notice.as_ref().map(|n| n.status),
+                Some(TaskStatus::Failed),
+                "a notice"
+            );
+        }
+    }
+    Ok(())
+}
+
 /// An attempt that fails or expires requeues the task until `max_attempts`, then it fails for
 /// good (with a notice for a delegated task, written by `requeue_expired` too).
 pub async fn task_store_requeue_then_fail_at_max_attempts(
@@ -1338,6 +1394,7 @@ pub async fn task_store_round_trip(store: &dyn TaskStore) -> Result<(), Conforma
                 completion_tokens: 1,
                 total_tokens: 0,
             },
+            recoveries: 7,
             extra,
         },
         max_attempts: u32::MAX,

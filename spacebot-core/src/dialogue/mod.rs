@@ -188,10 +188,11 @@ pub(crate) struct Exchange<'a> {
 
 /// Notes that the exchange `cause` took a turn of `conversation`.
 ///
-/// The ledger lives in this process's memory. Under a placement (an organization spread over
-/// several processes) an exchange may continue in another process, so the note is also stored, as
-/// an applied key `exchange:{conversation}:{cause}` of the conversation's initiator in the shared
-/// delivery store, where every process's [`used_by`] finds it.
+/// The note is stored, as an applied key `exchange:{conversation}:{cause}` of the conversation's
+/// initiator in the delivery store, where [`used_by`] finds it after a restart and, under a
+/// placement (an organization spread over several processes), in every process: a budget is a
+/// backstop that neither a restart nor a move resets. This process keeps the latest notes in memory
+/// too, so a conversation's later turns in the same exchange write nothing more.
 async fn note_exchange(
     org: &Organization,
     conversation: &Conversation,
@@ -213,7 +214,7 @@ async fn note_exchange(
         }
         fresh
     };
-    if fresh && org.inner.hosting.is_some() {
+    if fresh {
         org.inner
             .stores
             .deliveries
@@ -232,8 +233,8 @@ fn exchange_key(conversation: &ConversationId, cause: &EnvelopeId) -> String {
     format!("exchange:{conversation}:{cause}")
 }
 
-/// Whether the exchange `cause` took turns of `conversation` (in this process, or under a
-/// placement in any).
+/// Whether the exchange `cause` took turns of `conversation` (in this process, before a restart, or
+/// under a placement in any process).
 async fn used_by(
     org: &Organization,
     conversation: &Conversation,
@@ -246,8 +247,8 @@ async fn used_by(
         .unwrap_or_else(|e| e.into_inner())
         .get(&conversation.id)
         .is_some_and(|c| c.contains(cause));
-    if here || org.inner.hosting.is_none() {
-        return Ok(here);
+    if here {
+        return Ok(true);
     }
     org.inner
         .stores

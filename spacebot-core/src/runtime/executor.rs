@@ -132,6 +132,69 @@ impl LoopExecutor {
     }
 }
 
+/// Counts an organization's background work that uses its stores outside an agent's loop (task
+/// loops, custom executor attempts, wake-ups of other processes), so that a shutdown can wait for
+/// it to end: once [`Background::idle`] resolves nothing of the organization touches its stores.
+#[derive(Debug, Default)]
+pub(crate) struct Background {
+    state: Mutex<BackgroundState>,
+}
+
+#[derive(Debug, Default)]
+struct BackgroundState {
+    live: usize,
+    waiters: Vec<oneshot::Sender<()>>,
+}
+
+/// One piece of background work, counted until it is dropped (ended, aborted or dropped unpolled).
+#[derive(Debug)]
+pub(crate) struct BackgroundGuard(Arc<Background>);
+
+impl Background {
+    fn state(&self) -> std::sync::MutexGuard<'_, BackgroundState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Counts one piece of work until the returned guard is dropped: take it before spawning the
+    /// work and move it in.
+    pub(crate) fn enter(self: &Arc<Self>) -> BackgroundGuard {
+        self.state().live += 1;
+        BackgroundGuard(self.clone())
+    }
+
+    /// Resolves once no counted work is left.
+    pub(crate) async fn idle(&self) {
+        loop {
+            let wait = {
+                let mut state = self.state();
+                if state.live == 0 {
+                    return;
+                }
+                let (tx, rx) = oneshot::channel();
+                state.waiters.push(tx);
+                rx
+            };
+            let _ = wait.await;
+        }
+    }
+}
+
+impl Drop for BackgroundGuard {
+    fn drop(&mut self) {
+        let waiters = {
+            let mut state = self.0.state();
+            state.live -= 1;
+            if state.live > 0 {
+                return;
+            }
+            std::mem::take(&mut state.waiters)
+        };
+        for w in waiters {
+            let _ = w.send(());
+        }
+    }
+}
+
 #[cfg(all(test, feature = "tokio"))]
 #[allow(clippy::panic, clippy::expect_used)]
 pub(crate) mod tests {
