@@ -158,6 +158,36 @@ pub trait Placement: Send + Sync + fmt::Debug {
         now: Timestamp,
     ) -> Result<Option<PlacementLease>, StoreError>;
 
+    /// Renews the live leases `process` holds, in one call: each of `held` (as last granted) is
+    /// extended to `now + lease` when the table still has it for `process` with the same
+    /// [`epoch`](PlacementLease::epoch) and unexpired at `now`; never shortened. Returns, in the
+    /// order of `held`, the renewed lease or `None` when it is lost (expired at `now`, taken by
+    /// another process, or re-taken with another epoch). Unlike [`acquire`](Self::acquire), it
+    /// never grants an expired or released lease again: a lease that ran out was fenced by its
+    /// holder, and is acquired like any free agent.
+    ///
+    /// The hosting loops renew every lease of a process with one call per round, so a backend
+    /// should make it one round trip (PostgreSQL: one statement). The default calls
+    /// [`holder`](Self::holder) and then [`acquire`](Self::acquire) per lease.
+    async fn renew(
+        &self,
+        held: &[PlacementLease],
+        lease: Duration,
+        now: Timestamp,
+    ) -> Result<Vec<Option<PlacementLease>>, StoreError> {
+        let mut out = Vec::with_capacity(held.len());
+        for old in held {
+            let live = self.holder(&old.agent, now).await?;
+            if live.is_none_or(|l| l.process != old.process || l.epoch != old.epoch) {
+                out.push(None);
+                continue;
+            }
+            let renewed = self.acquire(&old.agent, &old.process, lease, now).await?;
+            out.push(renewed.filter(|l| l.epoch == old.epoch && l.process == old.process));
+        }
+        Ok(out)
+    }
+
     /// Gives up `process`'s lease on `agent` (a clean shutdown): another process may take the
     /// agent at once. `true` when `process` held it (live or expired).
     async fn release(&self, agent: &AgentId, process: &ProcessId) -> Result<bool, StoreError>;
@@ -197,6 +227,14 @@ impl<T: Placement + ?Sized> Placement for Arc<T> {
         now: Timestamp,
     ) -> Result<Option<PlacementLease>, StoreError> {
         (**self).acquire(agent, process, lease, now).await
+    }
+    async fn renew(
+        &self,
+        held: &[PlacementLease],
+        lease: Duration,
+        now: Timestamp,
+    ) -> Result<Vec<Option<PlacementLease>>, StoreError> {
+        (**self).renew(held, lease, now).await
     }
     async fn release(&self, agent: &AgentId, process: &ProcessId) -> Result<bool, StoreError> {
         (**self).release(agent, process).await
@@ -428,6 +466,33 @@ impl Placement for MemoryPlacement {
         };
         state.leases.insert(agent.clone(), granted.clone());
         Ok(Some(granted))
+    }
+
+    async fn renew(
+        &self,
+        held: &[PlacementLease],
+        lease: Duration,
+        now: Timestamp,
+    ) -> Result<Vec<Option<PlacementLease>>, StoreError> {
+        let mut state = lock(&self.state);
+        for old in held {
+            Self::check(&state, &old.process)?;
+        }
+        let expires_at = now.plus(lease);
+        Ok(held
+            .iter()
+            .map(|old| {
+                let current = state.leases.get_mut(&old.agent)?;
+                if current.process != old.process
+                    || current.epoch != old.epoch
+                    || current.expires_at <= now
+                {
+                    return None;
+                }
+                current.expires_at = current.expires_at.max(expires_at);
+                Some(current.clone())
+            })
+            .collect())
     }
 
     async fn release(&self, agent: &AgentId, process: &ProcessId) -> Result<bool, StoreError> {

@@ -1,6 +1,7 @@
 //! [`PgPlacement`]: the placement table of the schema (`agent_placement`) and wake-up hints over
 //! `LISTEN`/`NOTIFY`.
 
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -8,9 +9,10 @@ use futures::stream::{self, BoxStream, StreamExt};
 use spacebot_core::placement::{Placement, PlacementLease, ProcessId};
 use spacebot_core::{AgentId, StoreError, Timestamp};
 use sqlx::Row;
-use sqlx::postgres::{PgListener, PgPoolOptions, PgRow};
+use sqlx::postgres::{PgListener, PgPool, PgPoolOptions, PgRow};
 
 use crate::PgStores;
+use crate::db::Db;
 use crate::error::{corrupt, db_error};
 
 /// One atomic statement: inserts a lease for a free agent, or takes over the row when `process`
@@ -26,6 +28,19 @@ ON CONFLICT (agent_id) DO UPDATE SET \
         THEN p.epoch ELSE p.epoch + 1 END \
 WHERE p.process = EXCLUDED.process OR p.expires_at <= $4 \
 RETURNING agent_id, process, expires_at, epoch";
+
+/// One statement renewing every lease a process holds: a row is extended (never shortened) only
+/// while it is still held by `process` with the epoch it was granted and unexpired at `now`; the
+/// rows renewed are returned. `$1`: agents, `$2`: their epochs.
+pub(crate) const RENEW_SQL: &str = "\
+UPDATE agent_placement AS p SET expires_at = GREATEST(p.expires_at, $3) \
+FROM unnest($1::text[], $2::bigint[]) AS h(agent_id, epoch) \
+WHERE p.agent_id = h.agent_id AND p.epoch = h.epoch AND p.process = $4 AND p.expires_at > $5 \
+RETURNING p.agent_id, p.process, p.expires_at, p.epoch";
+
+/// How many connections the placement's own pool keeps at most: the renewal and the acquisition
+/// round run at once, each on one.
+const LEASE_CONNECTIONS: u32 = 2;
 
 /// The prefix of the notification channel (followed by the schema's name).
 const CHANNEL_PREFIX: &str = "spacebot_wake_";
@@ -50,13 +65,21 @@ const MAX_IDENTIFIER: usize = 63;
 ///   and `LISTEN`s on the channel. When that connection is lost the stream **ends** (hints sent
 ///   meanwhile are lost: the runtime checks its agents' stores every `check_interval` anyway) and
 ///   the runtime subscribes again.
-/// - Every call goes through the stores' pool and shares its state: after
-///   [`PgStores::cut_off`] (a simulated partition) or [`PgStores::close`] every call fails and
-///   every wake-up stream ends.
+/// - [`renew`](Placement::renew) renews every lease of a process with one `UPDATE ... FROM
+///   unnest(...)` statement (one commit per round, whatever the number of agents).
+/// - The lease calls ([`acquire`](Placement::acquire), [`renew`](Placement::renew),
+///   [`release`](Placement::release), [`holder`](Placement::holder),
+///   [`held_by`](Placement::held_by)) run on a pool of their own (two connections, made on first
+///   use, shared by the clones of this value), never on the stores' pool: a renewal never waits
+///   behind the agents' own transactions for a connection. `notify` goes through the stores' pool.
+/// - Every call shares the stores' state: after [`PgStores::cut_off`] (a simulated partition) or
+///   [`PgStores::close`] every call fails and every wake-up stream ends.
 #[derive(Debug, Clone)]
 pub struct PgPlacement {
     stores: PgStores,
     channel: String,
+    /// The lease calls' own pool, made on first use (inside the caller's runtime).
+    leases: Arc<OnceLock<PgPool>>,
 }
 
 impl PgPlacement {
@@ -65,7 +88,21 @@ impl PgPlacement {
         Self {
             stores: stores.clone(),
             channel: channel_name(stores.schema()),
+            leases: Arc::default(),
         }
+    }
+
+    /// The lease calls' pool: the stores' connect options (their schema), two connections at
+    /// most, the stores' acquire timeout.
+    fn lease_pool(&self, db: &Db) -> PgPool {
+        self.leases
+            .get_or_init(|| {
+                PgPoolOptions::new()
+                    .max_connections(LEASE_CONNECTIONS)
+                    .acquire_timeout(db.pool.options().get_acquire_timeout())
+                    .connect_lazy_with((*db.pool.connect_options()).clone())
+            })
+            .clone()
     }
 
     /// The `NOTIFY` channel of this schema: `spacebot_wake_<schema>` (`spacebot_wake_` alone for
@@ -140,11 +177,61 @@ impl Placement for PgPlacement {
             .bind(process.as_str())
             .bind(now.0.saturating_add(millis(lease)))
             .bind(now.0)
-            .fetch_optional(&db.pool)
+            .fetch_optional(&self.lease_pool(db))
             .await
             .map_err(|e| db_error(&db.location, "acquiring an agent", e))?;
         row.map(|row| lease_from_row(&db.location, &row))
             .transpose()
+    }
+
+    async fn renew(
+        &self,
+        held: &[PlacementLease],
+        lease: Duration,
+        now: Timestamp,
+    ) -> Result<Vec<Option<PlacementLease>>, StoreError> {
+        let Some(first) = held.first() else {
+            return Ok(Vec::new());
+        };
+        let db = self.stores.db()?;
+        // One statement per holder (a process renews its own; several only if the caller mixes).
+        let mut out: Vec<Option<PlacementLease>> = vec![None; held.len()];
+        let mut processes: Vec<&ProcessId> = vec![&first.process];
+        for l in held {
+            if !processes.contains(&&l.process) {
+                processes.push(&l.process);
+            }
+        }
+        for process in processes {
+            let mut agents = Vec::new();
+            let mut epochs = Vec::new();
+            for l in held.iter().filter(|l| l.process == *process) {
+                let epoch = i64::try_from(l.epoch).unwrap_or(i64::MAX);
+                agents.push(l.agent.as_str().to_string());
+                epochs.push(epoch);
+            }
+            let rows = sqlx::query(RENEW_SQL)
+                .bind(&agents)
+                .bind(&epochs)
+                .bind(now.0.saturating_add(millis(lease)))
+                .bind(process.as_str())
+                .bind(now.0)
+                .fetch_all(&self.lease_pool(db))
+                .await
+                .map_err(|e| db_error(&db.location, "renewing leases", e))?;
+            for row in &rows {
+                let renewed = lease_from_row(&db.location, row)?;
+                for (slot, asked) in out.iter_mut().zip(held) {
+                    if asked.agent == renewed.agent
+                        && asked.process == renewed.process
+                        && asked.epoch == renewed.epoch
+                    {
+                        *slot = Some(renewed.clone());
+                    }
+                }
+            }
+        }
+        Ok(out)
     }
 
     async fn release(&self, agent: &AgentId, process: &ProcessId) -> Result<bool, StoreError> {
@@ -156,7 +243,7 @@ impl Placement for PgPlacement {
         .bind(agent.as_str())
         .bind(process.as_str())
         .bind(i64::MIN)
-        .execute(&db.pool)
+        .execute(&self.lease_pool(db))
         .await
         .map_err(|e| db_error(&db.location, "releasing an agent", e))?;
         Ok(done.rows_affected() > 0)
@@ -174,7 +261,7 @@ impl Placement for PgPlacement {
         )
         .bind(agent.as_str())
         .bind(now.0)
-        .fetch_optional(&db.pool)
+        .fetch_optional(&self.lease_pool(db))
         .await
         .map_err(|e| db_error(&db.location, "reading an agent's holder", e))?;
         row.map(|row| lease_from_row(&db.location, &row))
@@ -193,7 +280,7 @@ impl Placement for PgPlacement {
         )
         .bind(process.as_str())
         .bind(now.0)
-        .fetch_all(&db.pool)
+        .fetch_all(&self.lease_pool(db))
         .await
         .map_err(|e| db_error(&db.location, "listing a process's agents", e))?;
         rows.iter()

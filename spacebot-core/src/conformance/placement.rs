@@ -22,6 +22,7 @@ macro_rules! __placement_tests {
             |$s| $access,
             [
                 placement_acquire_renew_release,
+                placement_renew_keeps_live_leases_only,
                 placement_expired_lease_taken_over,
                 placement_held_by_lists_live_leases,
                 placement_concurrent_acquire_one_winner,
@@ -150,6 +151,103 @@ pub async fn placement_acquire_renew_release(
         "the epoch did not grow on a change of hands: {} then {}",
         first.epoch,
         taken.epoch
+    );
+    Ok(())
+}
+
+/// `renew` extends, in the order given, the live leases of their holder with the epoch it was
+/// granted (keeping the epoch, never shortening), and returns `None` for a lease expired at `now`
+/// (without granting it again), held by another process, or of another epoch.
+pub async fn placement_renew_keeps_live_leases_only(
+    placement: &dyn Placement,
+) -> Result<(), ConformanceError> {
+    let (p1, p2) = (process("conf-p1")?, process("conf-p2")?);
+    let (a, b, c, d) = (
+        agent("conf-a")?,
+        agent("conf-b")?,
+        agent("conf-c")?,
+        agent("conf-d")?,
+    );
+    ensure_empty(placement, &[&p1, &p2], &[&a, &b, &c, &d]).await?;
+    let short = Duration::from_secs(5);
+    let mut granted = Vec::new();
+    for (x, p, lease) in [
+        (&a, &p1, LEASE),
+        (&b, &p1, short),
+        (&c, &p2, LEASE),
+        (&d, &p1, LEASE),
+    ] {
+        let Some(lease) = ok!(placement.acquire(x, p, lease, Timestamp(T0))) else {
+            return Err(ConformanceError::check(
+                "acquire of a free agent",
+                "returned None",
+                concat!(file!(), ":", line!()),
+            ));
+        };
+        granted.push(lease);
+    }
+    ensure!(
+        ok!(placement.renew(&[], LEASE, Timestamp(T0))).is_empty(),
+        "renewing nothing returned something"
+    );
+    // `c` as if p1 held it; `d` with an epoch it was never granted.
+    let mut not_held = granted[2].clone();
+    not_held.process = p1.clone();
+    let mut other_epoch = granted[3].clone();
+    other_epoch.epoch += 1;
+    let asked = [
+        granted[0].clone(),
+        granted[1].clone(),
+        not_held,
+        other_epoch,
+    ];
+    let now = Timestamp(T0 + 6_000);
+    let renewed = ok!(placement.renew(&asked, LEASE, now));
+    ensure_eq!(renewed.len(), 4, "one answer per lease");
+    let Some(first) = &renewed[0] else {
+        return Err(ConformanceError::check(
+            "renew of a live lease",
+            "returned None",
+            concat!(file!(), ":", line!()),
+        ));
+    };
+    ensure_eq!(first.agent, a, "the agent, in order");
+    ensure_eq!(first.epoch, granted[0].epoch, "a renewal keeps the epoch");
+    ensure_eq!(
+        first.expires_at,
+        now.plus(LEASE),
+        "a renewal extends the lease"
+    );
+    ensure!(
+        renewed[1].is_none(),
+        "a lease expired at now was renewed: {:?}",
+        renewed[1]
+    );
+    ensure!(
+        ok!(placement.holder(&b, now)).is_none(),
+        "renew granted an expired lease again"
+    );
+    ensure!(
+        renewed[2].is_none(),
+        "another process's lease was renewed: {:?}",
+        renewed[2]
+    );
+    ensure!(
+        renewed[3].is_none(),
+        "a lease of another epoch was renewed: {:?}",
+        renewed[3]
+    );
+    ensure_eq!(
+        ok!(placement.holder(&c, now)).map(|l| l.expires_at),
+        Some(Timestamp(T0).plus(LEASE)),
+        "the other process's lease is untouched"
+    );
+    // An older `now` never shortens a lease.
+    let late = ok!(placement.renew(&granted[..1], LEASE, Timestamp(T0 + 1_000)));
+    ensure_eq!(
+        late.first().cloned().flatten().map(|l| l.expires_at),
+        Some(now.plus(LEASE)),
+        "a late renewal shortened the lease"
     );
     Ok(())
 }

@@ -2,21 +2,32 @@
 //! fence agents whose lease was lost or not renewed in time, and wake the agents hosted here when
 //! another process stored something for them.
 //!
-//! Three background loops per organization, started by `start_all`:
+//! Four background loops per organization, started by `start_all`, each a task of its own:
 //!
-//! - the **keeper** renews every lease held here and acquires free agents up to the capacity,
-//!   starting their loops (the start hands over their stored deliveries; the task loop's start-up
-//!   recovery fails only claims of this process or expired ones);
+//! - the **renewer** renews every lease held here with one [`Placement::renew`] call per round,
+//!   at least three times per `lease - margin` window, sooner again after a failure. It does
+//!   nothing else (no starts, no store reads), so a slow start or a busy store cannot delay a
+//!   renewal; a call that has not answered by the first fencing deadline is given up and sent
+//!   again;
+//! - the **keeper** acquires free agents up to the capacity, starting their loops (the start hands
+//!   over their stored deliveries; the task loop's start-up recovery fails only claims of this
+//!   process or expired ones);
 //! - the **watchdog** stops (fences) an agent whose renewal has not succeeded by its deadline
-//!   (`sent + lease - margin`, by this process's clock), independently of the keeper: a renewal
+//!   (`sent + lease - margin`, by this process's clock), independently of the renewer: a renewal
 //!   hanging on a dead connection cannot delay it;
 //! - the **listener** takes wake-up hints, and every check interval looks at each hosted agent
 //!   anyway: stored deliveries not in the queue yet are handed over, the task loop is rung.
 //!
+//! **Back-pressure**: while a renewal is overdue (a lease's last successful renewal is more than
+//! half of `lease - margin` old, or the last round failed) this process is *strained*: the keeper
+//! acquires no agent and the listener hands no stored delivery over and rings no task loop, so the
+//! process takes no new work while its leases are at risk, and the renewals get the database (and
+//! the machine) first. The work waits in the store; it is taken up once a renewal succeeds again.
+//!
 //! Without a placement none of this runs and every agent is local (embedded backends).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -26,7 +37,7 @@ use futures::future::{AbortHandle, Abortable, Either};
 use crate::event::EventKind;
 use crate::ids::AgentId;
 use crate::org::{AgentRuntime, OrgInner, Organization, Slot};
-use crate::placement::{Placement, PlacementOptions};
+use crate::placement::{Placement, PlacementLease, PlacementOptions};
 use crate::runtime::agent::report_error;
 use crate::runtime::queue::AgentQueue;
 use crate::time::Timestamp;
@@ -35,19 +46,34 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// One agent hosted here.
+#[derive(Debug, Clone)]
+struct Held {
+    /// The lease as last granted (its epoch: a renewal must find it unchanged).
+    lease: PlacementLease,
+    /// When the last successful renewal (or the acquisition) was sent, by this process's clock.
+    sent: Timestamp,
+    /// The deadline (this process's clock) by which the lease must have been renewed again, or
+    /// the agent is fenced: `sent + lease - margin`.
+    deadline: Timestamp,
+}
+
 /// This process's part in placement.
 #[derive(Debug)]
 pub(crate) struct Hosting {
     pub(crate) placement: Arc<dyn Placement>,
     pub(crate) options: PlacementOptions,
-    /// Agents hosted here, each with the deadline (this process's clock) by which its lease must
-    /// have been renewed, or it is fenced.
-    deadlines: Mutex<HashMap<AgentId, Timestamp>>,
+    /// Agents hosted here, each with its lease and fencing deadline.
+    held: Mutex<HashMap<AgentId, Held>>,
     /// Agents being fenced right now: not started again until their old loop ended.
     fencing: Mutex<HashSet<AgentId>>,
     /// The background loops, aborted at shutdown.
     loops: Mutex<Vec<AbortHandle>>,
     started: AtomicBool,
+    /// Set while the last renewal round failed (see the module's back-pressure).
+    renewal_failed: AtomicBool,
+    /// Leases lost here since the start (fenced: taken, expired or not renewed in time).
+    losses: AtomicU64,
 }
 
 impl Hosting {
@@ -55,23 +81,48 @@ impl Hosting {
         Self {
             placement,
             options,
-            deadlines: Mutex::default(),
+            held: Mutex::default(),
             fencing: Mutex::default(),
             loops: Mutex::default(),
             started: AtomicBool::new(false),
+            renewal_failed: AtomicBool::new(false),
+            losses: AtomicU64::new(0),
         }
     }
 
     /// The agents hosted here now, sorted.
     pub(crate) fn hosted(&self) -> Vec<AgentId> {
-        let mut agents: Vec<AgentId> = lock(&self.deadlines).keys().cloned().collect();
+        let mut agents: Vec<AgentId> = lock(&self.held).keys().cloned().collect();
         agents.sort();
         agents
     }
 
+    fn is_hosted(&self, agent: &AgentId) -> bool {
+        lock(&self.held).contains_key(agent)
+    }
+
     /// The fencing deadline of a lease granted to a call sent at `sent`.
     fn deadline(&self, sent: Timestamp) -> Timestamp {
-        sent.plus(self.options.lease.saturating_sub(self.options.margin))
+        sent.plus(self.window())
+    }
+
+    /// `lease - margin`: how long a granted lease may be relied on here.
+    fn window(&self) -> Duration {
+        self.options.lease.saturating_sub(self.options.margin)
+    }
+
+    /// How often the leases are renewed: `renew_interval`, and at least three times per window
+    /// (two renewals may fail before the fence).
+    fn renew_every(&self) -> Duration {
+        self.options
+            .renew_interval
+            .min(self.window() / 3)
+            .max(Duration::from_millis(1))
+    }
+
+    /// How soon a failed renewal round is tried again.
+    fn retry_after(&self) -> Duration {
+        (self.renew_every() / 4).max(Duration::from_millis(1))
     }
 
     /// How often the watchdog looks at the deadlines at most.
@@ -87,16 +138,32 @@ impl Hosting {
             .as_ref()
             .is_none_or(|set| set.contains(agent))
     }
+
+    /// Whether this process should take no new work now: the last renewal round failed, or a
+    /// lease's last successful renewal is older than half the window (a renewal is overdue).
+    pub(crate) fn strained(&self, now: Timestamp) -> bool {
+        if self.renewal_failed.load(Ordering::Acquire) {
+            return true;
+        }
+        let half = self.window() / 2;
+        lock(&self.held).values().any(|h| now >= h.sent.plus(half))
+    }
+
+    /// Leases lost here since the start.
+    pub(crate) fn losses(&self) -> u64 {
+        self.losses.load(Ordering::Acquire)
+    }
 }
 
-/// Starts the hosting loops (once): one keeper round runs first, so the agents this process could
-/// take are started when `start_all` returns.
+/// Starts the hosting loops (once): one acquisition round runs first, so the agents this process
+/// could take are started when `start_all` returns.
 pub(crate) async fn start(org: &Organization, hosting: &Arc<Hosting>) {
     if hosting.started.swap(true, Ordering::AcqRel) {
         return;
     }
-    keep_round(org, hosting).await;
-    let loops: [futures::future::BoxFuture<'static, ()>; 3] = [
+    acquire_round(org, hosting).await;
+    let loops: [futures::future::BoxFuture<'static, ()>; 4] = [
+        Box::pin(renewer(org.clone(), hosting.clone())),
         Box::pin(keeper(org.clone(), hosting.clone())),
         Box::pin(watchdog(org.clone(), hosting.clone())),
         Box::pin(listener(org.clone(), hosting.clone())),
@@ -117,7 +184,7 @@ pub(crate) async fn shutdown(org: &Organization, hosting: &Arc<Hosting>) {
         handle.abort();
     }
     hosting.started.store(false, Ordering::Release);
-    let hosted: Vec<AgentId> = lock(&hosting.deadlines).drain().map(|(a, _)| a).collect();
+    let hosted: Vec<AgentId> = lock(&hosting.held).drain().map(|(a, _)| a).collect();
     for agent in hosted {
         if let Err(e) = org.stop_for_hand_over(&agent).await {
             report_error(&org.inner, &agent, None, format!("not stopped: {e}"));
@@ -137,44 +204,125 @@ pub(crate) async fn shutdown(org: &Organization, hosting: &Arc<Hosting>) {
     }
 }
 
-async fn keeper(org: Organization, hosting: Arc<Hosting>) {
+/// Renews the leases held here, on a task of its own: a round every `renew_every` (measured from
+/// the start of the last one: a slow round does not push the next one later), a failed one again
+/// after a quarter of that.
+async fn renewer(org: Organization, hosting: Arc<Hosting>) {
     loop {
-        org.inner.clock.sleep(hosting.options.renew_interval).await;
-        keep_round(&org, &hosting).await;
+        let began = org.inner.clock.now();
+        let renewed = renew_round(&org, &hosting).await;
+        hosting.renewal_failed.store(!renewed, Ordering::Release);
+        let every = if renewed {
+            hosting.renew_every()
+        } else {
+            hosting.retry_after()
+        };
+        let spent = elapsed(began, org.inner.clock.now());
+        org.inner
+            .clock
+            .sleep(every.saturating_sub(spent).max(Duration::from_millis(1)))
+            .await;
     }
 }
 
-/// Renews the leases held here, then acquires free agents up to the capacity.
-async fn keep_round(org: &Organization, hosting: &Arc<Hosting>) {
+fn elapsed(from: Timestamp, to: Timestamp) -> Duration {
+    Duration::from_millis(u64::try_from(to.0.saturating_sub(from.0)).unwrap_or(0))
+}
+
+/// One renewal round: every lease held here in one [`Placement::renew`] call, given up at the
+/// first fencing deadline (the watchdog has fenced that agent by then; the others are renewed by
+/// the next call). Leases the table no longer grants are fenced. `false` when the call failed.
+async fn renew_round(org: &Organization, hosting: &Arc<Hosting>) -> bool {
+    let inner = &org.inner;
+    let (held, first_deadline): (Vec<PlacementLease>, Option<Timestamp>) = {
+        let held = lock(&hosting.held);
+        (
+            held.values().map(|h| h.lease.clone()).collect(),
+            held.values().map(|h| h.deadline).min(),
+        )
+    };
+    let Some(first_deadline) = first_deadline else {
+        return true;
+    };
+    let sent = inner.clock.now();
+    let budget = elapsed(sent, first_deadline).max(Duration::from_millis(1));
+    let call = hosting.placement.renew(&held, hosting.options.lease, sent);
+    let answer = match futures::future::select(call, inner.clock.sleep(budget)).await {
+        Either::Left((answer, _)) => answer,
+        Either::Right(_) => {
+            for lease in &held {
+                report_error(
+                    inner,
+                    &lease.agent,
+                    None,
+                    format!("lease not renewed: no answer within {budget:?}"),
+                );
+            }
+            return false;
+        }
+    };
+    let renewed = match answer {
+        Ok(renewed) => renewed,
+        Err(e) => {
+            // The watchdog fences the agents if no renewal succeeds by their deadlines.
+            for lease in &held {
+                report_error(inner, &lease.agent, None, format!("lease not renewed: {e}"));
+            }
+            return false;
+        }
+    };
+    let mut lost = Vec::new();
+    {
+        let mut map = lock(&hosting.held);
+        for (asked, granted) in held.iter().zip(renewed) {
+            let Some(h) = map.get_mut(&asked.agent) else {
+                continue;
+            };
+            if h.lease.epoch != asked.epoch {
+                continue;
+            }
+            match granted {
+                Some(lease) => {
+                    h.lease = lease;
+                    if sent > h.sent {
+                        h.sent = sent;
+                        h.deadline = h.deadline.max(hosting.deadline(sent));
+                    }
+                }
+                None => {
+                    map.remove(&asked.agent);
+                    lost.push(asked.agent.clone());
+                }
+            }
+        }
+    }
+    for agent in lost {
+        fence(
+            org,
+            hosting,
+            &agent,
+            "its lease was lost (taken by another process, or expired)",
+        )
+        .await;
+    }
+    true
+}
+
+/// Acquires free agents, on a task of its own, every `renew_interval`.
+async fn keeper(org: Organization, hosting: Arc<Hosting>) {
+    loop {
+        org.inner.clock.sleep(hosting.options.renew_interval).await;
+        acquire_round(&org, &hosting).await;
+    }
+}
+
+/// Acquires free agents up to the capacity (at most `acquire_per_round`) and starts them; nothing
+/// while this process is strained (a renewal overdue).
+async fn acquire_round(org: &Organization, hosting: &Arc<Hosting>) {
     let inner = &org.inner;
     let options = &hosting.options;
-    for agent in hosting.hosted() {
-        let sent = inner.clock.now();
-        match hosting
-            .placement
-            .acquire(&agent, &options.process, options.lease, sent)
-            .await
-        {
-            Ok(Some(_)) => {
-                if let Some(deadline) = lock(&hosting.deadlines).get_mut(&agent) {
-                    *deadline = (*deadline).max(hosting.deadline(sent));
-                }
-            }
-            Ok(None) => {
-                let removed = lock(&hosting.deadlines).remove(&agent).is_some();
-                if removed {
-                    fence(
-                        org,
-                        hosting,
-                        &agent,
-                        "its lease was taken by another process",
-                    )
-                    .await;
-                }
-            }
-            // The watchdog fences the agent if no renewal succeeds by its deadline.
-            Err(e) => report_error(inner, &agent, None, format!("lease not renewed: {e}")),
-        }
+    if hosting.strained(inner.clock.now()) {
+        return;
     }
     let mut candidates: Vec<AgentId> = inner
         .config
@@ -186,13 +334,10 @@ async fn keep_round(org: &Organization, hosting: &Arc<Hosting>) {
     candidates.sort();
     let mut acquired = 0;
     for agent in candidates {
-        if lock(&hosting.deadlines).len() >= options.capacity
-            || acquired >= options.acquire_per_round
-        {
+        if lock(&hosting.held).len() >= options.capacity || acquired >= options.acquire_per_round {
             break;
         }
-        if lock(&hosting.deadlines).contains_key(&agent) || lock(&hosting.fencing).contains(&agent)
-        {
+        if hosting.is_hosted(&agent) || lock(&hosting.fencing).contains(&agent) {
             continue;
         }
         if !matches!(inner.slot(&agent), Some(Slot::Stopped(_))) {
@@ -204,15 +349,22 @@ async fn keep_round(org: &Organization, hosting: &Arc<Hosting>) {
             .acquire(&agent, &options.process, options.lease, sent)
             .await
         {
-            Ok(Some(_)) => {
+            Ok(Some(lease)) => {
                 let deadline = hosting.deadline(sent);
                 if inner.clock.now() >= deadline {
                     continue;
                 }
-                lock(&hosting.deadlines).insert(agent.clone(), deadline);
+                lock(&hosting.held).insert(
+                    agent.clone(),
+                    Held {
+                        lease,
+                        sent,
+                        deadline,
+                    },
+                );
                 acquired += 1;
                 if let Err(e) = org.start_local(&agent).await {
-                    lock(&hosting.deadlines).remove(&agent);
+                    lock(&hosting.held).remove(&agent);
                     report_error(inner, &agent, None, format!("not started here: {e}"));
                     let _ = hosting.placement.release(&agent, &options.process).await;
                     continue;
@@ -239,14 +391,14 @@ async fn watchdog(org: Organization, hosting: Arc<Hosting>) {
     loop {
         let now = org.inner.clock.now();
         let due: Vec<AgentId> = {
-            let mut deadlines = lock(&hosting.deadlines);
-            let due: Vec<AgentId> = deadlines
+            let mut held = lock(&hosting.held);
+            let due: Vec<AgentId> = held
                 .iter()
-                .filter(|(_, d)| **d <= now)
+                .filter(|(_, h)| h.deadline <= now)
                 .map(|(a, _)| a.clone())
                 .collect();
             for agent in &due {
-                deadlines.remove(agent);
+                held.remove(agent);
             }
             due
         };
@@ -259,11 +411,10 @@ async fn watchdog(org: Organization, hosting: Arc<Hosting>) {
             )
             .await;
         }
-        let next = lock(&hosting.deadlines).values().min().copied();
+        let next = lock(&hosting.held).values().map(|h| h.deadline).min();
         let tick = hosting.fence_tick();
         let wait = next.map_or(tick, |d| {
-            let ms = u64::try_from(d.0.saturating_sub(now.0)).unwrap_or(0);
-            Duration::from_millis(ms).clamp(Duration::from_millis(1), tick)
+            elapsed(now, d).clamp(Duration::from_millis(1), tick)
         });
         org.inner.clock.sleep(wait).await;
     }
@@ -273,6 +424,7 @@ async fn watchdog(org: Organization, hosting: Arc<Hosting>) {
 /// consumed stays in the store for the next host), its queue closed (every envelope in it is in the
 /// store), its task loop woken to end.
 async fn fence(org: &Organization, hosting: &Arc<Hosting>, agent: &AgentId, reason: &str) {
+    hosting.losses.fetch_add(1, Ordering::AcqRel);
     lock(&hosting.fencing).insert(agent.clone());
     org.fence_agent(agent).await;
     lock(&hosting.fencing).remove(agent);
@@ -306,14 +458,19 @@ async fn listener(org: Organization, hosting: Arc<Hosting>) {
 }
 
 async fn check_all(inner: &Arc<OrgInner>, hosting: &Arc<Hosting>) {
+    if hosting.strained(inner.clock.now()) {
+        return;
+    }
     for agent in hosting.hosted() {
         wake_local(inner, hosting, &agent).await;
     }
 }
 
 /// Hands stored deliveries the queue does not hold yet to a hosted agent, and rings its task loop.
+/// Nothing while this process is strained (see the module's back-pressure): the periodic check
+/// hands it over once the renewals catch up.
 async fn wake_local(inner: &Arc<OrgInner>, hosting: &Hosting, agent: &AgentId) {
-    if !lock(&hosting.deadlines).contains_key(agent) {
+    if !hosting.is_hosted(agent) || hosting.strained(inner.clock.now()) {
         return;
     }
     if let Some(Slot::Running(rt)) = inner.slot(agent) {
@@ -366,6 +523,15 @@ impl Organization {
         self.inner.hosting.as_ref().map(|h| &h.options.process)
     }
 
+    /// How many leases this process lost since it started (under a placement; 0 without one):
+    /// agents fenced because a renewal found their lease taken or expired, or because no renewal
+    /// succeeded by their deadline. Each loss also emits [`EventKind::PlacementLost`]. Without a
+    /// process killed or cut off, it should stay 0: a renewal that starves (a busy database or
+    /// machine) shows here.
+    pub fn leases_lost(&self) -> u64 {
+        self.inner.hosting.as_ref().map_or(0, |h| h.losses())
+    }
+
     /// The configured agents whose loop runs in this process, sorted: under a placement those it
     /// holds a lease on and runs; without one, every running configured agent.
     pub fn hosted_agents(&self) -> Vec<AgentId> {
@@ -376,12 +542,7 @@ impl Organization {
             .iter()
             .map(|a| a.id.clone())
             .filter(|a| self.is_running(a))
-            .filter(|a| {
-                self.inner
-                    .hosting
-                    .as_ref()
-                    .is_none_or(|h| lock(&h.deadlines).contains_key(a))
-            })
+            .filter(|a| self.inner.hosting.as_ref().is_none_or(|h| h.is_hosted(a)))
             .collect();
         agents.sort();
         agents
