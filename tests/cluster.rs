@@ -12,6 +12,12 @@
 //!   ends or is dropped (an aborted turn), wall-clock milliseconds;
 //! - `events-<p>.log`: placement events (`placed`, `lost`), with the time.
 //!
+//! `a_loaded_cluster_keeps_its_leases` runs the three processes on a machine the test keeps busy
+//! itself (busy threads, twice the cores, and a thread writing and syncing a file, for the run's
+//! duration and at most 3 minutes), kills nothing, and checks that no lease was lost (each loss
+//! is a `lost` event: a renewal that starved) and no notice applied twice, besides the counts
+//! below.
+//!
 //! `a_cluster_survives_two_kills` kills one process, later a second (the survivor may host all
 //! 30 agents), and checks: no acknowledged envelope lost, no task duplicated, no notice lost or
 //! applied twice, every job answered, the takeover after each kill within lease + check interval +
@@ -31,7 +37,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -298,6 +304,7 @@ impl Outbound for FileOutbound {
     async fn send(&self, reply: Reply) -> Result<(), OutboundError> {
         let line = json!({
             "agent": reply.agent.to_string(),
+            "channel": reply.channel.to_string(),
             "in_reply_to": reply.in_reply_to.iter().map(ToString::to_string).collect::<Vec<_>>(),
             "content": reply.content,
             "answer": reply.kind == ReplyKind::Answer,
@@ -428,6 +435,8 @@ fn jobs_to_run(default: usize) -> usize {
 #[derive(Debug, Clone)]
 struct ReplyLine {
     key: String,
+    /// The channel answered (`portal:u-job-<n>` for a job's own).
+    channel: String,
     content: String,
     answer: bool,
 }
@@ -529,6 +538,7 @@ impl Cluster {
                     .collect();
                 out.push(ReplyLine {
                     key: keys.join("+"),
+                    channel: v["channel"].as_str().unwrap_or_default().to_string(),
                     content: v["content"].as_str().unwrap().to_string(),
                     answer: v["answer"].as_bool().unwrap(),
                 });
@@ -813,10 +823,21 @@ impl Cluster {
         }
         // The completion notice of each delegation (and bob's conclusion of each conversation)
         // answered once: one distinct envelope answered FINAL per job (a reply repeated after a
-        // kill names the same envelope).
+        // kill names the same envelope). A turn steered by the notice of another job answers
+        // both, each in its own job's channel, with one text naming both jobs: a reply counts for
+        // the job its channel names when its text names it too (a conversation's channel names
+        // the job that opened it), else for every job its text names.
         let mut keys: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         for r in &replies {
-            for job in r.finals() {
+            let finals = r.finals();
+            if finals.is_empty() {
+                continue;
+            }
+            let own: Vec<String> = job_ids(&r.channel)
+                .into_iter()
+                .filter(|j| finals.contains(j))
+                .collect();
+            for job in if own.is_empty() { finals } else { own } {
                 keys.entry(job).or_default().insert(r.key.clone());
             }
         }
@@ -1095,6 +1116,145 @@ async fn a_partitioned_process_never_overlaps_its_successor() {
         p1_held.len(),
         overlaps.len()
     );
+    assert!(overlaps.is_empty(), "model calls overlapped: {overlaps:?}");
+    c.stop().await;
+}
+
+/// Load for the machine, from the test itself: busy threads (spinning on arithmetic) and one
+/// thread writing and syncing a file in `dir`, until dropped or `limit` has passed.
+struct Hog {
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<u64>>,
+}
+
+impl Hog {
+    fn start(dir: &Path, spinners: usize, limit: Duration) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut threads = Vec::new();
+        for i in 0..spinners {
+            let stop = stop.clone();
+            threads.push(std::thread::spawn(move || {
+                let start = Instant::now();
+                let mut x: u64 = i as u64 + 1;
+                let mut rounds = 0;
+                while !stop.load(Ordering::Relaxed) && start.elapsed() < limit {
+                    for _ in 0..100_000 {
+                        x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                    }
+                    rounds += 1;
+                }
+                std::hint::black_box(x);
+                rounds
+            }));
+        }
+        let path = dir.join("hog.bin");
+        let writer_stop = stop.clone();
+        threads.push(std::thread::spawn(move || {
+            let start = Instant::now();
+            let block = vec![7u8; 64 * 1024];
+            let mut syncs = 0;
+            while !writer_stop.load(Ordering::Relaxed) && start.elapsed() < limit {
+                let Ok(mut file) = std::fs::File::create(&path) else {
+                    break;
+                };
+                for _ in 0..16 {
+                    if file.write_all(&block).is_err() || file.sync_data().is_err() {
+                        break;
+                    }
+                    syncs += 1;
+                }
+            }
+            let _ = std::fs::remove_file(&path);
+            syncs
+        }));
+        Self { stop, threads }
+    }
+}
+
+impl Drop for Hog {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The `lost` events of each process: leases it lost.
+fn lease_losses(c: &Cluster) -> BTreeMap<String, Vec<String>> {
+    c.children
+        .keys()
+        .map(|p| {
+            let lost = complete_lines(&c.path(&format!("events-{p}.log")))
+                .into_iter()
+                .filter(|l| {
+                    l.splitn(3, ' ')
+                        .nth(2)
+                        .is_some_and(|w| w.starts_with("lost"))
+                })
+                .collect();
+            (p.clone(), lost)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loaded_cluster_keeps_its_leases() {
+    let Some(url) = database_url() else {
+        return;
+    };
+    let total = jobs_to_run(DEFAULT_JOBS) / 8;
+    let started = Instant::now();
+    let c = Cluster::start(&url, &[("p1", 12), ("p2", 12), ("p3", 12)]).await;
+    c.wait_all_hosted(&[]).await;
+    let spread = c.holders().await;
+    let cores = std::thread::available_parallelism().map_or(2, usize::from);
+    let spinners = (2 * cores).min(8);
+    let hog = Hog::start(c.dir.path(), spinners, Duration::from_secs(180));
+    let mut c = c;
+    c.deliver_jobs(total, |_, _| {}).await;
+    c.wait_answered(total).await;
+    drop(hog);
+    let losses = lease_losses(&c);
+    let lost: usize = losses.values().map(Vec::len).sum();
+    let moved = c
+        .holders()
+        .await
+        .iter()
+        .filter(|(a, p)| spread.get(*a) != Some(*p))
+        .count();
+    eprintln!(
+        "loaded cluster: {total} jobs, 3 processes, none killed, {spinners} busy threads and a \
+         syncing writer, answered in {:?}; lease losses {lost} ({}), agents moved {moved}",
+        started.elapsed(),
+        losses
+            .iter()
+            .map(|(p, l)| format!("{p}: {}", l.len()))
+            .collect::<Vec<_>>()
+            .join(", "),
+    );
+    let counts = c.check(total).await;
+    let overlaps = c.overlaps();
+    eprintln!(
+        "  acknowledged envelopes lost {}, tasks duplicated {}, notices lost {}, notices applied \
+         twice {}, user messages never answered {}, overlapping model calls {}",
+        counts.acked_lost,
+        counts.tasks_duplicated,
+        counts.notices_lost,
+        counts.notices_twice,
+        counts.never_answered,
+        overlaps.len()
+    );
+    assert_eq!(
+        lost,
+        0,
+        "leases lost without a kill: {:#?}",
+        losses
+            .values()
+            .flat_map(|l| l.iter().take(5))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(counts.notices_twice, 0, "notices applied twice");
     assert!(overlaps.is_empty(), "model calls overlapped: {overlaps:?}");
     c.stop().await;
 }
