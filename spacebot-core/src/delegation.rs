@@ -799,6 +799,14 @@ impl Organization {
     }
 }
 
+/// Whether `holder` names a claim of `agent`'s task loop (`{agent}:worker:{loop}:{n}[@process]`,
+/// the holder ids the loop gives its claims).
+fn owns_claim(agent: &AgentId, holder: &str) -> bool {
+    holder
+        .strip_prefix(agent.as_str())
+        .is_some_and(|rest| rest.starts_with(":worker:"))
+}
+
 /// The delegation round and the cause of the task a notice is about.
 async fn notice_round(
     notice: &CompletionNotice,
@@ -837,6 +845,7 @@ async fn run_task_loop(
         .map(|h| format!("@{}", h.options.process))
         .unwrap_or_default();
     let mut claims: u64 = 0;
+    // Holder ids are `{agent}:worker:...`: `owns_claim` tells them from other behaviours' claims.
     let limit = inner.settings.task_concurrency.max(1);
     // The agent is not idle while a round runs: the start-up recovery is the first.
     let mut round = Some(agent.round(&org));
@@ -1247,6 +1256,10 @@ impl Behaviour for Delegation {
         agent: &AgentId,
         work: &TaskWork,
     ) -> Option<Result<bool, StoreError>> {
+        // Work another behaviour claimed is not this one's to judge (the trait's contract).
+        if !owns_claim(agent, &work.holder) {
+            return None;
+        }
         // Only a claim this process's task loop made is worked on: the envelope of a claim made
         // before a restart is handed over again, but that attempt is over (the task loop fails it
         // and claims the task anew), and a turn run for it would race the new attempt.
@@ -1658,4 +1671,20 @@ fn builtin_tools() -> Vec<Arc<dyn Tool>> {
         Arc::new(TaskList),
         Arc::new(TaskUpdate),
     ]
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claims_of_the_task_loop_are_told_from_other_behaviours_claims() {
+        let b = AgentId::parse("b").unwrap();
+        assert!(owns_claim(&b, "b:worker:0a1b:3"));
+        assert!(owns_claim(&b, "b:worker:0a1b:3@web-1"));
+        assert!(!owns_claim(&b, "b:schedule:tick-7"), "another behaviour's");
+        assert!(!owns_claim(&b, "bob:worker:0a1b:3"), "another agent's");
+        assert!(!owns_claim(&b, ""));
+    }
 }
