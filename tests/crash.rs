@@ -9,8 +9,17 @@
 //! with `SPACEBOT_CRASH_AT=K`, prints `CRASHPOINT K` and blocks before write K: the parent kills it
 //! there, so the kill lands exactly at that boundary.
 //!
+//! A second, smaller sweep runs the budget workload (`Workload::Budget`, see
+//! `crash_support/workload.rs`): a conversation budget spent by an exchange, then a restart, then
+//! the retrigger of the same exchange trying the peer again (it must be refused); and kills between
+//! a task's claim and its model call, in sequences of 1, 3, 9 and 10 kills in a row on one
+//! directory (`SPACEBOT_CRASH_AFTER_CLAIM`: the child stops at its first write or model call after
+//! a claim), after which a task's failed attempts may not outnumber its model's real runs, and a
+//! failed task's error must say what happened (10 is the task's recovery allowance: it fails then,
+//! saying its process ended 10 times).
+//!
 //! `SPACEBOT_CRASH_SEED` sets the seed of the random kills (printed), `SPACEBOT_CRASH_RANDOM` their
-//! number per backend (default 50).
+//! number per backend (default 50 for the organization, 16 for the budget workload).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod crash_support;
@@ -22,10 +31,31 @@ use std::time::{Duration, Instant};
 
 use crash_support::failpoint::MARKER;
 use crash_support::verify::{Counts, verify};
-use crash_support::workload::{CHILD_AT, CHILD_BACKEND, CHILD_DIR, WRITES, child_main};
+use crash_support::workload::{
+    CHILD_AFTER_CLAIM, CHILD_AT, CHILD_BACKEND, CHILD_DIR, CHILD_WORKLOAD, WRITES, Workload,
+    child_main,
+};
 
 /// Random kills per backend, unless `SPACEBOT_CRASH_RANDOM` says otherwise.
 const RANDOM_KILLS: u64 = 50;
+/// Random kills per backend of the budget workload.
+const RANDOM_KILLS_BUDGET: u64 = 16;
+/// The claim-kill sequences of the budget workload: kills in a row between a claim and its model
+/// call, on one directory, before the restart that runs to the end. 3 is the task's attempts (a
+/// kill counted as an attempt would fail it 3/3 with its model never run), 9 and 10 are just under
+/// and at its recovery allowance (3 x 3 attempts, at least 10).
+const CLAIM_KILLS: [u32; 4] = [1, 3, 9, 10];
+
+/// Where a child stops.
+#[derive(Debug, Clone, Copy)]
+enum Kill {
+    /// Runs to the end.
+    None,
+    /// Before write K.
+    At(u64),
+    /// At the first write or model call after a claim.
+    AfterClaim,
+}
 
 /// The child process: runs the workload when `SPACEBOT_CRASH_CHILD_DIR` is set.
 #[test]
@@ -36,10 +66,19 @@ fn crash_child() {
     };
     let backend = std::env::var(CHILD_BACKEND).expect("the backend");
     let at = std::env::var(CHILD_AT).ok().map(|k| k.parse().expect("K"));
-    child_main(Path::new(&dir), &backend, at);
+    let workload = std::env::var(CHILD_WORKLOAD).map_or(Workload::Org, |w| Workload::parse(&w));
+    let after_claim = std::env::var_os(CHILD_AFTER_CLAIM).is_some();
+    child_main(Path::new(&dir), &backend, workload, at, after_claim);
 }
 
-fn spawn_child(dir: &Path, backend: &str, at: Option<u64>, stdout: Stdio, log: &str) -> Child {
+/// What a run of the gate works on: a backend and a workload.
+#[derive(Debug, Clone, Copy)]
+struct Gate {
+    backend: &'static str,
+    workload: Workload,
+}
+
+fn spawn_child(dir: &Path, gate: Gate, kill: Kill, stdout: Stdio, log: &str) -> Child {
     std::fs::create_dir_all(dir).unwrap();
     let stderr = std::fs::File::create(dir.join(log)).unwrap();
     let mut cmd = Command::new(std::env::current_exe().unwrap());
@@ -52,12 +91,20 @@ fn spawn_child(dir: &Path, backend: &str, at: Option<u64>, stdout: Stdio, log: &
         "--quiet",
     ])
     .env(CHILD_DIR, dir)
-    .env(CHILD_BACKEND, backend)
+    .env(CHILD_BACKEND, gate.backend)
+    .env(CHILD_WORKLOAD, gate.workload.as_str())
     .env_remove(CHILD_AT)
+    .env_remove(CHILD_AFTER_CLAIM)
     .stdout(stdout)
     .stderr(stderr);
-    if let Some(k) = at {
-        cmd.env(CHILD_AT, k.to_string());
+    match kill {
+        Kill::None => {}
+        Kill::At(k) => {
+            cmd.env(CHILD_AT, k.to_string());
+        }
+        Kill::AfterClaim => {
+            cmd.env(CHILD_AFTER_CLAIM, "1");
+        }
     }
     cmd.spawn().unwrap()
 }
@@ -84,8 +131,8 @@ fn stderr_tail(dir: &Path, log: &str) -> String {
 }
 
 /// Runs a child, killing it when it prints the failpoint marker; else waits for its end.
-fn run_child(dir: &Path, backend: &str, at: Option<u64>, log: &str) -> Ended {
-    let mut child = spawn_child(dir, backend, at, Stdio::piped(), log);
+fn run_child(dir: &Path, gate: Gate, kill: Kill, log: &str) -> Ended {
+    let mut child = spawn_child(dir, gate, kill, Stdio::piped(), log);
     let stdout = child.stdout.take().unwrap();
     let mut writes = None;
     for line in BufReader::new(stdout).lines() {
@@ -107,8 +154,8 @@ fn run_child(dir: &Path, backend: &str, at: Option<u64>, log: &str) -> Ended {
 }
 
 /// Runs a child without a failpoint and kills it after `delay` (if it is still running).
-fn run_child_killed_after(dir: &Path, backend: &str, delay: Duration) {
-    let mut child = spawn_child(dir, backend, None, Stdio::null(), "killed.log");
+fn run_child_killed_after(dir: &Path, gate: Gate, delay: Duration) {
+    let mut child = spawn_child(dir, gate, Kill::None, Stdio::null(), "killed.log");
     std::thread::sleep(delay);
     let _ = child.kill();
     child.wait().unwrap();
@@ -139,13 +186,13 @@ struct Outcome {
 
 /// After a kill: restarts the child on the same directory until every job is answered, then
 /// checks and counts.
-fn restart_and_check(rt: &tokio::runtime::Runtime, dir: &Path, backend: &str) -> Outcome {
+fn restart_and_check(rt: &tokio::runtime::Runtime, dir: &Path, gate: Gate) -> Outcome {
     let mut outcome = Outcome {
         label: String::new(),
         counts: Counts::default(),
         symptoms: Vec::new(),
     };
-    match run_child(dir, backend, None, "restart.log") {
+    match run_child(dir, gate, Kill::None, "restart.log") {
         Ended::Finished(_) => {}
         Ended::Killed => unreachable!("no failpoint in a restart"),
         Ended::Failed(why) => {
@@ -155,7 +202,7 @@ fn restart_and_check(rt: &tokio::runtime::Runtime, dir: &Path, backend: &str) ->
                 .push(format!("the restart did not finish: {why}"));
         }
     }
-    let (counts, symptoms) = rt.block_on(verify(dir, backend));
+    let (counts, symptoms) = rt.block_on(verify(dir, gate.backend, gate.workload));
     outcome.counts.add(&counts);
     outcome.symptoms.extend(symptoms);
     outcome
@@ -168,8 +215,9 @@ fn row(name: &str, sweep: u64, random: u64) -> String {
     )
 }
 
-/// The whole crash test of one backend.
-fn crash_test(backend: &str) {
+/// The whole crash test of one backend and workload.
+fn crash_test(gate: Gate) {
+    let Gate { backend, workload } = gate;
     let started = Instant::now();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -189,13 +237,13 @@ fn crash_test(backend: &str) {
     // The dry run: how many writes a full run makes, and how long it takes.
     let dry = base.join("dry");
     let t = Instant::now();
-    let n = match run_child(&dry, backend, None, "dry.log") {
+    let n = match run_child(&dry, gate, Kill::None, "dry.log") {
         Ended::Finished(n) => n,
-        other => panic!("{backend}: the dry run did not finish: {other:?}"),
+        other => panic!("{backend}/{workload:?}: the dry run did not finish: {other:?}"),
     };
     let dry_time = t.elapsed();
-    assert!(n > 0, "{backend}: the dry run wrote nothing");
-    let (dry_counts, dry_symptoms) = rt.block_on(verify(&dry, backend));
+    assert!(n > 0, "{backend}/{workload:?}: the dry run wrote nothing");
+    let (dry_counts, dry_symptoms) = rt.block_on(verify(&dry, backend, workload));
 
     let mut sweep = Counts::default();
     let mut random = Counts::default();
@@ -220,14 +268,14 @@ fn crash_test(backend: &str) {
     for (i, k) in ks.into_iter().enumerate() {
         let dir = base.join(format!("k{k}.{i}"));
         if !matches!(
-            run_child(&dir, backend, Some(k), "killed.log"),
+            run_child(&dir, gate, Kill::At(k), "killed.log"),
             Ended::Killed
         ) {
             // This run made fewer writes than the dry run (the order of writes of concurrent
             // agents may vary): it is checked all the same.
             not_killed += 1;
         }
-        let mut outcome = restart_and_check(&rt, &dir, backend);
+        let mut outcome = restart_and_check(&rt, &dir, gate);
         outcome.label = format!("K={k}");
         sweep.add(&outcome.counts);
         if outcome.counts.failures() > 0 {
@@ -246,16 +294,19 @@ fn crash_test(backend: &str) {
     let kills = std::env::var("SPACEBOT_CRASH_RANDOM")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(RANDOM_KILLS);
+        .unwrap_or(match workload {
+            Workload::Org => RANDOM_KILLS,
+            Workload::Budget => RANDOM_KILLS_BUDGET,
+        });
     let kills = if only.is_some() { 0 } else { kills };
-    let mut rng = Rng(seed ^ backend.len() as u64);
+    let mut rng = Rng(seed ^ backend.len() as u64 ^ ((workload as u64) << 8));
     let max_delay = u64::try_from(dry_time.as_micros()).unwrap_or(u64::MAX);
     for i in 0..kills {
         let dir = base.join(format!("r{i}"));
         let label = if i % 2 == 0 {
             let k = rng.below(n) + 1;
             if !matches!(
-                run_child(&dir, backend, Some(k), "killed.log"),
+                run_child(&dir, gate, Kill::At(k), "killed.log"),
                 Ended::Killed
             ) {
                 not_killed += 1;
@@ -263,11 +314,45 @@ fn crash_test(backend: &str) {
             format!("random #{i}: K={k}")
         } else {
             let delay = Duration::from_micros(rng.below(max_delay));
-            run_child_killed_after(&dir, backend, delay);
+            run_child_killed_after(&dir, gate, delay);
             format!("random #{i}: after {delay:?}")
         };
-        let mut outcome = restart_and_check(&rt, &dir, backend);
+        let mut outcome = restart_and_check(&rt, &dir, gate);
         outcome.label = label;
+        random.add(&outcome.counts);
+        if outcome.counts.failures() > 0 {
+            failing.push(outcome);
+        }
+        if !keep {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+
+    // Kills between a claim and its model call, several in a row on one directory (counted with
+    // the random kills' column: "claim kills" says how many).
+    let sequences: &[u32] = match workload {
+        Workload::Budget if only.is_none() => &CLAIM_KILLS,
+        _ => &[],
+    };
+    for &times in sequences {
+        let dir = base.join(format!("claims{times}"));
+        let mut killed = 0u64;
+        for _ in 0..times {
+            match run_child(&dir, gate, Kill::AfterClaim, "killed.log") {
+                Ended::Killed => killed += 1,
+                // No claim left to cut (the task ended): the sequence is over.
+                _ => break,
+            }
+        }
+        let mut outcome = restart_and_check(&rt, &dir, gate);
+        if killed < u64::from(times) {
+            outcome.counts.restarts_failed += 1;
+            outcome.symptoms.push(format!(
+                "only {killed} of {times} runs were killed after a claim"
+            ));
+        }
+        outcome.counts.claim_kills += killed;
+        outcome.label = format!("{times} kills after a claim");
         random.add(&outcome.counts);
         if outcome.counts.failures() > 0 {
             failing.push(outcome);
@@ -279,8 +364,9 @@ fn crash_test(backend: &str) {
 
     let mut report = vec![
         format!(
-            "crash test on {backend}: N = {n} store writes in a full run (dry run {:.2} s); \
-             seed {seed}; {} runs ended before their failpoint",
+            "crash test on {backend} ({} workload): N = {n} store writes in a full run (dry run \
+             {:.2} s); seed {seed}; {} runs ended before their failpoint",
+            workload.as_str(),
             dry_time.as_secs_f64(),
             not_killed
         ),
@@ -288,7 +374,11 @@ fn crash_test(backend: &str) {
             "| {:<44} | {:>10} | {:>10} | {:>6} |",
             "kills",
             format!("each K={n}"),
-            format!("random={kills}"),
+            if sequences.is_empty() {
+                format!("random={kills}")
+            } else {
+                format!("random={kills}+claims")
+            },
             "total"
         ),
         row(
@@ -331,8 +421,36 @@ fn crash_test(backend: &str) {
             sweep.replies_repeated,
             random.replies_repeated,
         ),
-        format!("{backend}: {:.1} s in all", started.elapsed().as_secs_f64()),
     ];
+    if workload == Workload::Budget {
+        report.extend([
+            row(
+                "spent conversation budgets granted again",
+                sweep.budget_regranted,
+                random.budget_regranted,
+            ),
+            row(
+                "attempts counted beyond the model's runs",
+                sweep.attempts_overcounted,
+                random.attempts_overcounted,
+            ),
+            row(
+                "failed tasks with an untrue error",
+                sweep.errors_untrue,
+                random.errors_untrue,
+            ),
+            row(
+                "kills between a claim and its model call",
+                sweep.claim_kills,
+                random.claim_kills,
+            ),
+        ]);
+    }
+    report.push(format!(
+        "{backend} ({} workload): {:.1} s in all",
+        workload.as_str(),
+        started.elapsed().as_secs_f64()
+    ));
     for f in failing.iter().take(20) {
         report.push(format!("  {}: {:?}", f.label, f.symptoms));
     }
@@ -346,17 +464,43 @@ fn crash_test(backend: &str) {
     assert_eq!(
         total.failures(),
         0,
-        "{backend}: the runtime lost or repeated work after a kill\n{report}"
+        "{backend} ({} workload): the runtime lost or repeated work after a kill\n{report}",
+        workload.as_str()
     );
 }
 
 #[test]
 fn sigkill_at_every_write_boundary_sqlite() {
-    crash_test("sqlite");
+    crash_test(Gate {
+        backend: "sqlite",
+        workload: Workload::Org,
+    });
 }
 
 #[cfg(feature = "redb")]
 #[test]
 fn sigkill_at_every_write_boundary_redb() {
-    crash_test("redb");
+    crash_test(Gate {
+        backend: "redb",
+        workload: Workload::Org,
+    });
+}
+
+/// The budget workload: a restart between a spent conversation budget and the retrigger of its
+/// exchange, and kills between a task's claim and its model call.
+#[test]
+fn sigkill_between_a_spent_budget_and_its_retrigger_and_before_model_calls_sqlite() {
+    crash_test(Gate {
+        backend: "sqlite",
+        workload: Workload::Budget,
+    });
+}
+
+#[cfg(feature = "redb")]
+#[test]
+fn sigkill_between_a_spent_budget_and_its_retrigger_and_before_model_calls_redb() {
+    crash_test(Gate {
+        backend: "redb",
+        workload: Workload::Budget,
+    });
 }

@@ -1,10 +1,13 @@
 //! A [`Stores`] wrapper that counts every write call of the five stores and, in a child process
 //! started with a failpoint, stops the process exactly before the write with that number: it prints
 //! `CRASHPOINT <n> <call>` to stdout, flushes, and blocks the thread until the parent kills it.
+//! Armed "after a claim" instead, it stops the process at the first write after a task was claimed,
+//! or at the model call of a claimed task if that comes first: a kill between a claim and its model
+//! call.
 
 use std::io::Write;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -19,20 +22,58 @@ use spacebot::{
 /// The marker a child prints just before the write it stops at.
 pub const MARKER: &str = "CRASHPOINT";
 
-/// Counts writes; stops the process before write number `at`.
+/// Counts writes; stops the process before write number `at`, or (with `after_claim`) at the first
+/// write or model call after a task was claimed.
 #[derive(Debug)]
 pub struct Failpoint {
     writes: AtomicU64,
     at: Option<u64>,
+    after_claim: bool,
+    /// A task was claimed (with `after_claim`): the next write or model call stops the process.
+    armed: AtomicBool,
 }
 
 impl Failpoint {
     /// A counter that stops before write `at` (never, with `None`).
     pub fn new(at: Option<u64>) -> Arc<Self> {
+        Self::with_claim_kill(at, false)
+    }
+
+    /// A counter that stops before write `at`, or with `after_claim` at the first write or model
+    /// call after a claim.
+    pub fn with_claim_kill(at: Option<u64>, after_claim: bool) -> Arc<Self> {
         Arc::new(Self {
             writes: AtomicU64::new(0),
             at,
+            after_claim,
+            armed: AtomicBool::new(false),
         })
+    }
+
+    /// Called by the model before it answers a claimed task: stops the process when armed (a claim
+    /// made, no write since).
+    pub fn model_call(&self, what: &str) {
+        if self.armed.load(Ordering::SeqCst) {
+            self.stop(self.writes(), &format!("model call {what} after a claim"));
+        }
+    }
+
+    fn claimed(&self) {
+        if self.after_claim {
+            self.armed.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Prints the marker and blocks the thread for good: the parent kills the process now.
+    fn stop(&self, n: u64, call: &str) -> ! {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{MARKER} {n} {call}");
+        let _ = out.flush();
+        drop(out);
+        // The parent kills this process now; nothing after this line runs.
+        loop {
+            std::thread::sleep(Duration::from_secs(3600));
+        }
     }
 
     /// How many writes were started so far.
@@ -43,15 +84,8 @@ impl Failpoint {
     /// Called before every write: counts it, and blocks forever when it is the failpoint's.
     fn write(&self, call: &str) {
         let n = self.writes.fetch_add(1, Ordering::SeqCst) + 1;
-        if self.at == Some(n) {
-            let mut out = std::io::stdout().lock();
-            let _ = writeln!(out, "{MARKER} {n} {call}");
-            let _ = out.flush();
-            drop(out);
-            // The parent kills this process now; nothing after this line runs.
-            loop {
-                std::thread::sleep(Duration::from_secs(3600));
-            }
+        if self.at == Some(n) || self.armed.load(Ordering::SeqCst) {
+            self.stop(n, call);
         }
     }
 
@@ -173,7 +207,11 @@ impl TaskStore for Tasks {
         now: Timestamp,
     ) -> Result<Option<Task>, StoreError> {
         self.1.write("tasks.claim_next");
-        self.0.claim_next(agent, holder, lease, now).await
+        let claimed = self.0.claim_next(agent, holder, lease, now).await;
+        if matches!(claimed, Ok(Some(_))) {
+            self.1.claimed();
+        }
+        claimed
     }
     async fn requeue_expired(
         &self,

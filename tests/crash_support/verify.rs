@@ -7,7 +7,10 @@ use std::path::Path;
 use spacebot::task::TaskFilter;
 use spacebot::{ChannelId, ChannelRecord, RecordKind, StoreError, Stores, Task, TaskStatus};
 
-use super::workload::{JOBS, id, job_ids, read_acks, read_replies, try_open};
+use super::workload::{
+    AGAIN, BUDGET, BUDGET_JOBS, JOBS, Workload, id, job_ids, read_acks, read_model_runs,
+    read_replies, try_open,
+};
 
 /// The counts of one run (or a sum of runs).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -28,6 +31,17 @@ pub struct Counts {
     pub stores_refused: u64,
     /// Replies delivered more than once (allowed: at-least-once outbound).
     pub replies_repeated: u64,
+    /// A spent conversation budget granted again: a second conversation for one exchange, more
+    /// messages to the peer than the budget, or the retrigger's message reaching the peer.
+    pub budget_regranted: u64,
+    /// Tasks whose failed attempts outnumber the model runs that did not complete them (a kill
+    /// between a claim and its model call counted as an attempt).
+    pub attempts_overcounted: u64,
+    /// Failed tasks whose error text is not true (says the task runs again, or names a cause that
+    /// its counts do not show).
+    pub errors_untrue: u64,
+    /// Kills before a claim's model call (the claim-kill sequences; not a failure).
+    pub claim_kills: u64,
 }
 
 impl Counts {
@@ -40,6 +54,10 @@ impl Counts {
         self.restarts_failed += o.restarts_failed;
         self.stores_refused += o.stores_refused;
         self.replies_repeated += o.replies_repeated;
+        self.budget_regranted += o.budget_regranted;
+        self.attempts_overcounted += o.attempts_overcounted;
+        self.errors_untrue += o.errors_untrue;
+        self.claim_kills += o.claim_kills;
     }
 
     /// Everything that must be 0.
@@ -51,6 +69,9 @@ impl Counts {
             + self.never_answered
             + self.restarts_failed
             + self.stores_refused
+            + self.budget_regranted
+            + self.attempts_overcounted
+            + self.errors_untrue
     }
 }
 
@@ -151,11 +172,15 @@ fn per_job(tasks: &[Task], board: &str, counts: &mut Counts, symptoms: &mut Vec<
     }
 }
 
-/// Checks the run directory `dir` (stores under `dir/data`).
-pub async fn verify(dir: &Path, backend: &str) -> (Counts, Vec<String>) {
+/// Checks the run directory `dir` (stores under `dir/data`) of `workload`.
+pub async fn verify(dir: &Path, backend: &str, workload: Workload) -> (Counts, Vec<String>) {
     let mut counts = Counts::default();
     let mut symptoms = Vec::new();
-    if let Err(e) = check(dir, backend, &mut counts, &mut symptoms).await {
+    let checked = match workload {
+        Workload::Org => check(dir, backend, &mut counts, &mut symptoms).await,
+        Workload::Budget => check_budget(dir, backend, &mut counts, &mut symptoms).await,
+    };
+    if let Err(e) = checked {
         counts.stores_refused += 1;
         symptoms.push(format!("the stores could not be opened or read: {e}"));
     }
@@ -307,6 +332,246 @@ async fn check(
                 outbox.iter().map(|n| &n.key).collect::<Vec<_>>()
             ));
         }
+    }
+    Ok(())
+}
+
+/// Every job answered, and replies repeated counted.
+fn answered(
+    replies: &[super::workload::ReplyLine],
+    jobs: &[&str],
+    counts: &mut Counts,
+    symptoms: &mut Vec<String>,
+) -> BTreeSet<String> {
+    let finals: BTreeSet<String> = replies.iter().flat_map(|r| r.finals()).collect();
+    for job in jobs {
+        if !finals.contains(*job) {
+            counts.never_answered += 1;
+            symptoms.push(format!("{job} was never answered"));
+        }
+    }
+    let mut by_key: BTreeMap<String, u64> = BTreeMap::new();
+    for r in replies {
+        *by_key.entry(r.key()).or_default() += 1;
+    }
+    counts.replies_repeated = by_key.values().map(|n| n - 1).sum();
+    finals
+}
+
+/// The failed attempts of `task` against the model runs of its channel: each failed attempt is a
+/// run of the model that did not complete the task (a kill between the claim and the model call
+/// is no attempt). A failed task's error must be true: given up after its recovery allowance
+/// (and saying how many times), or after its attempts, never "runs again".
+fn attempts_and_error(
+    t: &Task,
+    runs: &BTreeMap<String, u32>,
+    counts: &mut Counts,
+    symptoms: &mut Vec<String>,
+) {
+    let channel = format!("task:{}", t.task_ref());
+    let ran = runs.get(&channel).copied().unwrap_or(0);
+    // Runs that did not complete the task: all of them, unless it is done (the last one did).
+    let unfinished = if t.status == TaskStatus::Done {
+        ran.saturating_sub(1)
+    } else {
+        ran
+    };
+    if t.status == TaskStatus::Done && ran == 0 {
+        counts.attempts_overcounted += 1;
+        symptoms.push(format!("{} is done but its model never ran", t.task_ref()));
+    }
+    if t.attempts > unfinished {
+        counts.attempts_overcounted += 1;
+        symptoms.push(format!(
+            "{} ended {} with attempts {}/{} but its model ran {ran} times ({unfinished} not \
+             completing it; {} recoveries)",
+            t.task_ref(),
+            t.status,
+            t.attempts,
+            t.max_attempts,
+            t.metadata.recoveries
+        ));
+    }
+    if t.status != TaskStatus::Failed {
+        return;
+    }
+    let error = t.error.clone().unwrap_or_default();
+    let allowance = t.recovery_allowance();
+    let true_text = if t.metadata.recoveries >= allowance {
+        error.contains("process ended")
+            && error.contains(&format!("{} times", t.metadata.recoveries))
+    } else {
+        t.attempts >= t.max_attempts && ran >= t.attempts
+    };
+    if !true_text || error.contains("runs again") {
+        counts.errors_untrue += 1;
+        symptoms.push(format!(
+            "{} failed with attempts {}/{}, {} recoveries (allowance {allowance}), {ran} model \
+             runs, and the error {error:?}",
+            t.task_ref(),
+            t.attempts,
+            t.max_attempts,
+            t.metadata.recoveries
+        ));
+    }
+}
+
+/// The budget workload's checks: job answered, acknowledgement handled, c's task once and ended,
+/// its notice recorded and answered, one conversation of a and b whose budget was never granted
+/// again, attempts no more than the model runs, failed tasks' errors true.
+async fn check_budget(
+    dir: &Path,
+    backend: &str,
+    counts: &mut Counts,
+    symptoms: &mut Vec<String>,
+) -> Result<(), StoreError> {
+    let replies = read_replies(dir);
+    let acks = read_acks(dir);
+    let runs = read_model_runs(dir);
+    let stores = try_open(backend, &dir.join("data")).await?;
+    let finals = answered(&replies, &BUDGET_JOBS, counts, symptoms);
+
+    let c_board = board(&stores, "c").await?;
+    duplicates(&c_board, "c", counts, symptoms);
+    per_job(&c_board, "c", counts, symptoms);
+
+    // The acknowledged envelope: answered or delegated, not left pending.
+    let answered_ids: BTreeSet<&str> = replies
+        .iter()
+        .flat_map(|r| r.in_reply_to.iter().map(String::as_str))
+        .collect();
+    let causes: BTreeSet<String> = c_board
+        .iter()
+        .filter_map(|t| t.metadata.cause.as_ref().map(ToString::to_string))
+        .collect();
+    let mut pending = BTreeSet::new();
+    for agent in ["a", "b", "c"] {
+        for e in stores.deliveries.pending(&id(agent)).await? {
+            pending.insert(e.id.to_string());
+        }
+    }
+    for (verb, job, envelope) in &acks {
+        if verb != "ack" {
+            continue;
+        }
+        let handled = answered_ids.contains(envelope.as_str())
+            || causes.contains(envelope)
+            || finals.contains(job.as_str());
+        if !handled || pending.contains(envelope) {
+            counts.acked_lost += 1;
+            symptoms.push(format!(
+                "acknowledged envelope {envelope} ({job}) lost or pending"
+            ));
+        }
+    }
+
+    // c's task: ended; done ones recorded once per link side and their notice answered once.
+    let a_portal = history(&stores, "a", ChannelId::new("portal:u1")).await?;
+    let a_answered: BTreeSet<&str> = replies
+        .iter()
+        .filter(|r| r.agent == "a")
+        .flat_map(|r| r.in_reply_to.iter().map(String::as_str))
+        .collect();
+    if c_board.is_empty() && !finals.is_empty() {
+        counts.notices_lost += 1;
+        symptoms.push("job-6 was answered but c's board is empty".into());
+    }
+    for t in &c_board {
+        attempts_and_error(t, &runs, counts, symptoms);
+        match t.status {
+            TaskStatus::Done => {}
+            TaskStatus::Failed => continue,
+            other => {
+                counts.notices_lost += 1;
+                symptoms.push(format!("c#{} ended as {other}", t.number));
+                continue;
+            }
+        }
+        link_records(&stores, "a", "c", t.number, counts, symptoms).await?;
+        let retriggers: BTreeSet<String> = a_portal
+            .iter()
+            .filter(|r| completed(r, t.number))
+            .filter_map(|r| r.record.metadata.get("envelope"))
+            .filter_map(|v| v.as_str().map(str::to_string))
+            .collect();
+        let answers = retriggers
+            .iter()
+            .filter(|e| a_answered.contains(e.as_str()))
+            .count();
+        if answers != 1 {
+            if answers == 0 {
+                counts.notices_lost += 1;
+            } else {
+                counts.notices_twice += 1;
+            }
+            symptoms.push(format!(
+                "a answered the notice of c#{} {answers} times (envelopes {retriggers:?})",
+                t.number
+            ));
+        }
+    }
+    let outbox = stores.tasks.outbox_pending(&id("c")).await?;
+    if !outbox.is_empty() {
+        counts.notices_lost += outbox.len() as u64;
+        symptoms.push(format!(
+            "c's outbox still holds {:?}",
+            outbox.iter().map(|n| &n.key).collect::<Vec<_>>()
+        ));
+    }
+
+    // The budget: one conversation of a and b, severed with its budget spent; at most the budget's
+    // messages from a reached b, and never the one a sent when c's result woke it.
+    let (a, b) = (id("a"), id("b"));
+    let filter = spacebot::conversation::ConversationFilter {
+        member: Some(a.clone()),
+        statuses: Vec::new(),
+    };
+    let conversations: Vec<_> = stores
+        .conversations
+        .list(&filter)
+        .await?
+        .into_iter()
+        .filter(|c| c.member(&b).is_some())
+        .collect();
+    if conversations.len() > 1 {
+        counts.budget_regranted += 1;
+        symptoms.push(format!(
+            "{} conversations of a and b for one exchange: {:?}",
+            conversations.len(),
+            conversations
+                .iter()
+                .map(|c| format!("{} {} budget left {}", c.id, c.status, c.budget_remaining))
+                .collect::<Vec<_>>()
+        ));
+    }
+    let to_b: Vec<ChannelRecord> = history(&stores, "b", ChannelId::link(&b, &a))
+        .await?
+        .into_iter()
+        .filter(|r| r.record.kind == RecordKind::User && r.record.author.as_str() == "agent a")
+        .collect();
+    let envelopes: BTreeSet<String> = to_b
+        .iter()
+        .map(|r| {
+            r.record
+                .metadata
+                .get("envelope")
+                .and_then(|v| v.as_str())
+                .map_or_else(|| format!("record {}", r.seq), str::to_string)
+        })
+        .collect();
+    if envelopes.len() as u64 > u64::from(BUDGET) {
+        counts.budget_regranted += 1;
+        symptoms.push(format!(
+            "{} messages from a reached b, over the budget of {BUDGET}",
+            envelopes.len()
+        ));
+    }
+    if let Some(again) = to_b.iter().find(|r| r.record.content.contains(AGAIN)) {
+        counts.budget_regranted += 1;
+        symptoms.push(format!(
+            "a's message after the spent budget reached b: {:?}",
+            again.record.content
+        ));
     }
     Ok(())
 }

@@ -10,9 +10,19 @@
 //! - `job-4`, a child agent of `ann` (`Organization::spawn_child`) whose result wakes ann;
 //! - `job-5` to `chief`, answered directly.
 //!
+//! The budget workload (`SPACEBOT_CRASH_WORKLOAD=budget`, a separate, smaller sweep) has one job:
+//!
+//! - `job-6` to `a`, who in one turn opens a conversation with `b` and delegates a slow job to `c`;
+//!   `a` and `b` always answer, so the conversation's turn budget (4) is spent and it is severed.
+//!   `c` is started only once the conversation is severed (its job is "slow"), so a kill between
+//!   the spent budget and `c`'s result is a restart between the two. `c`'s result wakes `a` in the
+//!   same exchange, and `a` calls `send_link_message(b)` again: that must be refused (a budget is
+//!   never granted again to one exchange, restart or not). `a` then answers `FINAL job-6`.
+//!
 //! Files in the run directory: `ack.log` (`ack <job> <envelope>` once `deliver` returned Ok,
 //! `spawn <job> <child>` once `spawn_child` did), `replies.jsonl` (every reply to the application's
-//! outbound). Both are appended with `sync_data`.
+//! outbound), `models.log` (`run <agent> <channel>` before the model answers a task's turn: how
+//! many times a task's model really ran). All are appended with `sync_data`.
 
 use spacebot::testing::last_user_text as last_user;
 use std::collections::BTreeSet;
@@ -24,6 +34,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde_json::json;
 use spacebot::config::OrgConfig;
+use spacebot::conversation::{ConversationFilter, ConversationStatus};
 use spacebot::llm::ChatResponse;
 use spacebot::runtime::OutboundError;
 use spacebot::testing::{FnLlm, tool_call};
@@ -43,12 +54,67 @@ pub const CHILD_BACKEND: &str = "SPACEBOT_CRASH_BACKEND";
 pub const CHILD_AT: &str = "SPACEBOT_CRASH_AT";
 /// What a finished child prints last: `WRITES <n>`.
 pub const WRITES: &str = "WRITES";
+/// The workload the child runs: `org` (the default) or `budget`.
+pub const CHILD_WORKLOAD: &str = "SPACEBOT_CRASH_WORKLOAD";
+/// Set: the child stops at its first write (or model call) after a task was claimed.
+pub const CHILD_AFTER_CLAIM: &str = "SPACEBOT_CRASH_AFTER_CLAIM";
+
+/// Which workload a child runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Workload {
+    /// The whole organization: jobs 1 to 5.
+    Org,
+    /// A spent conversation budget and a retrigger, and a task claimed by `c`: job 6.
+    Budget,
+}
+
+impl Workload {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Org => "org",
+            Self::Budget => "budget",
+        }
+    }
+
+    pub fn parse(s: &str) -> Self {
+        match s {
+            "org" => Self::Org,
+            "budget" => Self::Budget,
+            other => panic!("unknown workload {other}"),
+        }
+    }
+
+    /// The jobs a run answers.
+    pub fn jobs(self) -> &'static [&'static str] {
+        match self {
+            Self::Org => &JOBS,
+            Self::Budget => &BUDGET_JOBS,
+        }
+    }
+
+    /// The agents of its organization.
+    pub fn agents(self) -> &'static [&'static str] {
+        match self {
+            Self::Org => &["chief", "lead", "worker", "ann", "bob", "late"],
+            Self::Budget => &["a", "b", "c"],
+        }
+    }
+}
 
 /// Every job of the workload; each is answered by a reply starting with `FINAL` naming it.
 pub const JOBS: [&str; 5] = ["job-1", "job-2", "job-3", "job-4", "job-5"];
 
 /// The job answered by a child agent (spawned, not delivered).
 pub const CHILD_JOB: &str = "job-4";
+
+/// The job of the budget workload.
+pub const BUDGET_JOBS: [&str; 1] = ["job-6"];
+
+/// The conversation turn budget of the budget workload.
+pub const BUDGET: u32 = 4;
+
+/// What `a` sends `b` when `c`'s result woke it: must never reach `b`.
+pub const AGAIN: &str = "hello again";
 
 /// How long a run may take to answer every job before it fails.
 const RUN_TIMEOUT: Duration = Duration::from_secs(30);
@@ -91,6 +157,33 @@ from = "ann"
 to = "bob"
 direction = "two_way"
 relationship = "peer"
+"#;
+
+pub const BUDGET_CONFIG: &str = r#"
+[settings]
+max_tool_rounds = 6
+conversation_turn_budget = 4
+
+[[agents]]
+id = "a"
+name = "Alpha"
+[[agents]]
+id = "b"
+name = "Beta"
+[[agents]]
+id = "c"
+name = "Gamma"
+
+[[links]]
+from = "a"
+to = "b"
+direction = "two_way"
+relationship = "peer"
+[[links]]
+from = "a"
+to = "c"
+direction = "one_way"
+relationship = "superior"
 "#;
 
 pub fn id(s: &str) -> AgentId {
@@ -161,6 +254,76 @@ pub fn model(req: &ChatRequest) -> ChatResponse {
         "late" => ChatResponse::text(format!("FINAL {jobs} (late)")),
         // A child of ann.
         _ => ChatResponse::text(format!("child result {jobs}")),
+    }
+}
+
+/// Whether the model is in a tool round of the envelope it answers (a tool result after the last
+/// user message; earlier turns' tool records in the history do not count).
+fn in_tool_round(messages: &[ChatMessage]) -> bool {
+    for m in messages.iter().rev() {
+        match m {
+            ChatMessage::Tool { .. } => return true,
+            ChatMessage::User { .. } => return false,
+            _ => {}
+        }
+    }
+    false
+}
+
+/// The model of the budget workload: `a` opens a conversation with `b` and delegates to `c` in
+/// one turn; `a` and `b` answer each other until the budget severs them; `c`'s result wakes `a`,
+/// who tries `b` again (refused) and answers the job.
+pub fn budget_model(req: &ChatRequest) -> ChatResponse {
+    let me = req.agent.as_ref().map(AgentId::as_str).unwrap_or("");
+    let text = last_user(&req.messages);
+    let mut jobs = job_ids(&text).join(" ");
+    if jobs.is_empty() {
+        // A failure notice names no job: the job is the one of the conversation's history.
+        let history: Vec<String> = req
+            .messages
+            .iter()
+            .filter_map(|m| match m {
+                ChatMessage::User { content } => Some(content.to_string()),
+                _ => None,
+            })
+            .collect();
+        jobs = job_ids(&history.join(" ")).join(" ");
+    }
+    let tool_round = in_tool_round(&req.messages);
+    let in_link = req
+        .channel
+        .as_ref()
+        .is_some_and(|c| c.as_str().starts_with("link:"));
+    match me {
+        "b" => ChatResponse::text(format!("b answers {jobs}")),
+        "c" => ChatResponse::text(format!("c result {jobs}")),
+        // a, in the conversation with b (or steered by b's message).
+        _ if in_link || text.contains("b answers") => {
+            ChatResponse::text(format!("a answers {jobs}"))
+        }
+        // The notice of the severed conversation: nothing to do.
+        _ if text.contains("severed") => ChatResponse::text(format!("NOTED {jobs}")),
+        _ if req.envelope_kind == Some(EnvelopeKind::UserMessage) && !tool_round => {
+            ChatResponse::tool_calls(vec![
+                tool_call(
+                    "send_link_message",
+                    json!({"target": "b", "message": format!("{jobs}: hello b")}),
+                ),
+                tool_call(
+                    "send_agent_message",
+                    json!({"target": "c", "message": format!("{jobs}: a slow job for c")}),
+                ),
+            ])
+        }
+        _ if req.envelope_kind == Some(EnvelopeKind::UserMessage) => {
+            ChatResponse::text(format!("ACK {jobs} asked b and c"))
+        }
+        // Woken by c's result (or failure): try b again, which must be refused.
+        _ if !tool_round => ChatResponse::tool_calls(vec![tool_call(
+            "send_link_message",
+            json!({"target": "b", "message": format!("{jobs}: {AGAIN} b")}),
+        )]),
+        _ => ChatResponse::text(format!("FINAL {jobs} (a)")),
     }
 }
 
@@ -245,6 +408,17 @@ pub fn read_replies(dir: &Path) -> Vec<ReplyLine> {
         .collect()
 }
 
+/// How many times the model ran for each task channel (`task:<agent>#<n>`), from `models.log`.
+pub fn read_model_runs(dir: &Path) -> std::collections::BTreeMap<String, u32> {
+    let mut runs = std::collections::BTreeMap::new();
+    for line in complete_lines(&dir.join("models.log")) {
+        if let Some(channel) = line.split(' ').nth(2) {
+            *runs.entry(channel.to_string()).or_default() += 1;
+        }
+    }
+    runs
+}
+
 /// `(verb, job, id)` of every acknowledgement.
 pub fn read_acks(dir: &Path) -> Vec<(String, String, String)> {
     complete_lines(&dir.join("ack.log"))
@@ -321,21 +495,32 @@ pub async fn open(backend: &str, dir: &Path) -> Stores {
     }
 }
 
-/// The child process: runs the workload in `dir` (stopping before write `at`, if set) until every
-/// job is answered, then prints `WRITES <n>`.
-pub fn child_main(dir: &Path, backend: &str, at: Option<u64>) {
+/// The child process: runs `workload` in `dir` (stopping before write `at`, if set, or after a
+/// claim with `after_claim`) until every job is answered, then prints `WRITES <n>`.
+pub fn child_main(
+    dir: &Path,
+    backend: &str,
+    workload: Workload,
+    at: Option<u64>,
+    after_claim: bool,
+) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("a runtime");
-    let writes = runtime.block_on(run(dir, backend, at));
+    let failpoint = Failpoint::with_claim_kill(at, after_claim);
+    let writes = runtime.block_on(async {
+        match workload {
+            Workload::Org => run(dir, backend, failpoint).await,
+            Workload::Budget => run_budget(dir, backend, failpoint).await,
+        }
+    });
     let mut out = std::io::stdout().lock();
     writeln!(out, "{WRITES} {writes}").expect("stdout");
     out.flush().expect("stdout");
 }
 
-async fn run(dir: &Path, backend: &str, at: Option<u64>) -> u64 {
-    let failpoint = Failpoint::new(at);
+async fn run(dir: &Path, backend: &str, failpoint: Arc<Failpoint>) -> u64 {
     let stores = failpoint.wrap(open(backend, &dir.join("data")).await);
     let answered: BTreeSet<String> = read_replies(dir).iter().flat_map(|r| r.finals()).collect();
     let acked: BTreeSet<String> = read_acks(dir).into_iter().map(|(_, job, _)| job).collect();
@@ -429,6 +614,117 @@ async fn run(dir: &Path, backend: &str, at: Option<u64>) -> u64 {
     }
     // The last replies leave before their turns commit: let every agent finish.
     for agent in ["chief", "lead", "worker", "ann", "bob", "late"] {
+        tokio::time::timeout(RUN_TIMEOUT, org.wait_idle(&id(agent)))
+            .await
+            .unwrap_or_else(|_| panic!("{agent} not idle within {RUN_TIMEOUT:?}"))
+            .expect("wait_idle");
+    }
+    org.shutdown().await.expect("shutdown");
+    failpoint.writes()
+}
+
+/// The model of the budget workload, counting each run for a task in `models.log` (synced before
+/// it answers) and stopping the process at the model call when the failpoint is armed.
+fn counting_model(dir: &Path, failpoint: Arc<Failpoint>) -> FnLlm {
+    let log = dir.join("models.log");
+    FnLlm::new(move |req| {
+        let channel = req.channel.as_ref().map(|c| c.as_str().to_string());
+        if let Some(channel) = channel.filter(|c| c.starts_with("task:")) {
+            let agent = req.agent.as_ref().map(AgentId::as_str).unwrap_or("");
+            // A claimed task's model call: a kill armed after the claim lands here at the latest.
+            failpoint.model_call(&channel);
+            append_synced(&log, &format!("run {agent} {channel}"));
+        }
+        Ok(budget_model(req))
+    })
+}
+
+/// Polls `check` until it holds, failing after [`RUN_TIMEOUT`] with `what`.
+async fn wait_until<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + RUN_TIMEOUT;
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: not within {RUN_TIMEOUT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The budget workload (see the module's documentation).
+async fn run_budget(dir: &Path, backend: &str, failpoint: Arc<Failpoint>) -> u64 {
+    let stores = failpoint.wrap(open(backend, &dir.join("data")).await);
+    let answered: BTreeSet<String> = read_replies(dir).iter().flat_map(|r| r.finals()).collect();
+    let acked: BTreeSet<String> = read_acks(dir).into_iter().map(|(_, job, _)| job).collect();
+    let (tx, mut rx) = watch::channel(answered);
+    let outbound = Arc::new(FileOutbound {
+        path: dir.join("replies.jsonl"),
+        lock: Mutex::new(()),
+        answered: tx,
+    });
+    let llm = Arc::new(counting_model(dir, failpoint.clone()));
+    let config = OrgConfig::from_toml_str(BUDGET_CONFIG).expect("the configuration");
+    let org = Organization::builder(config)
+        .stores(stores)
+        .llm(llm)
+        .outbound(outbound)
+        .events(Arc::new(LogSink(
+            std::env::var_os("SPACEBOT_CRASH_TRACE").is_some(),
+        )))
+        .build()
+        .await
+        .expect("the organization");
+    org.ensure_link_channels().await.expect("link channels");
+    for agent in ["a", "b"] {
+        org.start_agent(&id(agent)).await.expect("start");
+    }
+    let job = BUDGET_JOBS[0];
+    if !acked.contains(job) {
+        let envelope = org
+            .deliver(
+                "a",
+                InboundMessage::new("portal", "u1", format!("{job}: start the budget job"))
+                    .with_idempotency_key(job),
+            )
+            .await
+            .expect("deliver");
+        append_synced(&dir.join("ack.log"), &format!("ack {job} {envelope}"));
+    }
+    // c's job is slow: c starts once the budget severed the conversation (or, after a restart,
+    // the job was answered already).
+    let (a, b) = (id("a"), id("b"));
+    wait_until("the conversation of a and b severed", || {
+        let org = org.clone();
+        let (a, b) = (a.clone(), b.clone());
+        let done = rx.borrow().contains(job);
+        async move {
+            done || org
+                .conversations(&ConversationFilter {
+                    member: Some(a),
+                    statuses: vec![ConversationStatus::Severed],
+                })
+                .await
+                .expect("conversations")
+                .iter()
+                .any(|c| c.member(&b).is_some())
+        }
+    })
+    .await;
+    org.start_agent(&id("c")).await.expect("start c");
+    let all = tokio::time::timeout(RUN_TIMEOUT, rx.wait_for(|set| set.contains(job))).await;
+    let ok = matches!(all, Ok(Ok(_)));
+    drop(all);
+    if !ok {
+        panic!(
+            "{job} was not answered within {RUN_TIMEOUT:?}: answered {:?}",
+            *rx.borrow()
+        );
+    }
+    for agent in ["a", "b", "c"] {
         tokio::time::timeout(RUN_TIMEOUT, org.wait_idle(&id(agent)))
             .await
             .unwrap_or_else(|_| panic!("{agent} not idle within {RUN_TIMEOUT:?}"))
