@@ -20,9 +20,9 @@
 //!
 //! **Back-pressure**: while a renewal is overdue (a lease's last successful renewal is more than
 //! half of `lease - margin` old, or the last round failed) this process is *strained*: the keeper
-//! acquires no agent and the listener hands no stored delivery over and rings no task loop, so the
-//! process takes no new work while its leases are at risk, and the renewals get the database (and
-//! the machine) first. The work waits in the store; it is taken up once a renewal succeeds again.
+//! acquires no agent and the listener acts on no wake-up hint (only its periodic check hands
+//! stored deliveries over and rings task loops), so the process takes new work more slowly while
+//! its leases are at risk, and the renewals get the database (and the machine) first.
 //!
 //! Without a placement none of this runs and every agent is local (embedded backends).
 
@@ -457,20 +457,26 @@ async fn listener(org: Organization, hosting: Arc<Hosting>) {
     }
 }
 
+/// The periodic check: runs even while strained (the back-pressure slows the taking of new work
+/// to one check interval, it never stops it).
 async fn check_all(inner: &Arc<OrgInner>, hosting: &Arc<Hosting>) {
-    if hosting.strained(inner.clock.now()) {
-        return;
-    }
     for agent in hosting.hosted() {
-        wake_local(inner, hosting, &agent).await;
+        hand_over_to(inner, hosting, &agent).await;
     }
 }
 
 /// Hands stored deliveries the queue does not hold yet to a hosted agent, and rings its task loop.
-/// Nothing while this process is strained (see the module's back-pressure): the periodic check
-/// hands it over once the renewals catch up.
+/// On a hint: nothing while this process is strained (see the module's back-pressure); the
+/// periodic check hands it over.
 async fn wake_local(inner: &Arc<OrgInner>, hosting: &Hosting, agent: &AgentId) {
-    if !hosting.is_hosted(agent) || hosting.strained(inner.clock.now()) {
+    if hosting.strained(inner.clock.now()) {
+        return;
+    }
+    hand_over_to(inner, hosting, agent).await;
+}
+
+async fn hand_over_to(inner: &Arc<OrgInner>, hosting: &Hosting, agent: &AgentId) {
+    if !hosting.is_hosted(agent) {
         return;
     }
     if let Some(Slot::Running(rt)) = inner.slot(agent) {
