@@ -546,8 +546,13 @@ fn check_layout(path: &Path, location: &str, as_left: &str) -> Result<(), StoreE
         ("auto-vacuum root page", u32_at(52), &[0]),
         ("incremental vacuum flag", u32_at(64), &[0]),
     ];
+    // A database that never had a schema (created, killed before its first table) keeps a
+    // schema cookie of 0 and may say 0 for its schema format and text encoding: not damage.
+    let schemaless = u32_at(40) == 0;
     for (name, value, allowed) in fields {
-        if !allowed.contains(&value) {
+        let unset_allowed =
+            schemaless && value == 0 && matches!(name, "schema format" | "text encoding");
+        if !allowed.contains(&value) && !unset_allowed {
             return Err(damaged(format!("{name} {value} in the header")));
         }
     }
