@@ -272,24 +272,9 @@ mod reopen {
     use std::path::Path;
     use std::sync::Arc;
 
-    use serde_json::json;
-    use spacebot::llm::ChatResponse;
-    use spacebot::testing::{FnLlm, OrgHarness, tool_call};
-    use spacebot::{AgentId, EnvelopeKind, InboundMessage, Stores};
-
-    const CONFIG: &str = r#"
-[[agents]]
-id = "chief"
-name = "Chief"
-[[agents]]
-id = "lead"
-name = "Lead"
-[[links]]
-from = "chief"
-to = "lead"
-direction = "one_way"
-relationship = "superior"
-"#;
+    use crate::scenarios::junctions::{CHIEF_AND_LEAD, chain_model};
+    use spacebot::testing::{FnLlm, OrgHarness};
+    use spacebot::{AgentId, InboundMessage, Stores};
 
     #[derive(Clone, Copy, Debug)]
     enum Kind {
@@ -310,21 +295,9 @@ relationship = "superior"
     /// One round: a delegation there and back (the chief's task loop, the lead's worker), then
     /// a shutdown and every handle dropped.
     async fn round(kind: Kind, dir: &Path, n: usize) {
-        let llm = Arc::new(FnLlm::new(|req| {
-            let me = req.agent.as_ref().map(AgentId::as_str).unwrap_or("");
-            Ok(match (me, req.envelope_kind) {
-                ("chief", Some(EnvelopeKind::UserMessage)) => {
-                    ChatResponse::tool_calls(vec![tool_call(
-                        "send_agent_message",
-                        json!({"target": "lead", "message": "count"}),
-                    )])
-                }
-                ("chief", _) => ChatResponse::text("FINAL"),
-                _ => ChatResponse::text("seven"),
-            })
-        }));
+        let llm = Arc::new(FnLlm::new(|req| Ok(chain_model(req))));
         let stores = open(kind, dir).await;
-        let mut h = OrgHarness::builder(CONFIG)
+        let mut h = OrgHarness::builder(CHIEF_AND_LEAD)
             .stores(stores)
             .llm(llm)
             .build()
@@ -338,7 +311,7 @@ relationship = "superior"
             .await
             .unwrap();
         let mut fin = h.reply().await;
-        while fin.content != "FINAL" {
+        while !fin.content.starts_with("FINAL") {
             fin = h.reply().await;
         }
         h.org.shutdown().await.unwrap();

@@ -597,8 +597,8 @@ impl Organization {
     }
 
     /// Marks a delivered notice sent in `agent`'s outbox. A failure is tried again at once (twice),
-    /// then reported and tried again in the background after growing delays (the organization is
-    /// not kept alive for it); the next flush of the outbox tries too (delivering the notice again
+    /// then reported and tried again in the background after growing delays while `agent` runs
+    /// (the organization is not kept alive for it); the next flush of the outbox tries too (delivering the notice again
     /// changes nothing: its records and retrigger are keyed). A notice that was delivered does not
     /// stay in the outbox because one write failed.
     async fn mark_sent(&self, agent: &AgentId, key: &str) {
@@ -623,9 +623,14 @@ impl Organization {
         self.inner.spawner.spawn(Box::pin(async move {
             for ms in [50, 250, 1_000, 5_000, 20_000] {
                 clock.sleep(Duration::from_millis(ms)).await;
+                // Once the owner stopped (a shutdown among others), its next start flushes the
+                // outbox: nothing is written behind a stopped agent's back.
                 let Some(inner) = weak.upgrade() else {
                     return;
                 };
+                if !matches!(inner.slot(&agent), Some(crate::org::Slot::Running(_))) {
+                    return;
+                }
                 if inner
                     .stores
                     .tasks

@@ -106,6 +106,9 @@ struct Links(Arc<dyn LinkStore>, Arc<Failpoint>);
 
 #[async_trait]
 impl LinkStore for Links {
+    async fn release(&self) {
+        self.0.release().await;
+    }
     async fn create(&self, link: &AgentLink) -> Result<(), StoreError> {
         self.1.write("links.create");
         self.0.create(link).await
@@ -145,6 +148,9 @@ struct Conversations(Arc<dyn ConversationStore>, Arc<Failpoint>);
 
 #[async_trait]
 impl ConversationStore for Conversations {
+    async fn release(&self) {
+        self.0.release().await;
+    }
     async fn create(&self, conversation: &Conversation) -> Result<(), StoreError> {
         self.1.write("conversations.create");
         self.0.create(conversation).await
@@ -173,6 +179,9 @@ struct Tasks(Arc<dyn TaskStore>, Arc<Failpoint>);
 
 #[async_trait]
 impl TaskStore for Tasks {
+    async fn release(&self) {
+        self.0.release().await;
+    }
     async fn create(
         &self,
         agent: &AgentId,
@@ -235,6 +244,9 @@ struct Channels(Arc<dyn ChannelStore>, Arc<Failpoint>);
 
 #[async_trait]
 impl ChannelStore for Channels {
+    async fn release(&self) {
+        self.0.release().await;
+    }
     async fn append(
         &self,
         agent: &AgentId,
@@ -265,6 +277,9 @@ struct Deliveries(Arc<dyn DeliveryStore>, Arc<Failpoint>);
 
 #[async_trait]
 impl DeliveryStore for Deliveries {
+    async fn release(&self) {
+        self.0.release().await;
+    }
     async fn persist(&self, agent: &AgentId, envelope: &Envelope) -> Result<(), StoreError> {
         self.1.write("deliveries.persist");
         self.0.persist(agent, envelope).await

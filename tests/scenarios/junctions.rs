@@ -1145,7 +1145,7 @@ pub async fn a_notice_is_marked_sent_before_the_delegator_answers_it(stores: Sto
     );
 }
 
-const CHIEF_AND_LEAD: &str = r#"
+pub const CHIEF_AND_LEAD: &str = r#"
 [[agents]]
 id = "chief"
 name = "Chief"
@@ -1161,7 +1161,7 @@ relationship = "superior"
 
 /// The chain's model: the chief delegates a user's request and reports the result when woken;
 /// the lead answers.
-fn chain_model(req: &spacebot::ChatRequest) -> ChatResponse {
+pub fn chain_model(req: &spacebot::ChatRequest) -> ChatResponse {
     let me = req.agent.as_ref().map(AgentId::as_str).unwrap_or("");
     match (me, req.envelope_kind) {
         ("chief", Some(EnvelopeKind::UserMessage)) => ChatResponse::tool_calls(vec![tool_call(
