@@ -35,7 +35,7 @@ use crate::llm::ToolDefinition;
 use crate::org::Organization;
 use crate::policy;
 use crate::runtime::agent::TurnOutcome;
-use crate::runtime::behaviour::{AgentWorker, Behaviour};
+use crate::runtime::behaviour::{AgentWorker, Behaviour, BehaviourContext};
 use crate::task::{
     CompletionNotice, Expect, NewTask, Priority, Task, TaskEvent, TaskFilter, TaskMetadata,
     TaskStatus, Transition, truncate_chars,
@@ -853,13 +853,14 @@ async fn run_task_loop(
     // Holder ids are `{agent}:worker:...`: `owns_claim` tells them from other behaviours' claims.
     let limit = inner.settings.task_concurrency.max(1);
     // The agent is not idle while a round runs: the start-up recovery is the first.
-    let mut round = Some(agent.round(&org));
+    let ctx = org.behaviour_context();
+    let mut round = Some(agent.round(&ctx));
     Box::pin(recover_orphaned_claims(&org, &me)).await;
     loop {
         if agent.is_stopping() {
             break;
         }
-        let this_round = round.take().unwrap_or_else(|| agent.round(&org));
+        let this_round = round.take().unwrap_or_else(|| agent.round(&ctx));
         match inner
             .stores
             .tasks
@@ -1091,6 +1092,7 @@ async fn dispatch_to_queue(org: &Organization, agent: &AgentWorker, task: &Task,
     )
     .with_round(task_round(task));
     envelope.task = Some(crate::envelope::TaskWork {
+        owner: "delegation".to_string(),
         number: task.number,
         holder: holder.to_string(),
         generation: u32::try_from(
@@ -1218,25 +1220,35 @@ impl Behaviour for Delegation {
         builtin_tools()
     }
 
-    fn on_agent_started(&self, org: &Organization, agent: AgentWorker) {
+    fn on_agent_started(&self, ctx: &BehaviourContext, agent: AgentWorker) {
         if agent.is_child() {
             return;
         }
-        let Some(doorbell) = agent.take_doorbell() else {
+        let Some(doorbell) = agent.take_doorbell(self.name()) else {
             return;
         };
         let executor = self.executors.get(agent.id()).cloned();
-        let counted = org.inner.background.enter();
-        let task_loop = run_task_loop(org.clone(), agent, doorbell, executor);
-        org.inner.loops.spawn(Box::pin(async move {
-            task_loop.await;
-            drop(counted);
-        }));
+        ctx.spawn(run_task_loop(ctx.organization(), agent, doorbell, executor));
+    }
+
+    fn owns_answer(&self, _agent: &AgentId, envelope: &Envelope) -> bool {
+        // A claimed task's answer is its result (the host routes it to `work_ended`); a task
+        // handed over unclaimed (a child's) is answered where it came from.
+        envelope
+            .task
+            .as_ref()
+            .is_some_and(|w| w.owner == self.name())
+    }
+
+    fn work_key(&self, work: &TaskWork) -> String {
+        // The key base of effects since before owners existed: a turn run again after an upgrade
+        // asks for the same effects under the same keys.
+        format!("task{}g{}", work.number, work.generation)
     }
 
     async fn exchange_open(
         &self,
-        org: &Organization,
+        ctx: &BehaviourContext,
         from: &AgentId,
         to: &AgentId,
     ) -> Result<bool, StoreError> {
@@ -1252,19 +1264,20 @@ impl Behaviour for Delegation {
             created_by: None,
             limit: Some(1),
         };
-        Ok(!org.inner.stores.tasks.list(from, &filter).await?.is_empty())
+        Ok(!ctx.stores().tasks.list(from, &filter).await?.is_empty())
     }
 
     async fn claim_valid(
         &self,
-        org: &Organization,
+        ctx: &BehaviourContext,
         agent: &AgentId,
         work: &TaskWork,
-    ) -> Option<Result<bool, StoreError>> {
-        // Work another behaviour claimed is not this one's to judge (the trait's contract).
+    ) -> Result<bool, StoreError> {
+        // A holder that is not this agent's task loop is no claim of ours to run.
         if !owns_claim(agent, &work.holder) {
-            return None;
+            return Ok(false);
         }
+        let org = &ctx.organization();
         // Only a claim this process's task loop made is worked on: the envelope of a claim made
         // before a restart is handed over again, but that attempt is over (the task loop fails it
         // and claims the task anew), and a turn run for it would race the new attempt.
@@ -1276,31 +1289,29 @@ impl Behaviour for Delegation {
             _ => false,
         };
         if !ours {
-            return Some(Ok(false));
+            return Ok(false);
         }
-        Some(
-            org.inner
-                .stores
-                .tasks
-                .get(agent, work.number)
-                .await
-                .map(|task| {
-                    task.is_some_and(|t| {
-                        t.status == TaskStatus::InProgress
-                            && t.lease.as_ref().is_some_and(|l| l.holder == work.holder)
-                    })
-                }),
-        )
+        org.inner
+            .stores
+            .tasks
+            .get(agent, work.number)
+            .await
+            .map(|task| {
+                task.is_some_and(|t| {
+                    t.status == TaskStatus::InProgress
+                        && t.lease.as_ref().is_some_and(|l| l.holder == work.holder)
+                })
+            })
     }
 
     async fn checkpoint(
         &self,
-        org: &Organization,
+        ctx: &BehaviourContext,
         agent: &AgentId,
         work: &TaskWork,
     ) -> Result<(), StoreError> {
         let ctx = TaskContext {
-            org: org.clone(),
+            org: ctx.organization(),
             holder: work.holder.clone(),
             task: TaskRef::new(agent.clone(), work.number),
         };
@@ -1309,12 +1320,13 @@ impl Behaviour for Delegation {
 
     async fn work_ended(
         &self,
-        org: &Organization,
+        ctx: &BehaviourContext,
         agent: &AgentWorker,
         work: &TaskWork,
         outcome: &Result<TurnOutcome, String>,
         usage: crate::llm::Usage,
     ) {
+        let org = &ctx.organization();
         if !usage.is_zero() {
             let event = TaskEvent::RecordUsage {
                 holder: work.holder.clone(),

@@ -117,11 +117,18 @@ fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 
-/// A claimed task carried by a [`EnvelopeKind::TaskAssigned`] envelope: which task, and the lease
-/// holder of the claim (a stale claim is not run).
+/// Claimed work carried by a [`EnvelopeKind::TaskAssigned`] envelope: whose it is (the behaviour
+/// that claimed it), which item, and the lease holder of the claim (a stale claim is not run).
+///
+/// The host never interprets it: it asks the owner (see
+/// [`Behaviour`](crate::runtime::behaviour::Behaviour)).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct TaskWork {
-    /// The task's number on the receiving agent's board.
+    /// The name of the behaviour that owns the work. Envelopes stored before work had owners
+    /// carry none: all their claimed work was delegation's.
+    #[serde(default = "delegation_owner")]
+    pub owner: String,
+    /// The item's number (a task's number on the receiving agent's board).
     pub number: u64,
     /// The lease holder of the claim this envelope runs.
     pub holder: String,
@@ -130,6 +137,27 @@ pub struct TaskWork {
     /// new one.
     #[serde(default)]
     pub generation: u32,
+}
+
+fn delegation_owner() -> String {
+    "delegation".to_string()
+}
+
+impl TaskWork {
+    /// Work of the behaviour `owner`: item `number`, claimed by `holder`, in its `generation`.
+    pub fn new(
+        owner: impl Into<String>,
+        number: u64,
+        holder: impl Into<String>,
+        generation: u32,
+    ) -> Self {
+        Self {
+            owner: owner.into(),
+            number,
+            holder: holder.into(),
+            generation,
+        }
+    }
 }
 
 impl Envelope {

@@ -194,6 +194,18 @@ pub enum EventKind {
         /// What failed.
         message: String,
     },
+    /// Something a behaviour of its own reports (see
+    /// [`BehaviourContext::emit`](crate::runtime::behaviour::BehaviourContext::emit)): shared notes
+    /// say a note was written, say.
+    Behaviour {
+        /// The behaviour's name.
+        behaviour: String,
+        /// What happened, in the behaviour's words (`note_written`).
+        name: String,
+        /// Details, as JSON.
+        #[serde(default)]
+        detail: serde_json::Value,
+    },
 }
 
 /// Where the runtime sends events.

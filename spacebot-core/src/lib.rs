@@ -109,7 +109,9 @@ pub use org_builder::OrganizationBuilder;
 pub use placement::{MemoryPlacement, Placement, PlacementLease, PlacementOptions, ProcessId};
 pub use policy::{ApprovalPolicy, LinkGraph, OrgChart};
 pub use prompts::{Identity, Prompts};
-pub use runtime::behaviour::{AgentWorker, Answer, Behaviour};
+pub use runtime::behaviour::{
+    AgentWorker, Answer, Behaviour, BehaviourContext, Doorbell, WorkerRound,
+};
 pub use runtime::{AgentQueue, ChannelOutbound, Outbound, Replies, Reply, ReplyKind};
 pub use stores::Stores;
 pub use task::{NewTask, Task, TaskStatus, TaskStore};

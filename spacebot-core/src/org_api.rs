@@ -106,7 +106,7 @@ impl Organization {
         self.inner.stores.links.create(&link).await?;
         self.refresh_links().await?;
         for behaviour in &self.inner.behaviours {
-            behaviour.on_start_all(self).await?;
+            behaviour.on_start_all(&self.behaviour_context()).await?;
         }
         Ok(link)
     }
@@ -168,7 +168,7 @@ impl Organization {
             round: 0,
             cause: crate::ids::EnvelopeId::new_random(),
             key: crate::ids::EnvelopeId::new_random().to_string(),
-            org: ToolCapability::new(self.clone(), agent.clone()),
+            org: ToolCapability::new(self.inner.clone(), agent.clone()),
         }
     }
 

@@ -30,9 +30,9 @@ use spacebot_core::llm::ChatResponse;
 use spacebot_core::runtime::OutboundError;
 use spacebot_core::testing::tool_call;
 use spacebot_core::{
-    AgentId, AgentWorker, Behaviour, ChatMessage, ChatRequest, EnvelopeKind, InboundMessage,
-    LlmProvider, MemoryPlacement, OrgConfig, Organization, Outbound, PlacementOptions, ProcessId,
-    Reply, ReplyKind, Spawner, Stores, TaskStore,
+    AgentId, AgentWorker, Behaviour, BehaviourContext, ChatMessage, ChatRequest, EnvelopeKind,
+    InboundMessage, LlmProvider, MemoryPlacement, OrgConfig, Organization, Outbound,
+    PlacementOptions, ProcessId, Reply, ReplyKind, Spawner, Stores, TaskStore,
 };
 use spacebot_core::{ChannelId, Task, TaskRef, TaskStatus};
 
@@ -235,7 +235,7 @@ impl Behaviour for LoopCounter {
         "loop-counter"
     }
 
-    fn on_agent_started(&self, _org: &Organization, agent: AgentWorker) {
+    fn on_agent_started(&self, _ctx: &BehaviourContext, agent: AgentWorker) {
         let mut loops = self.0.loops.lock().unwrap();
         let n = loops.entry(agent.id().clone()).or_default();
         *n += 1;
@@ -248,7 +248,7 @@ impl Behaviour for LoopCounter {
         }
     }
 
-    async fn on_agent_stopped(&self, _org: &Organization, agent: &AgentId) {
+    async fn on_agent_stopped(&self, _ctx: &BehaviourContext, agent: &AgentId) {
         *self
             .0
             .loops

@@ -281,6 +281,7 @@ pub async fn delivery_store_round_trip(store: &dyn DeliveryStore) -> Result<(), 
                 _ => Some(UNUSUAL_TEXT.into()),
             },
             task: (i % 2 == 1).then(|| crate::envelope::TaskWork {
+                owner: UNUSUAL_TEXT.into(),
                 number: u64::MAX - i as u64,
                 holder: UNUSUAL_TEXT.into(),
                 generation: i as u32,

@@ -38,7 +38,7 @@ use crate::org::{DeliveryError, Organization};
 use crate::policy;
 use crate::prompts::ConversationRulesContext;
 use crate::runtime::agent::report_error;
-use crate::runtime::behaviour::{Answer, Behaviour};
+use crate::runtime::behaviour::{Answer, Behaviour, BehaviourContext};
 
 pub(crate) use tools::dialogue_tools;
 pub use tools::{CLOSE_LINK, CONCLUDE_LINK, OPEN_GROUP, SEND_LINK_MESSAGE, SEVER_LINK};
@@ -1191,15 +1191,15 @@ async fn conversation_for_reply(
 /// Whether [`route_reply`] could route `answer`: it answers an envelope of a conversation, or it is
 /// in a conversation's channel or in a link channel of the answering agent (where a mirrored
 /// conversation may be open). Anything else, [`route_reply`] leaves to the agent's outbound.
-fn may_belong_to_conversation(answer: &Answer<'_>) -> bool {
-    if answer.answered.iter().any(|e| e.conversation.is_some()) {
+fn belongs_to_conversation(agent: &AgentId, envelope: &Envelope) -> bool {
+    if envelope.conversation.is_some() {
         return true;
     }
-    let channel = answer.channel.as_str();
+    let channel = envelope.channel.as_str();
     channel.starts_with("conversation:")
         || channel
             .strip_prefix("link:")
-            .and_then(|rest| rest.strip_prefix(answer.agent.as_str()))
+            .and_then(|rest| rest.strip_prefix(agent.as_str()))
             .is_some_and(|rest| rest.starts_with(':'))
 }
 
@@ -1316,34 +1316,32 @@ impl Behaviour for Conversations {
         dialogue_tools()
     }
 
-    async fn on_start_all(&self, org: &Organization) -> Result<(), StoreError> {
-        ensure_link_channels(org).await
+    async fn on_start_all(&self, ctx: &BehaviourContext) -> Result<(), StoreError> {
+        ensure_link_channels(&ctx.organization()).await
     }
 
     async fn exchange_open(
         &self,
-        org: &Organization,
+        ctx: &BehaviourContext,
         from: &AgentId,
         to: &AgentId,
     ) -> Result<bool, StoreError> {
-        Ok(org
-            .inner
-            .stores
+        Ok(ctx
+            .stores()
             .conversations
             .find_open(&mirrored_key(from, to))
             .await?
             .is_some_and(|c| c.initiator == *to))
     }
 
-    async fn route_answer(&self, org: &Organization, answer: &Answer<'_>) -> bool {
-        // Most answers (a user's channel, a task's) cannot belong to a conversation: this hook's
-        // future stays small, and the routing's state (a few kilobytes) is allocated only when a
-        // conversation may be involved.
-        if !may_belong_to_conversation(answer) {
-            return false;
-        }
+    fn owns_answer(&self, agent: &AgentId, envelope: &Envelope) -> bool {
+        belongs_to_conversation(agent, envelope)
+    }
+
+    async fn route_answer(&self, ctx: &BehaviourContext, answer: &Answer<'_>) -> bool {
+        // The routing's state (a few kilobytes) is boxed: this hook's future stays small.
         Box::pin(route_reply(
-            org,
+            &ctx.organization(),
             answer.agent,
             answer.channel,
             answer.text,
@@ -1353,8 +1351,8 @@ impl Behaviour for Conversations {
         .await
     }
 
-    async fn on_agent_stopped(&self, org: &Organization, agent: &AgentId) {
-        on_agent_stopped(org, agent).await;
+    async fn on_agent_stopped(&self, ctx: &BehaviourContext, agent: &AgentId) {
+        on_agent_stopped(&ctx.organization(), agent).await;
     }
 }
 
@@ -1465,14 +1463,7 @@ mod tests {
         if tagged {
             envelope.conversation = Some(ConversationId::new("c1"));
         }
-        let cause = envelope.id.clone();
-        may_belong_to_conversation(&Answer {
-            agent: &agent,
-            channel: &channel,
-            text: "ok",
-            answered: std::slice::from_ref(&envelope),
-            cause: &cause,
-        })
+        belongs_to_conversation(&agent, &envelope)
     }
 
     /// The fast path leaves out only answers `route_reply` would leave to the outbound: every

@@ -90,7 +90,7 @@ impl Tool for SendLinkMessage {
         let args: SendArgs = parse_args(SEND_LINK_MESSAGE, args)?;
         non_empty(SEND_LINK_MESSAGE, "message", &args.message)?;
         let (conversation, opening) = super::send_mirrored(
-            ctx.org.organization(),
+            &ctx.org.organization(),
             &ctx.agent,
             &args.target,
             &ctx.channel,
@@ -162,7 +162,7 @@ impl Tool for ConcludeLink {
         let args: ConcludeArgs = parse_args(CONCLUDE_LINK, args)?;
         non_empty(CONCLUDE_LINK, "summary", &args.summary)?;
         let conversation = super::find_to_conclude(
-            ctx.org.organization(),
+            &ctx.org.organization(),
             &ctx.agent,
             &ctx.channel,
             args.target.as_deref(),
@@ -181,7 +181,7 @@ impl Tool for ConcludeLink {
             ));
         }
         let concluded = super::conclude(
-            ctx.org.organization(),
+            &ctx.org.organization(),
             &conversation.id,
             &ctx.agent,
             &args.summary,
@@ -239,7 +239,7 @@ impl Tool for OpenGroup {
         let args: OpenGroupArgs = parse_args(OPEN_GROUP, args)?;
         non_empty(OPEN_GROUP, "message", &args.message)?;
         let (conversation, opening) = super::open_group(
-            ctx.org.organization(),
+            &ctx.org.organization(),
             &ctx.agent,
             &args.members,
             &ctx.channel,
@@ -307,7 +307,7 @@ impl Tool for CloseLink {
         let args: CloseArgs = parse_args(CLOSE_LINK, args)?;
         non_empty(CLOSE_LINK, "message", &args.message)?;
         let conversation = super::find_to_conclude(
-            ctx.org.organization(),
+            &ctx.org.organization(),
             &ctx.agent,
             &ctx.channel,
             args.target.as_deref(),
@@ -331,7 +331,7 @@ impl Tool for CloseLink {
             ));
         }
         let closed = super::conclude(
-            ctx.org.organization(),
+            &ctx.org.organization(),
             &conversation.id,
             &ctx.agent,
             &args.message,
@@ -384,7 +384,7 @@ impl Tool for SeverLink {
     ) -> Result<ToolOutput, ToolError> {
         let args: SeverArgs = parse_args(SEVER_LINK, args)?;
         let conversation = super::find_for(
-            ctx.org.organization(),
+            &ctx.org.organization(),
             &ctx.agent,
             &ctx.channel,
             args.target.as_deref(),
@@ -393,7 +393,7 @@ impl Tool for SeverLink {
         .map_err(|e| tool_error(SEVER_LINK, e))?;
         let reason = format!("{} severed it", ctx.org.display_name(&ctx.agent));
         let severed = super::sever(
-            ctx.org.organization(),
+            &ctx.org.organization(),
             &conversation.id,
             Some(&ctx.agent),
             &reason,

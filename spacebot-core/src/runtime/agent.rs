@@ -21,10 +21,11 @@ use crate::error::{LlmError, StoreError};
 use crate::event::EventKind;
 use crate::ids::{AgentId, ChannelId, EnvelopeId, TaskRef};
 use crate::llm::{ChatMessage, ChatRequest, ToolCall};
-use crate::org::{AgentRuntime, OrgInner, Organization};
 use crate::policy;
 use crate::prompts::{LinkContext, OrgContext, PromptError, SystemPromptContext};
+use crate::runtime::behaviour::BehaviourContext;
 use crate::runtime::history;
+use crate::runtime::host::{AgentRuntime, Host};
 use crate::runtime::outbound::{Outbound, OutboundError, Reply, ReplyKind};
 use crate::runtime::queue::AgentQueue;
 use crate::runtime::steer::{merge_backlog, source_label};
@@ -120,7 +121,7 @@ impl TurnLog {
     /// while the turn goes on and before its answer leaves. The consumed envelopes and applied keys
     /// wait for the turn's commit: a turn killed before it runs again (its records may then show
     /// twice; its effects do not happen twice).
-    async fn flush_records(&mut self, org: &OrgInner, agent: &AgentId) {
+    async fn flush_records(&mut self, org: &Host, agent: &AgentId) {
         if self.commit.records.is_empty() {
             return;
         }
@@ -145,7 +146,7 @@ impl TurnLog {
 ///
 /// What it awaits besides the queue is boxed, so an idle agent's loop holds a small future instead
 /// of the state of a whole turn (about 4 KB), for every agent.
-pub(crate) async fn run_loop(org: Arc<OrgInner>, agent: Arc<AgentRuntime>) {
+pub(crate) async fn run_loop(org: Arc<Host>, agent: Arc<AgentRuntime>) {
     loop {
         if agent.queue.is_empty() && agent.pending.swap(false, Ordering::AcqRel) {
             Box::pin(hand_over_pending(&org, &agent)).await;
@@ -163,8 +164,7 @@ pub(crate) async fn run_loop(org: Arc<OrgInner>, agent: Arc<AgentRuntime>) {
             && parent.end_after_reply
             && agent.queue.is_empty()
         {
-            let handle = Organization { inner: org.clone() };
-            let leftovers = handle.end_agent(agent.id());
+            let leftovers = org.end_agent(agent.id());
             for envelope in leftovers {
                 Box::pin(report_to_parent(
                     &org,
@@ -187,7 +187,7 @@ pub(crate) async fn run_loop(org: Arc<OrgInner>, agent: Arc<AgentRuntime>) {
 
 /// Envelopes kept in the store that the queue does not hold yet (persisted while the queue was
 /// full, or while the agent started) go into the queue now that it is empty.
-async fn hand_over_pending(org: &OrgInner, agent: &AgentRuntime) {
+async fn hand_over_pending(org: &Host, agent: &AgentRuntime) {
     match org.stores.deliveries.pending(agent.id()).await {
         Ok(pending) => {
             let fresh: Vec<Envelope> = pending.into_iter().filter(|e| agent.admit(&e.id)).collect();
@@ -205,7 +205,7 @@ async fn hand_over_pending(org: &OrgInner, agent: &AgentRuntime) {
 
 /// Reports a failure no caller waits for: an event, never only a log line.
 pub(crate) fn report_error(
-    org: &OrgInner,
+    org: &Host,
     agent: &AgentId,
     channel: Option<&ChannelId>,
     message: String,
@@ -216,7 +216,7 @@ pub(crate) fn report_error(
     org.emit(event);
 }
 
-async fn backoff_sleep(org: &OrgInner, attempt: u32) {
+async fn backoff_sleep(org: &Host, attempt: u32) {
     let wait = FIRST_BACKOFF
         .saturating_mul(1u32 << attempt.min(10))
         .min(MAX_BACKOFF);
@@ -226,7 +226,7 @@ async fn backoff_sleep(org: &OrgInner, attempt: u32) {
 /// Runs a store operation until it succeeds, waiting longer after each failure (an Error event
 /// each time). Gives up only when the agent is stopping, returning the last error.
 pub(crate) async fn retry_store<T, F, Fut>(
-    org: &OrgInner,
+    org: &Host,
     agent: &AgentRuntime,
     what: &str,
     mut op: F,
@@ -257,7 +257,7 @@ where
 }
 
 /// Writes a turn's commit, retrying until it is stored.
-async fn commit(org: &OrgInner, agent: &AgentRuntime, log: TurnLog) {
+async fn commit(org: &Host, agent: &AgentRuntime, log: TurnLog) {
     if !log.usage.is_zero() {
         org.add_usage(agent.id(), log.usage);
     }
@@ -358,11 +358,7 @@ fn external_source_value(source: &Source) -> Option<serde_json::Value> {
     Some(serde_json::Value::Object(map))
 }
 
-fn system_record(
-    channel: &ChannelId,
-    text: impl Into<crate::text::Text>,
-    org: &OrgInner,
-) -> NewRecord {
+fn system_record(channel: &ChannelId, text: impl Into<crate::text::Text>, org: &Host) -> NewRecord {
     NewRecord::new(
         channel.clone(),
         RecordKind::System,
@@ -373,7 +369,7 @@ fn system_record(
 }
 
 /// Takes one envelope off the queue and handles it.
-async fn process(org: &Arc<OrgInner>, agent: &Arc<AgentRuntime>, envelope: Envelope) {
+async fn process(org: &Arc<Host>, agent: &Arc<AgentRuntime>, envelope: Envelope) {
     let me = agent.id().clone();
     let mut log = TurnLog::default();
     if let Some(key) = &envelope.idempotency_key {
@@ -417,7 +413,6 @@ async fn process(org: &Arc<OrgInner>, agent: &Arc<AgentRuntime>, envelope: Envel
         .await;
         return;
     }
-    let handle = Organization { inner: org.clone() };
     let channel = envelope.channel.clone();
     let (abort, registration) = AbortHandle::new_pair();
     *agent.abort.lock().unwrap_or_else(|e| e.into_inner()) = Some(abort);
@@ -429,7 +424,7 @@ async fn process(org: &Arc<OrgInner>, agent: &Arc<AgentRuntime>, envelope: Envel
     let result = {
         let turn = Abortable::new(
             Box::pin(run_turn(
-                &handle,
+                org,
                 agent,
                 envelope.clone(),
                 options,
@@ -449,7 +444,7 @@ async fn process(org: &Arc<OrgInner>, agent: &Arc<AgentRuntime>, envelope: Envel
                 log.record(system_record(&envelope.channel, text.clone(), org));
             }
             report_error(org, &me, Some(&channel), text);
-            Box::pin(tell_failure(&handle, agent, &failure)).await;
+            Box::pin(tell_failure(org, agent, &failure)).await;
         }
         Err(_aborted) => {
             log.record(system_record(
@@ -467,7 +462,7 @@ async fn process(org: &Arc<OrgInner>, agent: &Arc<AgentRuntime>, envelope: Envel
 
 /// An envelope the loop could not process because the agent is stopping: in memory-only stores it
 /// is kept in the pending deliveries (durable stores hold it already).
-async fn keep_for_later(org: &OrgInner, agent: &AgentRuntime, envelope: Envelope) {
+async fn keep_for_later(org: &Host, agent: &AgentRuntime, envelope: Envelope) {
     if org.stores_every_delivery() {
         return;
     }
@@ -483,8 +478,7 @@ async fn keep_for_later(org: &OrgInner, agent: &AgentRuntime, envelope: Envelope
 
 /// Tells the destinations of a failed turn's envelopes that it failed: a failure reply to the
 /// application for external messages, a report to the parent for a child agent.
-async fn tell_failure(org: &Organization, agent: &AgentRuntime, failure: &TurnFailure) {
-    let inner = &org.inner;
+async fn tell_failure(inner: &Arc<Host>, agent: &AgentRuntime, failure: &TurnFailure) {
     let reason = failure.error.public_text();
     let mut by_source: Vec<(Source, ChannelId, Vec<EnvelopeId>)> = Vec::new();
     for envelope in failure.unanswered.iter().filter(|e| e.task.is_none()) {
@@ -531,29 +525,27 @@ async fn tell_failure(org: &Organization, agent: &AgentRuntime, failure: &TurnFa
 
 /// Runs a claimed task as a turn of the agent's own tool loop and records the outcome.
 async fn run_task(
-    org: &Arc<OrgInner>,
+    org: &Arc<Host>,
     agent: &Arc<AgentRuntime>,
     envelope: Envelope,
     number: u64,
     holder: String,
     mut log: TurnLog,
 ) {
-    let handle = Organization { inner: org.clone() };
     let me = agent.id().clone();
-    // A task envelope handed over again after a restart may be stale: run it only while this claim
-    // is still valid.
-    let work = crate::envelope::TaskWork {
-        number,
-        holder: holder.clone(),
-        generation: envelope.task.as_ref().map_or(0, |w| w.generation),
+    // Claimed work handed over again after a restart may be stale: run it only while this claim
+    // is still valid, as its owner says.
+    let work = match envelope.task.clone() {
+        Some(work) => work,
+        None => crate::envelope::TaskWork::new("", number, holder.clone(), 0),
     };
+    let owner = org.behaviour(&work.owner).cloned();
+    let ctx = BehaviourContext::new(org.clone());
     let valid = retry_store(org, agent, "checking a claim", || async {
-        for behaviour in &org.behaviours {
-            if let Some(valid) = behaviour.claim_valid(&handle, &me, &work).await {
-                return valid;
-            }
+        match &owner {
+            Some(owner) => owner.claim_valid(&ctx, &me, &work).await,
+            None => Ok(true),
         }
-        Ok(true)
     })
     .await;
     let worker = crate::runtime::behaviour::AgentWorker { rt: agent.clone() };
@@ -583,7 +575,7 @@ async fn run_task(
     let outcome = {
         let turn = Abortable::new(
             Box::pin(run_turn(
-                &handle,
+                org,
                 agent,
                 envelope.clone(),
                 options,
@@ -602,23 +594,23 @@ async fn run_task(
             for e in failure.unanswered.iter().filter(|e| e.task.is_none()) {
                 turn_log.record(system_record(&e.channel, text.clone(), org));
             }
-            tell_failure(&handle, agent, &failure).await;
+            tell_failure(org, agent, &failure).await;
             Err(reason)
         }
         Err(_) => Err("the turn was cancelled".to_string()),
     };
     // The outcome is recorded first: a crash between the two runs the (finished) task envelope
     // again, which then finds its claim over and only lets it go.
-    for behaviour in &org.behaviours {
-        behaviour
-            .work_ended(&handle, &worker, &work, &result, turn_log.usage)
+    if let Some(owner) = &owner {
+        owner
+            .work_ended(&ctx, &worker, &work, &result, turn_log.usage)
             .await;
     }
     commit(org, agent, turn_log).await;
 }
 
 /// Sends a message to a child's parent (its outbound failed, or its turn failed).
-async fn report_to_parent(org: &OrgInner, agent: &AgentRuntime, text: String) {
+async fn report_to_parent(org: &Host, agent: &AgentRuntime, text: String) {
     let Some(parent) = &agent.spec.parent else {
         return;
     };
@@ -649,12 +641,7 @@ const META_REPLY_SOURCE: &str = "reply_source";
 /// external source for that channel yet (after a restart, or an agent taken over from another
 /// process), recalls the last one recorded in the channel's history, so the answer reaches the
 /// user. Read only in that case: the turn's own history read skips metadata.
-async fn recall_source(
-    org: &OrgInner,
-    agent: &AgentRuntime,
-    channel: &ChannelId,
-    first: &Envelope,
-) {
+async fn recall_source(org: &Host, agent: &AgentRuntime, channel: &ChannelId, first: &Envelope) {
     if first.source != Source::System
         || agent
             .reply_sources
@@ -727,13 +714,13 @@ fn reply_source(agent: &AgentRuntime, current: &[Envelope]) -> Source {
 }
 
 /// The version of the link graph a cached rendering was made for (bumped whenever a link changes).
-fn graph_version(org: &OrgInner) -> u64 {
+fn graph_version(org: &Host) -> u64 {
     org.graph_version.load(Ordering::Acquire)
 }
 
 /// The system prompt of `agent` in `channel`, rendered once per link graph and link peer.
 fn cached_system_prompt(
-    org: &OrgInner,
+    org: &Host,
     agent: &AgentRuntime,
     channel: &ChannelId,
 ) -> Result<Arc<str>, PromptError> {
@@ -754,7 +741,7 @@ fn cached_system_prompt(
 }
 
 /// The tool definitions offered to the agent of `scope`, rendered once per link graph.
-fn cached_definitions(org: &OrgInner, scope: &ToolCapability) -> Arc<[crate::llm::ToolDefinition]> {
+fn cached_definitions(org: &Host, scope: &ToolCapability) -> Arc<[crate::llm::ToolDefinition]> {
     let version = graph_version(org);
     if let Some((v, defs)) = org.caches.definitions(scope.agent())
         && v == version
@@ -769,7 +756,7 @@ fn cached_definitions(org: &OrgInner, scope: &ToolCapability) -> Arc<[crate::llm
 
 /// The system prompt of `agent` answering in `channel`.
 pub(crate) fn system_prompt(
-    org: &OrgInner,
+    org: &Host,
     agent: &AgentRuntime,
     channel: &ChannelId,
 ) -> Result<String, PromptError> {
@@ -808,7 +795,7 @@ const STEER_ROUND_FACTOR: u32 = 4;
 
 /// Puts envelopes back at the front of the queue, in order. A stopping agent's queue is closed:
 /// they are kept in its pending deliveries instead (durable stores hold them already).
-async fn put_back(org: &OrgInner, agent: &AgentRuntime, envelopes: Vec<Envelope>) {
+async fn put_back(org: &Host, agent: &AgentRuntime, envelopes: Vec<Envelope>) {
     for envelope in envelopes.into_iter().rev() {
         if agent.queue.push_front(envelope.clone()).is_err() {
             agent.forget(std::slice::from_ref(&envelope.id));
@@ -877,13 +864,12 @@ fn resume_text(frame: &Frame) -> String {
 /// it next, that answer goes to the steering envelopes' own destinations, and the turn then resumes
 /// what it was doing. Every envelope is answered once, to its own destination, by this one turn.
 pub(crate) async fn run_turn(
-    org: &Organization,
+    inner: &Arc<Host>,
     agent: &AgentRuntime,
     first: Envelope,
     options: TurnOptions,
     log: &mut TurnLog,
 ) -> Result<TurnOutcome, TurnFailure> {
-    let inner = &org.inner;
     let me = agent.id().clone();
     let channel = first.channel.clone();
     let cause = first.cause().clone();
@@ -915,7 +901,12 @@ pub(crate) async fn run_turn(
     messages.push(ChatMessage::user(merge_backlog(&frames[0].envelopes)));
 
     let tools = &inner.tools;
-    let scope = ToolCapability::new(org.clone(), me.clone());
+    let scope = ToolCapability::new(inner.clone(), me.clone());
+    let ctx = BehaviourContext::new(inner.clone());
+    let owner = options
+        .work
+        .as_ref()
+        .and_then(|w| inner.behaviour(&w.owner).cloned());
     let definitions = cached_definitions(inner, &scope);
     let limit = inner.settings.max_tool_rounds;
     let call_cap =
@@ -952,9 +943,9 @@ pub(crate) async fn run_turn(
         };
         let streams_to = frames
             .last()
-            .filter(|f| agent.spec.outbound.wants_deltas() && answers_outbound(f));
+            .filter(|f| agent.spec.outbound.wants_deltas() && answers_outbound(inner, &me, f));
         let response = match streams_to {
-            Some(frame) => stream_model(org, agent, request, frame).await,
+            Some(frame) => stream_model(inner, agent, request, frame).await,
             None => inner.llm.complete(request).await,
         };
         let response = match response {
@@ -969,7 +960,7 @@ pub(crate) async fn run_turn(
                 .content
                 .as_deref()
                 .is_none_or(|t| t.trim().is_empty())
-            && frames.last().is_some_and(owes_an_answer)
+            && frames.last().is_some_and(|f| owes_an_answer(inner, &me, f))
         {
             empty_answers += 1;
             if empty_answers > EMPTY_ANSWER_RETRIES {
@@ -997,7 +988,7 @@ pub(crate) async fn run_turn(
                 inner.clock.now(),
             ));
             log.flush_records(inner, &me).await;
-            deliver_answer(org, agent, &frame, &text, &cause).await;
+            deliver_answer(inner, agent, &frame, &text, &cause).await;
             let mut event = inner.event(
                 &me,
                 EventKind::TurnFinished {
@@ -1034,7 +1025,10 @@ pub(crate) async fn run_turn(
             .last()
             .and_then(|f| f.envelopes.first())
             .map(|e| match &e.task {
-                Some(work) => format!("task{}g{}", work.number, work.generation),
+                Some(work) => match inner.behaviour(&work.owner) {
+                    Some(owner) => owner.work_key(work),
+                    None => format!("{}{}g{}", work.owner, work.number, work.generation),
+                },
                 None => e.id.to_string(),
             })
             .unwrap_or_default();
@@ -1068,7 +1062,7 @@ pub(crate) async fn run_turn(
                     Err(e) => (e.to_model_text(), false),
                 }
             };
-            tool_called(org, &me, &reply_channel, &options, call, &text, ok, log);
+            tool_called(inner, &me, &reply_channel, &options, call, &text, ok, log);
             messages.push(ChatMessage::tool(call.id.clone(), text));
         }
         log.flush_records(inner, &me).await;
@@ -1096,13 +1090,11 @@ pub(crate) async fn run_turn(
 
         // Checkpoint: claimed work tells its behaviour (a task's lease is renewed, so a long turn
         // keeps its claim) ...
-        if let Some(work) = &options.work {
-            for behaviour in &inner.behaviours {
-                behaviour
-                    .checkpoint(org, &me, work)
-                    .await
-                    .map_err(|e| failure(e, &frames))?;
-            }
+        if let (Some(work), Some(owner)) = (&options.work, &owner) {
+            owner
+                .checkpoint(&ctx, &me, work)
+                .await
+                .map_err(|e| failure(e, &frames))?;
         }
         // ... and anything that arrived meanwhile steers the turn.
         let drained = agent.queue.drain();
@@ -1176,33 +1168,31 @@ pub(crate) async fn run_turn(
     }
 }
 
-/// Whether a frame's answer goes to the agent's outbound (not to a task's result, not to a
-/// conversation's members).
-fn answers_outbound(frame: &Frame) -> bool {
+/// Whether a frame's answer goes to the agent's outbound: it is no claimed work's result and no
+/// behaviour owns it (see [`Behaviour::owns_answer`](crate::runtime::behaviour::Behaviour::owns_answer)).
+fn answers_outbound(host: &Host, me: &AgentId, frame: &Frame) -> bool {
     frame.envelopes.iter().all(|e| {
         e.task.is_none()
-            && e.conversation.is_none()
             && e.kind != EnvelopeKind::TaskAssigned
-            && !e.channel.as_str().starts_with("link:")
-            && !e.channel.as_str().starts_with("conversation:")
+            && host.answer_owner(me, e).is_none()
     })
 }
 
-/// Whether a frame's answer must have words: a task's result, or a reply to the application. An
-/// empty answer to a conversation or a link message is silence, which is allowed there.
-fn owes_an_answer(frame: &Frame) -> bool {
-    frame.envelopes.iter().any(|e| e.task.is_some()) || answers_outbound(frame)
+/// Whether a frame's answer must have words: claimed work's result, or a reply to the
+/// application. An empty answer a behaviour routes (a conversation's turn) is silence, which is
+/// allowed there.
+fn owes_an_answer(host: &Host, me: &AgentId, frame: &Frame) -> bool {
+    frame.envelopes.iter().any(|e| e.task.is_some()) || answers_outbound(host, me, frame)
 }
 
 /// Calls the model with streaming, forwarding text to the outbound as it comes.
 async fn stream_model(
-    org: &Organization,
+    inner: &Host,
     agent: &AgentRuntime,
     request: ChatRequest,
     frame: &Frame,
 ) -> Result<crate::llm::ChatResponse, LlmError> {
     use futures::StreamExt;
-    let inner = &org.inner;
     let mut stream = inner.llm.stream(request).await?;
     let channel = frame
         .channel()
@@ -1267,7 +1257,7 @@ async fn stream_model(
 
 #[allow(clippy::too_many_arguments)]
 fn tool_called(
-    org: &Organization,
+    inner: &Host,
     me: &AgentId,
     channel: &ChannelId,
     options: &TurnOptions,
@@ -1276,7 +1266,6 @@ fn tool_called(
     ok: bool,
     log: &mut TurnLog,
 ) {
-    let inner = &org.inner;
     let mut event = inner.event(
         me,
         EventKind::ToolCalled {
@@ -1300,14 +1289,13 @@ fn tool_called(
 /// the application's outbound (grouped per reply target), and, for a task, nowhere here (the caller
 /// records it as the task's result).
 async fn deliver_answer(
-    org: &Organization,
+    inner: &Arc<Host>,
     agent: &AgentRuntime,
     frame: &Frame,
     text: &str,
     cause: &EnvelopeId,
 ) {
     let me = agent.id();
-    let inner = &org.inner;
     // Group the frame's non-task envelopes by channel, in arrival order.
     let mut groups: Vec<(ChannelId, Vec<Envelope>)> = Vec::new();
     for envelope in frame.envelopes.iter().filter(|e| e.task.is_none()) {
@@ -1317,11 +1305,19 @@ async fn deliver_answer(
         }
     }
     for (channel, envelopes) in groups {
-        let routed = org
-            .behaviours_route_reply(me, &channel, text, &envelopes, cause)
-            .await;
-        if routed {
-            continue;
+        // The behaviour that owns the answer routes it (a conversation's other members).
+        if let Some(owner) = envelopes.iter().find_map(|e| inner.answer_owner(me, e)) {
+            let answer = crate::runtime::behaviour::Answer {
+                agent: me,
+                channel: &channel,
+                text,
+                answered: &envelopes,
+                cause,
+            };
+            let ctx = BehaviourContext::new(inner.clone());
+            if owner.route_answer(&ctx, &answer).await {
+                continue;
+            }
         }
         let reply = Reply {
             agent: me.clone(),
@@ -1346,7 +1342,7 @@ async fn deliver_answer(
 /// A child agent's outbound: its replies go to the parent's queue, in the channel the parent chose.
 #[derive(Debug)]
 pub(crate) struct ParentOutbound {
-    pub(crate) org: Weak<OrgInner>,
+    pub(crate) org: Weak<Host>,
     pub(crate) parent: AgentId,
     pub(crate) child: AgentId,
     pub(crate) report_to: ChannelId,

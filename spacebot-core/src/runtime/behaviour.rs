@@ -18,21 +18,140 @@
 //! Every hook has a default that does nothing, so a behaviour implements only what it needs.
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use async_trait::async_trait;
 use futures::channel::mpsc;
 
+use crate::config::{OrgConfig, Settings};
 use crate::envelope::{Envelope, TaskWork};
 use crate::error::StoreError;
+use crate::event::{Event, EventKind};
 use crate::ids::{AgentId, ChannelId, EnvelopeId};
-use crate::org::{AgentRuntime, Organization};
+use crate::policy::LinkGraph;
 use crate::runtime::agent::TurnOutcome;
+use crate::runtime::errors::DeliveryError;
+use crate::runtime::host::{AgentRuntime, Host, Slot, lock};
 use crate::runtime::queue::AgentQueue;
+use crate::stores::Stores;
+use crate::time::Clock;
 use crate::tools::Tool;
 
-/// A finished answer of an agent, offered to the behaviours before it goes to the agent's outbound.
+/// What a behaviour may do in the host: read the stores and the organization's shape, hand
+/// envelopes to agents, ring their workers, emit events and run background work. Cheap to clone.
+///
+/// It is the only door from a behaviour into the host: a behaviour never reaches the host's
+/// internals, so a behaviour of your own has the same powers as delegation and conversations.
+#[derive(Clone)]
+pub struct BehaviourContext {
+    pub(crate) host: Arc<Host>,
+}
+
+impl fmt::Debug for BehaviourContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BehaviourContext").finish_non_exhaustive()
+    }
+}
+
+impl BehaviourContext {
+    pub(crate) fn new(host: Arc<Host>) -> Self {
+        Self { host }
+    }
+
+    /// The organization's stores (a behaviour keeps its own state in
+    /// [`Stores::records`](crate::stores::Stores) or in a store of its own).
+    pub fn stores(&self) -> &Stores {
+        &self.host.stores
+    }
+
+    /// The organization's clock.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.host.clock
+    }
+
+    /// The runtime settings.
+    pub fn settings(&self) -> &Settings {
+        &self.host.settings
+    }
+
+    /// The configuration the organization was built from.
+    pub fn config(&self) -> &OrgConfig {
+        &self.host.config
+    }
+
+    /// The link graph as it is now.
+    pub fn graph(&self) -> Arc<LinkGraph> {
+        self.host.graph()
+    }
+
+    /// Every agent that has not ended, sorted.
+    pub fn agent_ids(&self) -> Vec<AgentId> {
+        self.host.agent_ids()
+    }
+
+    /// Whether the agent's loop runs in this process.
+    pub fn is_running(&self, agent: &AgentId) -> bool {
+        matches!(self.host.slot(agent), Some(Slot::Running(_)))
+    }
+
+    /// The agent's display name (its id when unknown).
+    pub fn display_name(&self, agent: &AgentId) -> String {
+        self.host.display_name(agent)
+    }
+
+    /// Emits an event of the behaviour `behaviour` about `agent` ([`EventKind::Behaviour`]).
+    pub fn emit(&self, agent: &AgentId, behaviour: &str, name: &str, detail: serde_json::Value) {
+        self.emit_event(self.host.event(
+            agent,
+            EventKind::Behaviour {
+                behaviour: behaviour.to_string(),
+                name: name.to_string(),
+                detail,
+            },
+        ));
+    }
+
+    /// Emits an event.
+    pub fn emit_event(&self, event: Event) {
+        self.host.emit(event);
+    }
+
+    /// Hands `envelope` to `agent` as every internal producer does: stored first on a durable
+    /// store (acknowledged means stored), queued when the agent runs, kept for later when its
+    /// queue is full.
+    pub async fn enqueue(&self, agent: &AgentId, envelope: Envelope) -> Result<(), DeliveryError> {
+        self.host.enqueue(agent, envelope, true).await
+    }
+
+    /// Rings every behaviour worker of `agent` (a no-op when it does not run here).
+    pub fn ring(&self, agent: &AgentId) {
+        if let Some(Slot::Running(rt)) = self.host.slot(agent) {
+            rt.ring();
+        }
+    }
+
+    /// Says that what tools some agents are offered changed (see
+    /// [`Tool::offered_to`](crate::tools::Tool::offered_to)): their next turn renders the
+    /// definitions again.
+    pub fn tools_changed(&self) {
+        self.host.graph_version.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Runs `work` in the background on the organization's executor. A shutdown waits for it, so
+    /// it must end when its agent stops (a worker ends with its doorbell).
+    pub fn spawn(&self, work: impl Future<Output = ()> + Send + 'static) {
+        let counted = self.host.background.enter();
+        self.host.loops.spawn(Box::pin(async move {
+            work.await;
+            drop(counted);
+        }));
+    }
+}
+
+/// A finished answer of an agent, offered to the behaviour that owns it (see
+/// [`Behaviour::owns_answer`]) before it would go to the agent's outbound.
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
 pub struct Answer<'a> {
@@ -49,7 +168,7 @@ pub struct Answer<'a> {
 }
 
 /// A running agent, as a behaviour sees it: its id, whether it stops, its work slots and its
-/// doorbell. Cheap to clone.
+/// behaviours' doorbells. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct AgentWorker {
     pub(crate) rt: Arc<AgentRuntime>,
@@ -74,38 +193,33 @@ impl AgentWorker {
         self.rt.queue.is_closed()
     }
 
-    /// Takes the agent's doorbell (the first caller gets it). From then on the agent counts as
-    /// busy (see [`Organization::is_idle`]) until the worker's first [`round`](Self::round) ended,
-    /// and again after every ring until a round took it up.
-    pub fn take_doorbell(&self) -> Option<Doorbell> {
-        let bell = self
-            .rt
-            .bell_rx
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        if bell.is_some() {
-            self.rt.worker_due.store(true, Ordering::Release);
-            self.rt.bell_taken.store(true, Ordering::Release);
-        }
-        bell
+    /// Takes the doorbell of the behaviour `behaviour`'s worker of this agent: every behaviour has
+    /// its own (the first caller for a name gets it; `None` after that, or once the agent stops).
+    /// From then on the agent counts as busy (see
+    /// [`Organization::is_idle`](crate::Organization::is_idle)) until the worker's first
+    /// [`round`](Self::round) ended, and again after every ring until a round took it up.
+    pub fn take_doorbell(&self, behaviour: &str) -> Option<Doorbell> {
+        let bell = self.rt.new_bell(behaviour)?;
+        self.rt.worker_due.store(true, Ordering::Release);
+        self.rt.bell_taken.store(true, Ordering::Release);
+        Some(bell)
     }
 
-    /// Marks one round of the worker's work (woken, doing what is due, about to wait again): the
+    /// Marks one round of a worker's work (woken, doing what is due, about to wait again): the
     /// agent is not idle while the returned guard lives, and the rings before it are taken up.
     /// Dropping the guard emits `AgentIdle` when the agent is idle then and the round was due (a
     /// ring or the worker's start; a periodic round finding nothing to do is silent).
-    pub fn round(&self, org: &Organization) -> WorkerRound {
+    pub fn round(&self, ctx: &BehaviourContext) -> WorkerRound {
         self.rt.worker_rounds.fetch_add(1, Ordering::AcqRel);
         let due = self.rt.worker_due.swap(false, Ordering::AcqRel);
         WorkerRound {
-            org: org.clone(),
+            host: ctx.host.clone(),
             rt: self.rt.clone(),
             due,
         }
     }
 
-    /// Rings the doorbell.
+    /// Rings every behaviour worker of this agent.
     pub fn ring(&self) {
         self.rt.ring();
     }
@@ -139,7 +253,7 @@ impl AgentWorker {
 /// One round of a behaviour's worker (see [`AgentWorker::round`]).
 #[derive(Debug)]
 pub struct WorkerRound {
-    org: Organization,
+    host: Arc<Host>,
     rt: Arc<AgentRuntime>,
     due: bool,
 }
@@ -147,74 +261,103 @@ pub struct WorkerRound {
 impl Drop for WorkerRound {
     fn drop(&mut self) {
         self.rt.worker_rounds.fetch_sub(1, Ordering::AcqRel);
-        let waited_on = self.org.inner.idle_waiters.load(Ordering::Acquire) > 0;
+        let waited_on = self.host.idle_waiters.load(Ordering::Acquire) > 0;
         if (self.due || waited_on) && self.rt.settled() {
-            let inner = &self.org.inner;
-            inner.emit(inner.event(self.rt.id(), crate::event::EventKind::AgentIdle));
+            let host = &self.host;
+            host.emit(host.event(self.rt.id(), EventKind::AgentIdle));
         }
     }
 }
 
-/// A behaviour: tools plus reactions at the points of an agent's life the host offers.
+/// A behaviour: tools plus reactions at the points of an agent's life the host offers, in the
+/// manner of an actor's lifecycle hooks. Every hook has a default that does nothing.
 ///
-/// Delegation ([`Delegation`](crate::delegation::Delegation)) and conversations
-/// ([`Conversations`](crate::dialogue::Conversations)) are the two the organization assembles by
-/// default.
+/// A behaviour owns three things the host never interprets:
+/// - **its claimed work**: an envelope carrying [`TaskWork`] whose `owner` is the behaviour's
+///   [`name`](Self::name); the host asks only the owner whether a claim is still valid, tells only
+///   the owner of checkpoints and of the work's end, and asks it for the key base of the turn's
+///   effects ([`work_key`](Self::work_key));
+/// - **its answers**: an answer to an envelope the behaviour [owns](Self::owns_answer) goes to
+///   [`route_answer`](Self::route_answer), never to the agent's outbound (and is not streamed);
+/// - **its state**: in its own fields, and durably in the stores through the
+///   [`BehaviourContext`].
+///
+/// Delegation (`spacebot_core::delegation::Delegation`) and conversations
+/// (`spacebot_core::dialogue::Conversations`) are the two the organization assembles by
+/// default; `docs/behaviours.md` shows how to write one.
 #[async_trait]
 pub trait Behaviour: Send + Sync + fmt::Debug {
-    /// A short name, for errors.
+    /// A short, unique name: the owner of its claimed work, the name of its doorbell, its events.
     fn name(&self) -> &'static str;
 
-    /// The tools every agent gets from this behaviour.
+    /// The tools this behaviour adds (each decides which agents it is offered to, see
+    /// [`Tool::offered_to`](crate::tools::Tool::offered_to)).
     fn tools(&self) -> Vec<Arc<dyn Tool>> {
         Vec::new()
     }
 
-    /// Called by [`Organization::start_all`] before any agent starts.
-    async fn on_start_all(&self, _org: &Organization) -> Result<(), StoreError> {
+    /// Called by [`Organization::start_all`](crate::Organization::start_all) before any agent
+    /// starts.
+    async fn on_start_all(&self, _ctx: &BehaviourContext) -> Result<(), StoreError> {
         Ok(())
     }
 
-    /// Called when an agent's loop started.
-    fn on_agent_started(&self, _org: &Organization, _agent: AgentWorker) {}
+    /// Called when an agent's loop started (a behaviour may run its own worker beside it, woken
+    /// by its own doorbell: [`AgentWorker::take_doorbell`]).
+    fn on_agent_started(&self, _ctx: &BehaviourContext, _agent: AgentWorker) {}
 
     /// Whether an exchange that `to` started with `from` is open (so `from` may answer `to` even
     /// over a one-way link `to -> from`).
     async fn exchange_open(
         &self,
-        _org: &Organization,
+        _ctx: &BehaviourContext,
         _from: &AgentId,
         _to: &AgentId,
     ) -> Result<bool, StoreError> {
         Ok(false)
     }
 
-    /// Whether the claimed `work` is still this claim's to run (a stale claim is let go unrun).
-    /// `None` when the work is not this behaviour's.
-    async fn claim_valid(
-        &self,
-        _org: &Organization,
-        _agent: &AgentId,
-        _work: &TaskWork,
-    ) -> Option<Result<bool, StoreError>> {
-        None
+    /// Whether the answer `agent` gives to `envelope` is this behaviour's to route (it then goes
+    /// to [`route_answer`](Self::route_answer) and is not streamed to the agent's outbound). One
+    /// decision, used for both.
+    fn owns_answer(&self, _agent: &AgentId, _envelope: &Envelope) -> bool {
+        false
     }
 
-    /// Called at each checkpoint of a turn running claimed `work` (for example to renew a lease).
+    /// The key base of the effects of a turn running this behaviour's claimed `work`: stable
+    /// across attempts of the same work, so a turn run again after a crash asks for the same
+    /// effects under the same keys.
+    fn work_key(&self, work: &TaskWork) -> String {
+        format!("{}{}g{}", work.owner, work.number, work.generation)
+    }
+
+    /// Whether this behaviour's claimed `work` is still this claim's to run (a stale claim is let
+    /// go unrun).
+    async fn claim_valid(
+        &self,
+        _ctx: &BehaviourContext,
+        _agent: &AgentId,
+        _work: &TaskWork,
+    ) -> Result<bool, StoreError> {
+        Ok(true)
+    }
+
+    /// Called at each checkpoint of a turn running this behaviour's claimed `work` (for example
+    /// to renew a lease).
     async fn checkpoint(
         &self,
-        _org: &Organization,
+        _ctx: &BehaviourContext,
         _agent: &AgentId,
         _work: &TaskWork,
     ) -> Result<(), StoreError> {
         Ok(())
     }
 
-    /// Called when a turn running claimed `work` ended: its outcome, or why it failed, and the
-    /// tokens its model calls spent.
+    /// Called when a turn running this behaviour's claimed `work` ended: its outcome, or why it
+    /// failed, and the tokens its model calls spent.
     async fn work_ended(
         &self,
-        _org: &Organization,
+        _ctx: &BehaviourContext,
         _agent: &AgentWorker,
         _work: &TaskWork,
         _outcome: &Result<TurnOutcome, String>,
@@ -222,12 +365,45 @@ pub trait Behaviour: Send + Sync + fmt::Debug {
     ) {
     }
 
-    /// Offered every finished answer; returns `true` when it routed the answer (it then does not
-    /// go to the agent's outbound).
-    async fn route_answer(&self, _org: &Organization, _answer: &Answer<'_>) -> bool {
+    /// Routes an answer this behaviour [owns](Self::owns_answer); returns `false` when it could
+    /// not (the answer then goes to the agent's outbound).
+    async fn route_answer(&self, _ctx: &BehaviourContext, _answer: &Answer<'_>) -> bool {
         false
     }
 
     /// Called when an agent's loop ended.
-    async fn on_agent_stopped(&self, _org: &Organization, _agent: &AgentId) {}
+    async fn on_agent_stopped(&self, _ctx: &BehaviourContext, _agent: &AgentId) {}
+}
+
+impl Host {
+    /// The behaviour named `name`.
+    pub(crate) fn behaviour(&self, name: &str) -> Option<&Arc<dyn Behaviour>> {
+        self.behaviours.iter().find(|b| b.name() == name)
+    }
+
+    /// The behaviour that owns the answer `agent` gives to `envelope`, if any.
+    pub(crate) fn answer_owner(
+        &self,
+        agent: &AgentId,
+        envelope: &Envelope,
+    ) -> Option<&Arc<dyn Behaviour>> {
+        self.behaviours
+            .iter()
+            .find(|b| b.owns_answer(agent, envelope))
+    }
+}
+
+impl AgentRuntime {
+    /// A new doorbell for the behaviour `behaviour`; `None` when it has one already or the agent
+    /// stops.
+    pub(crate) fn new_bell(&self, behaviour: &str) -> Option<Doorbell> {
+        let mut bells = lock(&self.bells);
+        let bells = bells.as_mut()?;
+        if bells.iter().any(|(name, _)| name == behaviour) {
+            return None;
+        }
+        let (tx, rx) = mpsc::channel(1);
+        bells.push((behaviour.to_string(), tx));
+        Some(rx)
+    }
 }

@@ -36,9 +36,9 @@ use futures::future::{AbortHandle, Abortable, Either};
 
 use crate::event::EventKind;
 use crate::ids::AgentId;
-use crate::org::{AgentRuntime, OrgInner, Organization, Slot};
 use crate::placement::{Placement, PlacementLease, PlacementOptions};
 use crate::runtime::agent::report_error;
+use crate::runtime::host::{AgentRuntime, Host, Slot};
 use crate::runtime::queue::AgentQueue;
 use crate::time::Timestamp;
 
@@ -97,7 +97,7 @@ impl Hosting {
         agents
     }
 
-    fn is_hosted(&self, agent: &AgentId) -> bool {
+    pub(crate) fn is_hosted(&self, agent: &AgentId) -> bool {
         lock(&self.held).contains_key(agent)
     }
 
@@ -157,7 +157,7 @@ impl Hosting {
 
 /// Starts the hosting loops (once): one acquisition round runs first, so the agents this process
 /// could take are started when `start_all` returns.
-pub(crate) async fn start(org: &Organization, hosting: &Arc<Hosting>) {
+pub(crate) async fn start(org: &Arc<Host>, hosting: &Arc<Hosting>) {
     if hosting.started.swap(true, Ordering::AcqRel) {
         return;
     }
@@ -171,7 +171,7 @@ pub(crate) async fn start(org: &Organization, hosting: &Arc<Hosting>) {
     for future in loops {
         let (handle, registration) = AbortHandle::new_pair();
         lock(&hosting.loops).push(handle);
-        org.inner.spawner.spawn(Box::pin(async move {
+        org.spawner.spawn(Box::pin(async move {
             let _ = Abortable::new(future, registration).await;
         }));
     }
@@ -179,7 +179,7 @@ pub(crate) async fn start(org: &Organization, hosting: &Arc<Hosting>) {
 
 /// A clean shutdown: stops the hosting loops and every agent hosted here, then releases their
 /// leases so that other processes take them over at once.
-pub(crate) async fn shutdown(org: &Organization, hosting: &Arc<Hosting>) {
+pub(crate) async fn shutdown(org: &Arc<Host>, hosting: &Arc<Hosting>) {
     for handle in lock(&hosting.loops).drain(..) {
         handle.abort();
     }
@@ -187,7 +187,7 @@ pub(crate) async fn shutdown(org: &Organization, hosting: &Arc<Hosting>) {
     let hosted: Vec<AgentId> = lock(&hosting.held).drain().map(|(a, _)| a).collect();
     for agent in hosted {
         if let Err(e) = org.stop_for_hand_over(&agent).await {
-            report_error(&org.inner, &agent, None, format!("not stopped: {e}"));
+            report_error(org, &agent, None, format!("not stopped: {e}"));
         }
         if let Err(e) = hosting
             .placement
@@ -195,7 +195,7 @@ pub(crate) async fn shutdown(org: &Organization, hosting: &Arc<Hosting>) {
             .await
         {
             report_error(
-                &org.inner,
+                org,
                 &agent,
                 None,
                 format!("lease not released (it expires instead): {e}"),
@@ -207,9 +207,9 @@ pub(crate) async fn shutdown(org: &Organization, hosting: &Arc<Hosting>) {
 /// Renews the leases held here, on a task of its own: a round every `renew_every` (measured from
 /// the start of the last one: a slow round does not push the next one later), a failed one again
 /// after a quarter of that.
-async fn renewer(org: Organization, hosting: Arc<Hosting>) {
+async fn renewer(org: Arc<Host>, hosting: Arc<Hosting>) {
     loop {
-        let began = org.inner.clock.now();
+        let began = org.clock.now();
         let renewed = renew_round(&org, &hosting).await;
         hosting.renewal_failed.store(!renewed, Ordering::Release);
         let every = if renewed {
@@ -217,9 +217,8 @@ async fn renewer(org: Organization, hosting: Arc<Hosting>) {
         } else {
             hosting.retry_after()
         };
-        let spent = elapsed(began, org.inner.clock.now());
-        org.inner
-            .clock
+        let spent = elapsed(began, org.clock.now());
+        org.clock
             .sleep(every.saturating_sub(spent).max(Duration::from_millis(1)))
             .await;
     }
@@ -232,8 +231,8 @@ fn elapsed(from: Timestamp, to: Timestamp) -> Duration {
 /// One renewal round: every lease held here in one [`Placement::renew`] call, given up at the
 /// first fencing deadline (the watchdog has fenced that agent by then; the others are renewed by
 /// the next call). Leases the table no longer grants are fenced. `false` when the call failed.
-async fn renew_round(org: &Organization, hosting: &Arc<Hosting>) -> bool {
-    let inner = &org.inner;
+async fn renew_round(org: &Arc<Host>, hosting: &Arc<Hosting>) -> bool {
+    let inner = org;
     let (held, first_deadline): (Vec<PlacementLease>, Option<Timestamp>) = {
         let held = lock(&hosting.held);
         (
@@ -309,17 +308,17 @@ async fn renew_round(org: &Organization, hosting: &Arc<Hosting>) -> bool {
 }
 
 /// Acquires free agents, on a task of its own, every `renew_interval`.
-async fn keeper(org: Organization, hosting: Arc<Hosting>) {
+async fn keeper(org: Arc<Host>, hosting: Arc<Hosting>) {
     loop {
-        org.inner.clock.sleep(hosting.options.renew_interval).await;
+        org.clock.sleep(hosting.options.renew_interval).await;
         acquire_round(&org, &hosting).await;
     }
 }
 
 /// Acquires free agents up to the capacity (at most `acquire_per_round`) and starts them; nothing
 /// while this process is strained (a renewal overdue).
-async fn acquire_round(org: &Organization, hosting: &Arc<Hosting>) {
-    let inner = &org.inner;
+async fn acquire_round(org: &Arc<Host>, hosting: &Arc<Hosting>) {
+    let inner = org;
     let options = &hosting.options;
     if hosting.strained(inner.clock.now()) {
         return;
@@ -387,9 +386,9 @@ async fn acquire_round(org: &Organization, hosting: &Arc<Hosting>) {
     }
 }
 
-async fn watchdog(org: Organization, hosting: Arc<Hosting>) {
+async fn watchdog(org: Arc<Host>, hosting: Arc<Hosting>) {
     loop {
-        let now = org.inner.clock.now();
+        let now = org.clock.now();
         let due: Vec<AgentId> = {
             let mut held = lock(&hosting.held);
             let due: Vec<AgentId> = held
@@ -416,19 +415,19 @@ async fn watchdog(org: Organization, hosting: Arc<Hosting>) {
         let wait = next.map_or(tick, |d| {
             elapsed(now, d).clamp(Duration::from_millis(1), tick)
         });
-        org.inner.clock.sleep(wait).await;
+        org.clock.sleep(wait).await;
     }
 }
 
 /// Stops hosting `agent` here: its loop is aborted (the running turn is not committed; what it
 /// consumed stays in the store for the next host), its queue closed (every envelope in it is in the
 /// store), its task loop woken to end.
-async fn fence(org: &Organization, hosting: &Arc<Hosting>, agent: &AgentId, reason: &str) {
+async fn fence(org: &Arc<Host>, hosting: &Arc<Hosting>, agent: &AgentId, reason: &str) {
     hosting.losses.fetch_add(1, Ordering::AcqRel);
     lock(&hosting.fencing).insert(agent.clone());
     org.fence_agent(agent).await;
     lock(&hosting.fencing).remove(agent);
-    org.inner.emit(org.inner.event(
+    org.emit(org.event(
         agent,
         EventKind::PlacementLost {
             process: hosting.options.process.to_string(),
@@ -437,21 +436,21 @@ async fn fence(org: &Organization, hosting: &Arc<Hosting>, agent: &AgentId, reas
     ));
 }
 
-async fn listener(org: Organization, hosting: Arc<Hosting>) {
+async fn listener(org: Arc<Host>, hosting: Arc<Hosting>) {
     let check = hosting.options.check_interval;
     loop {
         let mut hints = hosting.placement.wakeups(&hosting.options.process);
         loop {
-            let sleep = org.inner.clock.sleep(check);
+            let sleep = org.clock.sleep(check);
             match futures::future::select(hints.next(), sleep).await {
-                Either::Left((Some(agent), _)) => wake_local(&org.inner, &hosting, &agent).await,
+                Either::Left((Some(agent), _)) => wake_local(&org, &hosting, &agent).await,
                 Either::Left((None, _)) => {
                     // The connection dropped: check everything, subscribe again after a while.
-                    check_all(&org.inner, &hosting).await;
-                    org.inner.clock.sleep(check).await;
+                    check_all(&org, &hosting).await;
+                    org.clock.sleep(check).await;
                     break;
                 }
-                Either::Right(_) => check_all(&org.inner, &hosting).await,
+                Either::Right(_) => check_all(&org, &hosting).await,
             }
         }
     }
@@ -459,7 +458,7 @@ async fn listener(org: Organization, hosting: Arc<Hosting>) {
 
 /// The periodic check: runs even while strained (the back-pressure slows the taking of new work
 /// to one check interval, it never stops it).
-async fn check_all(inner: &Arc<OrgInner>, hosting: &Arc<Hosting>) {
+async fn check_all(inner: &Arc<Host>, hosting: &Arc<Hosting>) {
     for agent in hosting.hosted() {
         hand_over_to(inner, hosting, &agent).await;
     }
@@ -468,14 +467,14 @@ async fn check_all(inner: &Arc<OrgInner>, hosting: &Arc<Hosting>) {
 /// Hands stored deliveries the queue does not hold yet to a hosted agent, and rings its task loop.
 /// On a hint: nothing while this process is strained (see the module's back-pressure); the
 /// periodic check hands it over.
-async fn wake_local(inner: &Arc<OrgInner>, hosting: &Hosting, agent: &AgentId) {
+async fn wake_local(inner: &Arc<Host>, hosting: &Hosting, agent: &AgentId) {
     if hosting.strained(inner.clock.now()) {
         return;
     }
     hand_over_to(inner, hosting, agent).await;
 }
 
-async fn hand_over_to(inner: &Arc<OrgInner>, hosting: &Hosting, agent: &AgentId) {
+async fn hand_over_to(inner: &Arc<Host>, hosting: &Hosting, agent: &AgentId) {
     if !hosting.is_hosted(agent) {
         return;
     }
@@ -488,7 +487,7 @@ async fn hand_over_to(inner: &Arc<OrgInner>, hosting: &Hosting, agent: &AgentId)
 /// Queues the envelopes stored for a running agent that its queue and its running turn do not
 /// hold. Read twice: an envelope a turn committed (and forgot) between the first read and its
 /// admission here is gone from the second read, so it is never queued again.
-pub(crate) async fn hand_over_stored(inner: &OrgInner, rt: &AgentRuntime) {
+pub(crate) async fn hand_over_stored(inner: &Host, rt: &AgentRuntime) {
     let first = match inner.stores.deliveries.pending(rt.id()).await {
         Ok(p) => p,
         Err(e) => {
@@ -519,38 +518,5 @@ pub(crate) async fn hand_over_stored(inner: &OrgInner, rt: &AgentRuntime) {
             rt.forget(std::slice::from_ref(&envelope.id));
             rt.pending.store(true, Ordering::Release);
         }
-    }
-}
-
-impl Organization {
-    /// This process's id under a placement (see
-    /// [`OrganizationBuilder::placement`](crate::OrganizationBuilder::placement)), `None` without.
-    pub fn process(&self) -> Option<&crate::placement::ProcessId> {
-        self.inner.hosting.as_ref().map(|h| &h.options.process)
-    }
-
-    /// How many leases this process lost since it started (under a placement; 0 without one):
-    /// agents fenced because a renewal found their lease taken or expired, or because no renewal
-    /// succeeded by their deadline. Each loss also emits [`EventKind::PlacementLost`]. Without a
-    /// process killed or cut off, it should stay 0: a renewal that starves (a busy database or
-    /// machine) shows here.
-    pub fn leases_lost(&self) -> u64 {
-        self.inner.hosting.as_ref().map_or(0, |h| h.losses())
-    }
-
-    /// The configured agents whose loop runs in this process, sorted: under a placement those it
-    /// holds a lease on and runs; without one, every running configured agent.
-    pub fn hosted_agents(&self) -> Vec<AgentId> {
-        let mut agents: Vec<AgentId> = self
-            .inner
-            .config
-            .agents
-            .iter()
-            .map(|a| a.id.clone())
-            .filter(|a| self.is_running(a))
-            .filter(|a| self.inner.hosting.as_ref().is_none_or(|h| h.is_hosted(a)))
-            .collect();
-        agents.sort();
-        agents
     }
 }

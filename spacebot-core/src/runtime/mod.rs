@@ -1,14 +1,18 @@
 //! The agent runtime: one inbound queue per agent, its loop, the tool-call loop with steering at
 //! checkpoints, the outbound, and child agents.
 //!
-//! The [`Organization`](crate::org::Organization) owns the agents; this module holds the pieces each
+//! The [`Organization`](crate::Organization) forwards to the host here (its state and its
+//! operations on agents); this module holds the pieces each
 //! agent is made of. See `docs/runtime.md` for the whole picture.
 
 pub(crate) mod agent;
 pub mod behaviour;
+pub(crate) mod errors;
 pub(crate) mod executor;
 pub mod history;
+pub(crate) mod host;
 pub(crate) mod hosting;
+pub(crate) mod lifecycle;
 pub mod outbound;
 pub mod queue;
 pub mod redact;

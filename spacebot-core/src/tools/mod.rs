@@ -15,8 +15,8 @@ use crate::conversation::{Conversation, ConversationFilter};
 use crate::error::{InvalidInput, PolicyDenied, StoreError};
 use crate::ids::{AgentId, ChannelId, EnvelopeId, TaskRef};
 use crate::llm::{ToolCall, ToolDefinition};
-use crate::org::{DeliveryError, InternalMessage, Organization};
 use crate::policy::LinkGraph;
+use crate::runtime::host::Host;
 use crate::task::{Task, TaskFilter};
 use crate::time::Clock;
 
@@ -134,19 +134,14 @@ pub struct ToolContext {
 /// agent may see.
 #[derive(Debug, Clone)]
 pub struct ToolCapability {
-    pub(crate) org: Organization,
+    pub(crate) host: Arc<Host>,
     agent: AgentId,
 }
 
 impl ToolCapability {
     /// The capability of `agent`'s tools.
-    pub(crate) fn new(org: Organization, agent: AgentId) -> Self {
-        Self { org, agent }
-    }
-
-    /// The organization, for the built-in behaviours' tools.
-    pub(crate) fn organization(&self) -> &Organization {
-        &self.org
+    pub(crate) fn new(host: Arc<Host>, agent: AgentId) -> Self {
+        Self { host, agent }
     }
 
     /// The agent the tool runs for.
@@ -154,44 +149,19 @@ impl ToolCapability {
         &self.agent
     }
 
-    /// Resolves an agent by id or display name (case-insensitive).
-    pub fn resolve(&self, agent: &str) -> Result<AgentId, DeliveryError> {
-        self.org.resolve(agent)
-    }
-
     /// An agent's display name.
     pub fn display_name(&self, agent: &AgentId) -> String {
-        self.org.display_name(agent)
+        self.host.display_name(agent)
     }
 
     /// The link graph, as the policy sees it now.
     pub fn graph(&self) -> Arc<LinkGraph> {
-        self.org.graph()
+        self.host.graph()
     }
 
     /// The organization's clock.
     pub fn clock(&self) -> &Arc<dyn Clock> {
-        self.org.clock()
-    }
-
-    /// Sends a typed envelope to `to`, from this tool's agent (`from` must be that agent: a tool
-    /// cannot send as another one). Policy-checked like [`Organization::send_internal`].
-    pub async fn send_internal(
-        &self,
-        from: &AgentId,
-        to: &AgentId,
-        message: InternalMessage,
-    ) -> Result<EnvelopeId, DeliveryError> {
-        if from != &self.agent {
-            return Err(DeliveryError::Invalid(InvalidInput::new(
-                "from",
-                format!(
-                    "a tool of {} cannot send as {from}; the sender is always the calling agent",
-                    self.agent
-                ),
-            )));
-        }
-        self.org.send_internal(from, to, message).await
+        &self.host.clock
     }
 
     /// The conversations this tool's agent is a member of (read-only).
@@ -200,12 +170,12 @@ impl ToolCapability {
             member: Some(self.agent.clone()),
             statuses: Vec::new(),
         };
-        self.org.conversations(&filter).await
+        self.host.stores.conversations.list(&filter).await
     }
 
     /// Tasks on this tool's agent's own board (read-only).
     pub async fn own_tasks(&self, filter: &TaskFilter) -> Result<Vec<Task>, StoreError> {
-        self.org.stores().tasks.list(&self.agent, filter).await
+        self.host.stores.tasks.list(&self.agent, filter).await
     }
 }
 
@@ -227,6 +197,15 @@ pub trait Tool: Send + Sync + fmt::Debug {
     fn definition_for(&self, scope: &ToolCapability) -> ToolDefinition {
         let _ = scope;
         self.definition()
+    }
+    /// Whether the agent `scope` runs for is offered this tool (default: every agent). A tool
+    /// not offered is left out of the agent's definitions, and a call naming it is refused in code
+    /// as an unknown tool, whatever the model asks. Offers may change at run time: call
+    /// [`Organization::tools_changed`](crate::Organization::tools_changed) when they do, so the
+    /// next turn renders the definitions again.
+    fn offered_to(&self, scope: &ToolCapability) -> bool {
+        let _ = scope;
+        true
     }
     /// Runs the tool.
     async fn call(
@@ -277,6 +256,11 @@ pub trait TypedTool: Send + Sync + fmt::Debug {
     }
     /// The JSON Schema of `Args`.
     fn parameters(&self) -> serde_json::Value;
+    /// Whether the agent `scope` runs for is offered this tool (see [`Tool::offered_to`]).
+    fn offered_to(&self, scope: &ToolCapability) -> bool {
+        let _ = scope;
+        true
+    }
     /// Runs the tool.
     async fn run(&self, ctx: &ToolContext, args: Self::Args) -> Result<ToolOutput, ToolError>;
 }
@@ -288,6 +272,9 @@ impl<T: TypedTool> Tool for T {
     }
     fn definition_for(&self, scope: &ToolCapability) -> ToolDefinition {
         ToolDefinition::new(T::NAME, self.description_for(scope), self.parameters())
+    }
+    fn offered_to(&self, scope: &ToolCapability) -> bool {
+        TypedTool::offered_to(self, scope)
     }
     async fn call(
         &self,
@@ -365,6 +352,7 @@ impl ToolRegistry {
     pub fn definitions_for(&self, scope: &ToolCapability) -> Vec<ToolDefinition> {
         self.tools
             .values()
+            .filter(|t| t.offered_to(scope))
             .map(|t| t.definition_for(scope))
             .collect()
     }
@@ -386,11 +374,21 @@ impl ToolRegistry {
 
     /// Runs one tool call as the model wrote it. Every failure becomes `Err`, never a panic: an
     /// unknown tool, arguments that are not a JSON object, or the tool's own error.
+    /// A tool the calling agent is not offered (see [`Tool::offered_to`]) is an unknown tool to it.
     pub async fn call(&self, ctx: &ToolContext, call: &ToolCall) -> Result<ToolOutput, ToolError> {
-        let Some(tool) = self.tools.get(&call.name) else {
+        let Some(tool) = self
+            .tools
+            .get(&call.name)
+            .filter(|t| t.offered_to(&ctx.org))
+        else {
             return Err(ToolError::UnknownTool {
                 name: call.name.clone(),
-                available: self.names(),
+                available: self
+                    .tools
+                    .iter()
+                    .filter(|(_, t)| t.offered_to(&ctx.org))
+                    .map(|(name, _)| name.clone())
+                    .collect(),
             });
         };
         let text = call.arguments.trim();

@@ -1,0 +1,563 @@
+//! The host: the state behind an [`Organization`](crate::Organization) (its agents' slots, queues,
+//! stores, events, behaviours) and the operations every message walks through (enqueue, persist,
+//! emit). It knows no behaviour: delegation, conversations and your own plug in through
+//! [`Behaviour`](crate::runtime::behaviour::Behaviour) and reach the host through a
+//! [`BehaviourContext`](crate::runtime::behaviour::BehaviourContext).
+//!
+//! The facade ([`Organization`](crate::Organization)) forwards to it; nothing here imports the
+//! facade or a behaviour.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
+
+use futures::channel::{mpsc, oneshot};
+use futures::future::AbortHandle;
+
+use crate::config::{OrgConfig, Settings};
+use crate::envelope::{Envelope, Source};
+use crate::event::{Event, EventKind, EventSink};
+use crate::ids::{AgentId, ChannelId, EnvelopeId};
+use crate::llm::LlmProvider;
+use crate::policy::LinkGraph;
+use crate::prompts::{Identity, Prompts};
+use crate::runtime::behaviour::{Behaviour, BehaviourContext};
+use crate::runtime::errors::DeliveryError;
+use crate::runtime::outbound::{Outbound, Reply};
+use crate::runtime::queue::{AgentQueue, BoundedQueue, QueueError};
+use crate::stores::Stores;
+use crate::time::{Clock, Spawner};
+use crate::tools::ToolRegistry;
+
+/// What a child agent is started with.
+#[derive(Debug, Clone)]
+pub struct ChildSpec {
+    /// Display name.
+    pub name: String,
+    /// The task text the child starts on.
+    pub task: String,
+    /// The parent's channel the child's result wakes (defaults to `child:{parent}:{child}`).
+    pub report_to: Option<ChannelId>,
+    /// Extra instructions appended to the child's system prompt.
+    pub instructions: Option<String>,
+    /// End the child after it delivered its first result (default `true`).
+    pub end_after_reply: bool,
+}
+
+impl ChildSpec {
+    /// A child named `name` starting on `task`.
+    pub fn new(name: impl Into<String>, task: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            task: task.into(),
+            report_to: None,
+            instructions: None,
+            end_after_reply: true,
+        }
+    }
+}
+
+/// The fixed description of an agent.
+#[derive(Debug)]
+pub(crate) struct AgentSpec {
+    pub(crate) id: AgentId,
+    pub(crate) name: String,
+    pub(crate) identity: Identity,
+    pub(crate) parent: Option<ParentLink>,
+    pub(crate) outbound: Arc<dyn Outbound>,
+    pub(crate) instructions: Option<String>,
+}
+
+/// A child's tie to its parent.
+#[derive(Debug, Clone)]
+pub(crate) struct ParentLink {
+    pub(crate) parent: AgentId,
+    pub(crate) report_to: ChannelId,
+    pub(crate) end_after_reply: bool,
+}
+
+/// A running agent: its queue, its outbound, and the handle to cancel its turn.
+#[derive(Debug)]
+pub(crate) struct AgentRuntime {
+    pub(crate) spec: Arc<AgentSpec>,
+    pub(crate) queue: BoundedQueue,
+    /// Set when something was persisted for this agent while it ran (queue full): the loop hands
+    /// the pending deliveries over when its queue runs empty.
+    pub(crate) pending: AtomicBool,
+    pub(crate) abort: Mutex<Option<AbortHandle>>,
+    /// Aborts the whole loop at once, without committing the running turn (a placement lease
+    /// lost: see `Host::fence_agent`).
+    pub(crate) fence: Mutex<Option<AbortHandle>>,
+    /// Attempts of a custom task executor running here, by lease holder: aborted when the agent
+    /// is handed over under a placement (its next host runs them again at once).
+    pub(crate) executors: Mutex<HashMap<String, AbortHandle>>,
+    pub(crate) stopped: Mutex<Option<oneshot::Receiver<()>>>,
+    /// The doorbells of the behaviours' workers of this agent, by behaviour (capacity 1: a ring
+    /// while one is pending is a no-op); `None` once the agent stops (the workers' bells end).
+    pub(crate) bells: Mutex<Option<Vec<(String, mpsc::Sender<()>)>>>,
+    /// Whether a behaviour's worker took the doorbell.
+    pub(crate) bell_taken: AtomicBool,
+    /// A ring (or the worker's start) not taken up by a worker round yet: the agent is not idle.
+    pub(crate) worker_due: AtomicBool,
+    /// Worker rounds running now (see [`AgentWorker::round`](crate::runtime::behaviour::AgentWorker::round)).
+    pub(crate) worker_rounds: AtomicUsize,
+    /// Whether the loop is handling an envelope.
+    pub(crate) busy: AtomicBool,
+    /// Tasks claimed and not finished yet: task number -> lease holder of the claim.
+    pub(crate) running_tasks: Mutex<HashMap<u64, String>>,
+    /// Envelopes in the queue or in the running turn: a store hand-over skips them.
+    pub(crate) known: Mutex<crate::fasthash::FastSet<EnvelopeId>>,
+    /// Envelopes handed over from the store when the agent started: a delivery racing the start
+    /// that pushes one of them again is not queued twice.
+    pub(crate) loaded: Mutex<crate::fasthash::FastSet<EnvelopeId>>,
+    /// The last external source seen per channel: a reply to a system message (a retrigger) in that
+    /// channel goes to the same place. Kept in memory only.
+    pub(crate) reply_sources: Mutex<HashMap<ChannelId, Source>>,
+}
+
+impl AgentRuntime {
+    pub(crate) fn id(&self) -> &AgentId {
+        &self.spec.id
+    }
+
+    /// Aborts every custom executor attempt running here (a hand-over under a placement).
+    pub(crate) fn abort_executors(&self) {
+        for (_, attempt) in lock(&self.executors).drain() {
+            attempt.abort();
+        }
+    }
+
+    /// Wakes every behaviour worker of the agent.
+    pub(crate) fn ring(&self) {
+        if self.bell_taken.load(Ordering::Acquire) {
+            self.worker_due.store(true, Ordering::Release);
+        }
+        if let Some(bells) = lock(&self.bells).as_mut() {
+            for (_, bell) in bells.iter_mut() {
+                let _ = bell.try_send(());
+            }
+        }
+    }
+
+    /// Whether the loop waits for work (no turn running).
+    pub(crate) fn idle(&self) -> bool {
+        !self.busy.load(Ordering::Acquire)
+    }
+
+    /// Whether nothing is left to do: the queue empty, no turn, no claimed task, no worker round
+    /// running or due.
+    pub(crate) fn settled(&self) -> bool {
+        self.queue.is_empty()
+            && self.idle()
+            && self.running_tasks() == 0
+            && !self.worker_due.load(Ordering::Acquire)
+            && self.worker_rounds.load(Ordering::Acquire) == 0
+    }
+
+    pub(crate) fn running_tasks(&self) -> usize {
+        lock(&self.running_tasks).len()
+    }
+
+    /// The claims counted against the task concurrency, as (task number, holder).
+    pub(crate) fn running_claims(&self) -> Vec<(u64, String)> {
+        lock(&self.running_tasks)
+            .iter()
+            .map(|(n, h)| (*n, h.clone()))
+            .collect()
+    }
+
+    pub(crate) fn task_started(&self, number: u64, holder: &str) {
+        lock(&self.running_tasks).insert(number, holder.to_string());
+    }
+
+    /// Frees the slot of the claim `holder` on task `number` (a later claim of the same task keeps
+    /// its own slot).
+    pub(crate) fn task_finished(&self, number: u64, holder: &str) {
+        let mut running = lock(&self.running_tasks);
+        if running.get(&number).is_some_and(|h| h == holder) {
+            running.remove(&number);
+        }
+    }
+
+    /// Takes `id` into the queue's bookkeeping; `false` when the queue or the running turn holds
+    /// it already (or it was handed over at start), so it must not be queued again.
+    pub(crate) fn admit(&self, id: &EnvelopeId) -> bool {
+        if lock(&self.loaded).contains(id) {
+            return false;
+        }
+        lock(&self.known).insert(id.clone())
+    }
+
+    /// Drops envelopes from the queue's bookkeeping (they were committed, or kept in the store).
+    pub(crate) fn forget(&self, ids: &[EnvelopeId]) {
+        let mut known = lock(&self.known);
+        for id in ids {
+            known.remove(id);
+        }
+    }
+}
+
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[derive(Debug, Clone)]
+pub(crate) enum Slot {
+    Running(Arc<AgentRuntime>),
+    Stopped(Arc<AgentSpec>),
+    Ended,
+}
+
+/// The shared state behind an [`Organization`](crate::Organization).
+pub(crate) struct Host {
+    pub(crate) stores: Stores,
+    pub(crate) llm: Arc<dyn LlmProvider>,
+    pub(crate) spawner: Arc<dyn Spawner>,
+    /// Runs the agent loops and task loops (see `runtime::executor`).
+    pub(crate) loops: crate::runtime::executor::LoopExecutor,
+    /// Background work that uses the stores outside agents' loops; a shutdown waits for it.
+    pub(crate) background: Arc<crate::runtime::executor::Background>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) events: Arc<dyn EventSink>,
+    pub(crate) prompts: Prompts,
+    pub(crate) settings: Settings,
+    pub(crate) tools: ToolRegistry,
+    pub(crate) graph: RwLock<Arc<LinkGraph>>,
+    pub(crate) agents: RwLock<crate::fasthash::FastMap<AgentId, Slot>>,
+    pub(crate) config: OrgConfig,
+    pub(crate) replies: Mutex<Option<mpsc::UnboundedReceiver<Reply>>>,
+    pub(crate) child_counter: AtomicU64,
+    /// Which exchanges (by cause) took turns from each conversation: a conversation whose budget
+    /// one exchange spent is not started afresh by that exchange.
+    pub(crate) exchanges: Mutex<HashMap<crate::ids::ConversationId, Vec<EnvelopeId>>>,
+    /// Internal tasks sent and not yet answered, per (sender, receiver): each lets the receiver
+    /// announce back once, even over a one-way link.
+    pub(crate) internal_open: Mutex<HashMap<(AgentId, AgentId), u32>>,
+    /// Every event, for [`Organization::subscribe`](crate::Organization::subscribe) and the waits.
+    pub(crate) bus: crate::bus::EventBus,
+    /// Lease holders of claims a custom executor of this process still works on.
+    pub(crate) live_claims: Mutex<HashSet<String>>,
+    /// Agents whose loop here is being stopped without ending their session (a shutdown; under a
+    /// placement, a lease lost): their session goes on at the next start or in the next host, so
+    /// their conversations are not severed.
+    pub(crate) handing_over: Mutex<HashSet<AgentId>>,
+    /// Callers of `wait_idle` waiting now: while there are any, every worker round that leaves its
+    /// agent settled says so with an `AgentIdle` event (not only the rounds a ring started).
+    pub(crate) idle_waiters: AtomicUsize,
+    /// The behaviours plugged into the host, in order.
+    pub(crate) behaviours: Vec<Arc<dyn Behaviour>>,
+    /// Tokens each agent's turns spent since the organization was built.
+    pub(crate) usage: Mutex<HashMap<AgentId, crate::llm::Usage>>,
+    /// Renderings reused while the link graph is unchanged.
+    pub(crate) caches: RenderCache,
+    /// Bumped every time the link graph is replaced: what caches check.
+    pub(crate) graph_version: AtomicU64,
+    /// A short random tag of this organization instance (child ids carry it).
+    pub(crate) instance_tag: String,
+    /// One gate per agent serializing its outbox flushes (a notice is delivered by one at a time).
+    pub(crate) flush_gates: Mutex<HashMap<AgentId, Arc<futures::lock::Mutex<()>>>>,
+    /// This process's part in placement, when the organization spans several processes.
+    pub(crate) hosting: Option<Arc<crate::runtime::hosting::Hosting>>,
+}
+
+/// A rendering with the link-graph version it was made for.
+type Versioned<T> = (u64, T);
+
+/// A system prompt's cache key: the agent, and the peer when it answers in a link channel.
+type PromptKey = (AgentId, Option<AgentId>);
+
+/// System prompts and tool definitions per agent, reused while the link graph (their only input
+/// that changes at run time) is the same.
+#[derive(Debug, Default)]
+pub(crate) struct RenderCache {
+    prompts: Mutex<crate::fasthash::FastMap<PromptKey, Versioned<Arc<str>>>>,
+    definitions:
+        Mutex<crate::fasthash::FastMap<AgentId, Versioned<Arc<[crate::llm::ToolDefinition]>>>>,
+}
+
+impl RenderCache {
+    pub(crate) fn prompts(&self, key: &PromptKey) -> Option<Versioned<Arc<str>>> {
+        lock(&self.prompts).get(key).cloned()
+    }
+
+    pub(crate) fn set_prompt(&self, key: PromptKey, version: u64, text: Arc<str>) {
+        lock(&self.prompts).insert(key, (version, text));
+    }
+
+    pub(crate) fn definitions(
+        &self,
+        agent: &AgentId,
+    ) -> Option<Versioned<Arc<[crate::llm::ToolDefinition]>>> {
+        lock(&self.definitions).get(agent).cloned()
+    }
+
+    pub(crate) fn set_definitions(
+        &self,
+        agent: AgentId,
+        version: u64,
+        defs: Arc<[crate::llm::ToolDefinition]>,
+    ) {
+        lock(&self.definitions).insert(agent, (version, defs));
+    }
+}
+
+impl fmt::Debug for Host {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Organization")
+            .field("agents", &self.read_agents().len())
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Host {
+    /// Every agent that has not ended (configured and children), sorted.
+    pub(crate) fn agent_ids(&self) -> Vec<AgentId> {
+        let mut ids: Vec<AgentId> = self
+            .read_agents()
+            .iter()
+            .filter(|(_, s)| !matches!(s, Slot::Ended))
+            .map(|(id, _)| id.clone())
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    pub(crate) fn read_agents(
+        &self,
+    ) -> RwLockReadGuard<'_, crate::fasthash::FastMap<AgentId, Slot>> {
+        self.agents.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn write_agents(
+        &self,
+    ) -> std::sync::RwLockWriteGuard<'_, crate::fasthash::FastMap<AgentId, Slot>> {
+        self.agents.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Replaces the link graph (every later policy check and rendering sees the new one).
+    pub(crate) fn set_graph(&self, graph: LinkGraph) {
+        *self.graph.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(graph);
+        self.graph_version.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub(crate) fn graph(&self) -> Arc<LinkGraph> {
+        self.graph.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub(crate) fn emit(&self, event: Event) {
+        if self.bus.subscriber_count() > 0 {
+            self.bus.emit(event.clone());
+        }
+        self.events.emit(event);
+    }
+
+    pub(crate) fn event(&self, agent: &AgentId, kind: EventKind) -> Event {
+        Event::new(self.clock.now(), agent.clone(), kind)
+    }
+
+    pub(crate) fn slot(&self, agent: &AgentId) -> Option<Slot> {
+        self.read_agents().get(agent).cloned()
+    }
+
+    pub(crate) fn display_name(&self, agent: &AgentId) -> String {
+        match self.read_agents().get(agent) {
+            Some(Slot::Running(rt)) => rt.spec.name.clone(),
+            Some(Slot::Stopped(spec)) => spec.name.clone(),
+            _ => agent.to_string(),
+        }
+    }
+
+    /// Whether every delivery is stored before it is queued: on a durable delivery store, and
+    /// under a placement (the shared store is the queue of an agent hosted in another process,
+    /// and the record an agent taken over starts from).
+    pub(crate) fn stores_every_delivery(&self) -> bool {
+        self.hosting.is_some() || self.stores.deliveries.is_durable()
+    }
+
+    /// Wakes the process hosting `agent` when it is not running here (under a placement): a hint
+    /// only, its failure is an error event (the host's periodic check finds the work anyway).
+    pub(crate) async fn wake_elsewhere(&self, agent: &AgentId) {
+        let Some(hosting) = &self.hosting else {
+            return;
+        };
+        if matches!(self.slot(agent), Some(Slot::Running(_))) {
+            return;
+        }
+        if let Err(e) = hosting.placement.notify(agent).await {
+            crate::runtime::agent::report_error(
+                self,
+                agent,
+                None,
+                format!("wake-up hint not sent (the host's periodic check finds the work): {e}"),
+            );
+        }
+    }
+
+    /// Hands `envelope` to `agent`. On a durable store it is stored first (acknowledged means
+    /// stored), then queued when the agent runs (the queue is the fast path and the wake-up). On a
+    /// memory store it is queued when the agent runs and kept in the pending deliveries when it is
+    /// stopped. With `overflow_to_store`, a full queue also keeps it for later (the loop picks it
+    /// up when its queue runs empty) instead of refusing.
+    pub(crate) async fn enqueue(
+        &self,
+        agent: &AgentId,
+        envelope: Envelope,
+        overflow_to_store: bool,
+    ) -> Result<(), DeliveryError> {
+        self.enqueue_then(agent, envelope, overflow_to_store, None)
+            .await
+    }
+
+    /// [`enqueue`](Self::enqueue), running `kept` once the envelope is kept (stored, or about to
+    /// be queued) and before the agent can take it: what the sender records about the hand-over
+    /// (a completion notice marked sent) is then done before the receiver's turn can answer it.
+    /// `kept` does not run when the envelope is refused (an unknown or ended agent, a store
+    /// error); call it with `overflow_to_store`, so that a full queue refuses nothing after it ran.
+    pub(crate) async fn enqueue_then(
+        &self,
+        agent: &AgentId,
+        envelope: Envelope,
+        overflow_to_store: bool,
+        mut kept: Option<futures::future::BoxFuture<'_, ()>>,
+    ) -> Result<(), DeliveryError> {
+        let durable = self.stores_every_delivery();
+        match self.slot(agent) {
+            Some(Slot::Running(rt)) => {
+                if !overflow_to_store && rt.queue.len() >= rt.queue.capacity() {
+                    return Err(DeliveryError::QueueFull(QueueError::Full {
+                        agent: agent.clone(),
+                        capacity: rt.queue.capacity(),
+                    }));
+                }
+            }
+            Some(Slot::Stopped(_)) => {}
+            Some(Slot::Ended) => {
+                return Err(DeliveryError::Ended {
+                    agent: agent.clone(),
+                });
+            }
+            None => {
+                return Err(DeliveryError::UnknownAgent {
+                    agent: agent.to_string(),
+                });
+            }
+        }
+        if durable {
+            self.stores.deliveries.persist(agent, &envelope).await?;
+            if let Some(kept) = kept.take() {
+                kept.await;
+            }
+        } else if matches!(self.slot(agent), Some(Slot::Running(_)))
+            && let Some(kept) = kept.take()
+        {
+            // Queued below (or, should the agent stop meanwhile, kept in the store).
+            kept.await;
+        }
+        // Checked again after the write: the agent may have started or stopped meanwhile. A start
+        // reads the store after it marks the agent running, so an envelope stored before that is
+        // handed over by the start, and one stored after it is queued here.
+        let envelope = match self.slot(agent) {
+            Some(Slot::Running(rt)) => {
+                if !rt.admit(&envelope.id) {
+                    return Ok(());
+                }
+                match rt.queue.try_push(envelope) {
+                    Ok(()) => return Ok(()),
+                    Err((e @ QueueError::Full { .. }, envelope)) => {
+                        rt.forget(std::slice::from_ref(&envelope.id));
+                        if durable {
+                            rt.pending.store(true, Ordering::Release);
+                            return Ok(());
+                        }
+                        if !overflow_to_store {
+                            return Err(DeliveryError::QueueFull(e));
+                        }
+                        rt.pending.store(true, Ordering::Release);
+                        *envelope
+                    }
+                    // Closed: the agent is stopping and its queue goes to the store; so does this.
+                    Err((_, envelope)) => {
+                        rt.forget(std::slice::from_ref(&envelope.id));
+                        *envelope
+                    }
+                }
+            }
+            _ => envelope,
+        };
+        if durable {
+            let mut event = self.event(agent, EventKind::DeliveryPersisted);
+            event.channel = Some(envelope.channel.clone());
+            self.emit(event);
+            self.wake_elsewhere(agent).await;
+            return Ok(());
+        }
+        self.persist(agent, envelope.clone()).await?;
+        if let Some(kept) = kept.take() {
+            kept.await;
+        }
+        // Here the write comes after the check above: a start that marked the agent running and
+        // read the store in between missed this envelope. Queue it as that start would have (a
+        // start that read it already has it in `loaded`, so it is not queued twice).
+        if let Some(Slot::Running(rt)) = self.slot(agent)
+            && rt.admit(&envelope.id)
+        {
+            let id = envelope.id.clone();
+            if rt.queue.try_push(envelope).is_err() {
+                rt.forget(std::slice::from_ref(&id));
+                rt.pending.store(true, Ordering::Release);
+            }
+        }
+        Ok(())
+    }
+
+    /// Keeps an envelope for a stopped (or overflowing) agent in its pending deliveries.
+    pub(crate) async fn persist(
+        &self,
+        agent: &AgentId,
+        envelope: Envelope,
+    ) -> Result<(), DeliveryError> {
+        self.stores.deliveries.persist(agent, &envelope).await?;
+        let mut event = self.event(agent, EventKind::DeliveryPersisted);
+        event.channel = Some(envelope.channel.clone());
+        self.emit(event);
+        Ok(())
+    }
+}
+
+impl Host {
+    /// The gate serializing `agent`'s outbox flushes.
+    pub(crate) fn flush_gate(&self, agent: &AgentId) -> Arc<futures::lock::Mutex<()>> {
+        lock(&self.flush_gates)
+            .entry(agent.clone())
+            .or_default()
+            .clone()
+    }
+
+    /// Adds to an agent's token count.
+    pub(crate) fn add_usage(&self, agent: &AgentId, usage: crate::llm::Usage) {
+        let mut all = lock(&self.usage);
+        let entry = all.entry(agent.clone()).or_default();
+        *entry = entry.plus(usage);
+    }
+
+    /// Whether a custom executor of this process still works on the claim of `holder`.
+    pub(crate) fn live_claim(&self, holder: &str) -> bool {
+        lock(&self.live_claims).contains(holder)
+    }
+
+    /// Whether `agent`'s loop here is stopping as a hand-over to its next host (see
+    /// [`OrgInner::handing_over`]).
+    pub(crate) fn is_handing_over(&self, agent: &AgentId) -> bool {
+        lock(&self.handing_over).contains(agent)
+    }
+
+    /// Called when an agent's loop ended: the behaviours let go of what the agent held.
+    pub(crate) async fn behaviours_agent_stopped(self: &Arc<Self>, agent: &AgentId) {
+        let ctx = BehaviourContext::new(self.clone());
+        for behaviour in &self.behaviours {
+            behaviour.on_agent_stopped(&ctx, agent).await;
+        }
+    }
+}
