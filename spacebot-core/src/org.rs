@@ -268,7 +268,8 @@ impl Organization {
     /// It never runs the model. A running agent's full queue is [`DeliveryError::QueueFull`]; a
     /// stopped agent's message is persisted and handed over, once, when it starts.
     ///
-    /// Returns the id of the envelope, which replies name in [`Reply::in_reply_to`].
+    /// Returns the id of the envelope, which replies name in
+    /// [`Reply::in_reply_to`](crate::runtime::Reply::in_reply_to).
     pub async fn deliver(
         &self,
         agent: &str,

@@ -1,18 +1,19 @@
 //! The one hook trait through which behaviours (delegation, conversations, your own) plug into the
 //! host.
 //!
-//! The host (this module's siblings and the core of [`Organization`]) runs agents: queues, turns,
-//! steering, outbound, events. It knows no behaviour. A [`Behaviour`] adds tools, and reacts at a
-//! few points of an agent's life, in the manner of an actor's lifecycle hooks:
+//! The host (this module's siblings, behind [`Organization`](crate::Organization)) runs agents:
+//! queues, turns, steering, outbound, events. It knows no behaviour. A [`Behaviour`] adds tools,
+//! reacts at a few points of an agent's life, in the manner of an actor's lifecycle hooks, and
+//! reaches the host only through a [`BehaviourContext`]:
 //!
 //! | hook | when |
 //! |---|---|
 //! | [`tools`](Behaviour::tools) | when the organization is built |
-//! | [`on_start_all`](Behaviour::on_start_all) | [`Organization::start_all`], before any agent starts |
+//! | [`on_start_all`](Behaviour::on_start_all) | [`Organization::start_all`](crate::Organization::start_all), before any agent starts |
 //! | [`on_agent_started`](Behaviour::on_agent_started) | an agent's loop started (a behaviour may run its own worker beside it) |
 //! | [`exchange_open`](Behaviour::exchange_open) | an announcement travels back along a one-way link: is an exchange open? |
-//! | [`claim_valid`](Behaviour::claim_valid), [`checkpoint`](Behaviour::checkpoint), [`work_ended`](Behaviour::work_ended) | a turn runs claimed work (an envelope with [`TaskWork`]) |
-//! | [`route_answer`](Behaviour::route_answer) | a turn produced an answer: does it belong to this behaviour? |
+//! | [`claim_valid`](Behaviour::claim_valid), [`checkpoint`](Behaviour::checkpoint), [`work_ended`](Behaviour::work_ended), [`work_key`](Behaviour::work_key) | a turn runs the behaviour's claimed work (an envelope with [`TaskWork`] whose owner it is) |
+//! | [`owns_answer`](Behaviour::owns_answer), [`route_answer`](Behaviour::route_answer) | a turn produced an answer: is it this behaviour's to route (not streamed, not sent to the outbound)? |
 //! | [`on_agent_stopped`](Behaviour::on_agent_stopped) | an agent's loop ended |
 //!
 //! Every hook has a default that does nothing, so a behaviour implements only what it needs.

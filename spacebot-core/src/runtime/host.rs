@@ -95,7 +95,7 @@ pub(crate) struct AgentRuntime {
     pub(crate) stopped: Mutex<Option<oneshot::Receiver<()>>>,
     /// The doorbells of the behaviours' workers of this agent, by behaviour (capacity 1: a ring
     /// while one is pending is a no-op); `None` once the agent stops (the workers' bells end).
-    pub(crate) bells: Mutex<Option<Vec<(String, mpsc::Sender<()>)>>>,
+    pub(crate) bells: Mutex<Option<Vec<Bell>>>,
     /// Whether a behaviour's worker took the doorbell.
     pub(crate) bell_taken: AtomicBool,
     /// A ring (or the worker's start) not taken up by a worker round yet: the agent is not idle.
@@ -260,6 +260,9 @@ pub(crate) struct Host {
     /// This process's part in placement, when the organization spans several processes.
     pub(crate) hosting: Option<Arc<crate::runtime::hosting::Hosting>>,
 }
+
+/// A behaviour's doorbell: its name and the sending end.
+pub(crate) type Bell = (String, mpsc::Sender<()>);
 
 /// A rendering with the link-graph version it was made for.
 type Versioned<T> = (u64, T);

@@ -7,6 +7,7 @@
 
 pub(crate) mod agent;
 pub mod behaviour;
+pub(crate) mod commit;
 pub(crate) mod errors;
 pub(crate) mod executor;
 pub mod history;
@@ -14,15 +15,17 @@ pub(crate) mod host;
 pub(crate) mod hosting;
 pub(crate) mod lifecycle;
 pub mod outbound;
+pub(crate) mod prompt;
 pub mod queue;
 pub mod redact;
 pub mod replies;
 pub mod steer;
+pub(crate) mod turn;
 
-pub use agent::{TurnError, TurnOutcome};
 pub use outbound::{
     ChannelOutbound, Outbound, OutboundError, OutboundItem, Reply, ReplyDelta, ReplyKind,
     StreamingOutbound,
 };
 pub use queue::{AgentQueue, BoundedQueue, QueueError, Recv};
 pub use replies::Replies;
+pub use turn::{TurnError, TurnOutcome};
