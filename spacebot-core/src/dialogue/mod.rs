@@ -15,8 +15,8 @@
 //!   The initiator may close it with a final message; any member may sever it.
 //!
 //! Every message that crosses costs one turn of the budget; the conversation is severed when the
-//! budget is spent, and nothing can raise it again (the stores refuse through
-//! [`Conversation::check_successor`]). A concluded conversation may be reopened (same record, same
+//! budget is spent, and nothing can raise it again ([`Conversation::apply`] refuses a turn past it,
+//! the stores refuse through [`Conversation::check_successor`]). A concluded conversation may be reopened (same record, same
 //! remaining budget, same history); a severed one stays severed. When an agent's session ends, its
 //! open conversations are severed.
 //!
@@ -26,6 +26,8 @@
 //!   and the [`Effect`]s to carry out (no I/O, no clock), property-tested on its own;
 //! - `service`: the stores, the read-apply-compare-and-swap loop around `apply`, the effects
 //!   (records, deliveries, retriggers, events) and the exchange notes that keep budgets spent;
+//! - `open`: how a send finds, reopens or creates its conversation (`send_link_message`,
+//!   `open_group`), and the rule that never grants a budget twice to one request;
 //! - `routing`: which answers and tool calls belong to which conversation, and the
 //!   [`Behaviour`](crate::runtime::behaviour::Behaviour) hooks ([`Conversations`]);
 //! - `tools`: the conversation tools, each a [`TypedTool`](crate::tools::TypedTool).

@@ -2,7 +2,7 @@
 //! opened again ([`ConversationEvent::Reopen`]), or a new one; and the two sends that open
 //! conversations, `send_link_message` (mirrored) and `open_group`.
 
-use super::service::{Context, carry_out, deliver_turn, used_by};
+use super::service::{CAS_ATTEMPTS, Context, carry_out, deliver_turn, used_by};
 use super::state::{ConversationEvent, Transition};
 use super::{DialogueError, Exchange, Opening, group_channel, group_key, mirrored_key};
 use crate::conversation::{
@@ -13,11 +13,7 @@ use crate::ids::{AgentId, ChannelId, ConversationId, EnvelopeId};
 use crate::org::Organization;
 use crate::policy;
 
-/// How many times a lookup and its write are retried before giving up with the conflict.
-const CAS_ATTEMPTS: usize = 16;
-
-/// The conversations holding `key` among those `agent` is a member of, with one of `statuses`,
-/// latest first.
+/// The conversations of `status` holding `key` among those `agent` is a member of, latest first.
 async fn holding(
     org: &Organization,
     agent: &AgentId,

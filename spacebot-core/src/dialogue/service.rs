@@ -17,7 +17,7 @@ use crate::prompts::ConversationRulesContext;
 use crate::runtime::agent::report_error;
 
 /// How many times a compare-and-swap is retried before giving up with the conflict.
-const CAS_ATTEMPTS: usize = 16;
+pub(super) const CAS_ATTEMPTS: usize = 16;
 
 /// Notes that the exchange `cause` took a turn of `conversation`.
 ///
