@@ -5,7 +5,8 @@
 //! go down.
 //!
 //! - **Mirrored** (two agents): each side has its own link channel, `link:A:B` and `link:B:A`, both
-//!   registered when the organization starts ([`Organization::ensure_link_channels`](crate::Organization::ensure_link_channels)). A send
+//!   registered when the organization starts
+//!   ([`Organization::ensure_link_channels`](crate::Organization::ensure_link_channels)). A send
 //!   writes a user message into the peer's side (which wakes the peer) and a history-only sent
 //!   record into the sender's side; the peer's final answer is mirrored back the same way.
 //!   `conclude_link(summary)` ends the conversation: the summary reaches the peer's side without
