@@ -9,8 +9,7 @@ use serde_json::json;
 
 use super::{DialogueError, Opening};
 use crate::conversation::{ConversationMode, ConversationStatus, MemberRole};
-use crate::llm::ToolDefinition;
-use crate::tools::{Tool, ToolContext, ToolError, ToolOutput, parse_args};
+use crate::tools::{Tool, ToolContext, ToolError, ToolOutput, TypedTool};
 
 /// Name of the tool that opens or continues a mirrored conversation.
 pub const SEND_LINK_MESSAGE: &str = "send_link_message";
@@ -63,31 +62,30 @@ struct SendArgs {
 }
 
 #[async_trait]
-impl Tool for SendLinkMessage {
-    fn definition(&self) -> ToolDefinition {
-        ToolDefinition::new(
-            SEND_LINK_MESSAGE,
-            "Talk with a linked agent in a conversation: opens one (or continues the open one) and \
-             sends your message; the agent's replies arrive in your link channel with it. End the \
-             conversation with conclude_link once its objective is met.",
-            json!({
-                "type": "object",
-                "properties": {
-                    "target": {"type": "string", "description": "The agent's id or name."},
-                    "message": {"type": "string", "description": "What to say."}
-                },
-                "required": ["target", "message"],
-                "additionalProperties": false
-            }),
-        )
+impl TypedTool for SendLinkMessage {
+    const NAME: &'static str = SEND_LINK_MESSAGE;
+    type Args = SendArgs;
+
+    fn description(&self) -> String {
+        "Talk with a linked agent in a conversation: opens one (or continues the open one) and \
+         sends your message; the agent's replies arrive in your link channel with it. End the \
+         conversation with conclude_link once its objective is met."
+            .into()
     }
 
-    async fn call(
-        &self,
-        ctx: &ToolContext,
-        args: serde_json::Value,
-    ) -> Result<ToolOutput, ToolError> {
-        let args: SendArgs = parse_args(SEND_LINK_MESSAGE, args)?;
+    fn parameters(&self) -> serde_json::Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "target": {"type": "string", "description": "The agent's id or name."},
+                "message": {"type": "string", "description": "What to say."}
+            },
+            "required": ["target", "message"],
+            "additionalProperties": false
+        })
+    }
+
+    async fn run(&self, ctx: &ToolContext, args: SendArgs) -> Result<ToolOutput, ToolError> {
         non_empty(SEND_LINK_MESSAGE, "message", &args.message)?;
         let (conversation, opening) = super::send_mirrored(
             &ctx.org.organization(),
@@ -136,30 +134,29 @@ struct ConcludeArgs {
 }
 
 #[async_trait]
-impl Tool for ConcludeLink {
-    fn definition(&self) -> ToolDefinition {
-        ToolDefinition::new(
-            CONCLUDE_LINK,
-            "End the conversation of this link channel: sends your summary as the final message \
-             and closes the conversation. Use it as soon as the objective is met.",
-            json!({
-                "type": "object",
-                "properties": {
-                    "summary": {"type": "string", "description": "The result, for the other side."},
-                    "target": {"type": "string", "description": "Only outside the link channel: the other agent or the conversation id."}
-                },
-                "required": ["summary"],
-                "additionalProperties": false
-            }),
-        )
+impl TypedTool for ConcludeLink {
+    const NAME: &'static str = CONCLUDE_LINK;
+    type Args = ConcludeArgs;
+
+    fn description(&self) -> String {
+        "End the conversation of this link channel: sends your summary as the final message \
+         and closes the conversation. Use it as soon as the objective is met."
+            .into()
     }
 
-    async fn call(
-        &self,
-        ctx: &ToolContext,
-        args: serde_json::Value,
-    ) -> Result<ToolOutput, ToolError> {
-        let args: ConcludeArgs = parse_args(CONCLUDE_LINK, args)?;
+    fn parameters(&self) -> serde_json::Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "summary": {"type": "string", "description": "The result, for the other side."},
+                "target": {"type": "string", "description": "Only outside the link channel: the other agent or the conversation id."}
+            },
+            "required": ["summary"],
+            "additionalProperties": false
+        })
+    }
+
+    async fn run(&self, ctx: &ToolContext, args: ConcludeArgs) -> Result<ToolOutput, ToolError> {
         non_empty(CONCLUDE_LINK, "summary", &args.summary)?;
         let conversation = super::find_to_conclude(
             &ctx.org.organization(),
@@ -211,32 +208,31 @@ struct OpenGroupArgs {
 }
 
 #[async_trait]
-impl Tool for OpenGroup {
-    fn definition(&self) -> ToolDefinition {
-        ToolDefinition::new(
-            OPEN_GROUP,
-            "Open a group conversation with several linked agents and send the first message. Each \
-             member's output reaches every other member. You own it: close it with close_link and a \
-             final message when you have what you need.",
-            json!({
-                "type": "object",
-                "properties": {
-                    "members": {"type": "array", "items": {"type": "string"}, "minItems": 1,
-                                "description": "The other members' ids or names."},
-                    "message": {"type": "string", "description": "The opening message."}
-                },
-                "required": ["members", "message"],
-                "additionalProperties": false
-            }),
-        )
+impl TypedTool for OpenGroup {
+    const NAME: &'static str = OPEN_GROUP;
+    type Args = OpenGroupArgs;
+
+    fn description(&self) -> String {
+        "Open a group conversation with several linked agents and send the first message. Each \
+         member's output reaches every other member. You own it: close it with close_link and a \
+         final message when you have what you need."
+            .into()
     }
 
-    async fn call(
-        &self,
-        ctx: &ToolContext,
-        args: serde_json::Value,
-    ) -> Result<ToolOutput, ToolError> {
-        let args: OpenGroupArgs = parse_args(OPEN_GROUP, args)?;
+    fn parameters(&self) -> serde_json::Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "members": {"type": "array", "items": {"type": "string"}, "minItems": 1,
+                            "description": "The other members' ids or names."},
+                "message": {"type": "string", "description": "The opening message."}
+            },
+            "required": ["members", "message"],
+            "additionalProperties": false
+        })
+    }
+
+    async fn run(&self, ctx: &ToolContext, args: OpenGroupArgs) -> Result<ToolOutput, ToolError> {
         non_empty(OPEN_GROUP, "message", &args.message)?;
         let (conversation, opening) = super::open_group(
             &ctx.org.organization(),
@@ -281,30 +277,29 @@ struct CloseArgs {
 }
 
 #[async_trait]
-impl Tool for CloseLink {
-    fn definition(&self) -> ToolDefinition {
-        ToolDefinition::new(
-            CLOSE_LINK,
-            "Close a conversation you started, with a final message to the other members. Without \
-             `target` it closes the conversation of the current channel.",
-            json!({
-                "type": "object",
-                "properties": {
-                    "message": {"type": "string", "description": "The final message."},
-                    "target": {"type": "string", "description": "A member or the conversation id."}
-                },
-                "required": ["message"],
-                "additionalProperties": false
-            }),
-        )
+impl TypedTool for CloseLink {
+    const NAME: &'static str = CLOSE_LINK;
+    type Args = CloseArgs;
+
+    fn description(&self) -> String {
+        "Close a conversation you started, with a final message to the other members. Without \
+         `target` it closes the conversation of the current channel."
+            .into()
     }
 
-    async fn call(
-        &self,
-        ctx: &ToolContext,
-        args: serde_json::Value,
-    ) -> Result<ToolOutput, ToolError> {
-        let args: CloseArgs = parse_args(CLOSE_LINK, args)?;
+    fn parameters(&self) -> serde_json::Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "message": {"type": "string", "description": "The final message."},
+                "target": {"type": "string", "description": "A member or the conversation id."}
+            },
+            "required": ["message"],
+            "additionalProperties": false
+        })
+    }
+
+    async fn run(&self, ctx: &ToolContext, args: CloseArgs) -> Result<ToolOutput, ToolError> {
         non_empty(CLOSE_LINK, "message", &args.message)?;
         let conversation = super::find_to_conclude(
             &ctx.org.organization(),
@@ -361,28 +356,27 @@ struct SeverArgs {
 }
 
 #[async_trait]
-impl Tool for SeverLink {
-    fn definition(&self) -> ToolDefinition {
-        ToolDefinition::new(
-            SEVER_LINK,
-            "Sever a conversation you are a member of: it ends at once for every member. Without \
-             `target` it severs the conversation of the current channel.",
-            json!({
-                "type": "object",
-                "properties": {
-                    "target": {"type": "string", "description": "A member or the conversation id."}
-                },
-                "additionalProperties": false
-            }),
-        )
+impl TypedTool for SeverLink {
+    const NAME: &'static str = SEVER_LINK;
+    type Args = SeverArgs;
+
+    fn description(&self) -> String {
+        "Sever a conversation you are a member of: it ends at once for every member. Without \
+         `target` it severs the conversation of the current channel."
+            .into()
     }
 
-    async fn call(
-        &self,
-        ctx: &ToolContext,
-        args: serde_json::Value,
-    ) -> Result<ToolOutput, ToolError> {
-        let args: SeverArgs = parse_args(SEVER_LINK, args)?;
+    fn parameters(&self) -> serde_json::Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "target": {"type": "string", "description": "A member or the conversation id."}
+            },
+            "additionalProperties": false
+        })
+    }
+
+    async fn run(&self, ctx: &ToolContext, args: SeverArgs) -> Result<ToolOutput, ToolError> {
         let conversation = super::find_for(
             &ctx.org.organization(),
             &ctx.agent,
