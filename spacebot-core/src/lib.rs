@@ -10,7 +10,7 @@
 //! | behaviours | [`delegation`] ([`delegation::Delegation`]), [`dialogue`] ([`dialogue::Conversations`]), plugged in through [`Behaviour`] |
 //! | host | [`runtime`]: queues, the agent loop, turns, steering, outbound |
 //! | pure cores | [`task::Task::apply`], [`policy`], [`runtime::steer`], [`runtime::history`] |
-//! | traits and stores | [`Stores`]: [`LinkStore`], [`TaskStore`], [`ChannelStore`], [`ConversationStore`], [`DeliveryStore`]; [`memory`] |
+//! | traits and stores | [`Stores`]: [`LinkStore`], [`TaskStore`], [`ChannelStore`], [`ConversationStore`], [`DeliveryStore`], [`RecordStore`] ([`records`]: behaviours' own storage); [`memory`] |
 //!
 //! # A first organization
 //!
@@ -73,6 +73,7 @@ pub mod org_builder;
 pub mod placement;
 pub mod policy;
 pub mod prompts;
+pub mod records;
 pub mod runtime;
 pub mod stores;
 pub mod task;
@@ -109,6 +110,9 @@ pub use org_builder::OrganizationBuilder;
 pub use placement::{MemoryPlacement, Placement, PlacementLease, PlacementOptions, ProcessId};
 pub use policy::{ApprovalPolicy, LinkGraph, OrgChart};
 pub use prompts::{Identity, Prompts};
+pub use records::{
+    DynRecordStore, Expect, Record, RecordStore, RecordWrite, Records, WriteOutcome,
+};
 pub use runtime::behaviour::{
     AgentWorker, Answer, Behaviour, BehaviourContext, Doorbell, WorkerRound,
 };

@@ -6,6 +6,7 @@ use crate::channel::ChannelStore;
 use crate::conversation::ConversationStore;
 use crate::envelope::DeliveryStore;
 use crate::link::LinkStore;
+use crate::records::RecordStore;
 use crate::task::TaskStore;
 
 /// Every store the runtime needs. Backends build one of these (`spacebot_sqlite::open`,
@@ -22,6 +23,9 @@ pub struct Stores {
     pub channels: Arc<dyn ChannelStore>,
     /// Pending deliveries and applied keys (per agent).
     pub deliveries: Arc<dyn DeliveryStore>,
+    /// Behaviours' own records: keyed, versioned, in a namespace per behaviour (instance-wide;
+    /// see [`records`](crate::records)).
+    pub records: Arc<dyn RecordStore>,
 }
 
 impl Stores {
@@ -39,6 +43,7 @@ impl Stores {
     /// # });
     /// ```
     pub async fn close(&self) {
+        self.records.release().await;
         self.deliveries.release().await;
         self.channels.release().await;
         self.tasks.release().await;

@@ -2,9 +2,9 @@
 //!
 //! [`connect`] to a database and get the [`Stores`] bundle the runtime needs. Unlike the SQLite
 //! and redb backends (one file per agent, one process per data directory), every store lives in
-//! **one schema of one database**: the instance data (links, conversations) and every agent's
-//! board, outbox, channel history, pending deliveries and applied keys, in tables keyed by agent
-//! id. Several processes may connect to the same schema at once and share the agents' boards and
+//! **one schema of one database**: the instance data (links, conversations, behaviours' records)
+//! and every agent's board, outbox, channel history, pending deliveries and applied keys, in
+//! tables keyed by agent id. Several processes may connect to the same schema at once and share the agents' boards and
 //! queues; every guarantee below holds between processes, not only between tasks of one.
 //!
 //! ```no_run
@@ -40,6 +40,8 @@
 //! - Idempotency keys of task creates, applied keys and pending delivery ids are unique
 //!   constraints; a create with a used key returns the first task.
 //! - [`DeliveryStore::commit`](spacebot_core::DeliveryStore::commit) is one transaction.
+//! - A record write is one row (its version, history and effect key); the primary key and the
+//!   unique index of effect keys let exactly one of racing writers, from any processes, insert.
 //! - A transaction PostgreSQL aborts for a concurrent one (a deadlock, a serialization failure)
 //!   is run again; nothing else is retried (an ambiguous failure is returned to the caller).
 //! - What is acknowledged is committed; how durable a commit is depends on the server
@@ -56,6 +58,7 @@ mod error;
 mod links;
 mod options;
 mod placement;
+mod records;
 mod tasks;
 
 use std::sync::Arc;
@@ -70,6 +73,7 @@ pub use crate::deliveries::PgDeliveryStore;
 pub use crate::links::PgLinkStore;
 pub use crate::options::PgOptions;
 pub use crate::placement::PgPlacement;
+pub use crate::records::PgRecordStore;
 pub use crate::tasks::PgTaskStore;
 
 /// The statements of a claim, of the search for expired leases and of the outbox, for the tests
@@ -94,7 +98,7 @@ pub async fn connect(url: &str) -> Result<Stores, StoreError> {
 ///
 /// Each store trait is implemented by a handle sharing the pool: [`PgStores::links`],
 /// [`PgStores::conversations`], [`PgStores::tasks`], [`PgStores::channels`] and
-/// [`PgStores::deliveries`]; [`PgStores::stores`] bundles them all.
+/// [`PgStores::deliveries`], [`PgStores::records`]; [`PgStores::stores`] bundles them all.
 #[derive(Debug, Clone)]
 pub struct PgStores {
     inner: Arc<Inner>,
@@ -208,6 +212,7 @@ impl PgStores {
             tasks: Arc::new(self.tasks()),
             channels: Arc::new(self.channels()),
             deliveries: Arc::new(self.deliveries()),
+            records: Arc::new(self.records()),
         }
     }
 
@@ -234,6 +239,11 @@ impl PgStores {
     /// The [`DeliveryStore`](spacebot_core::DeliveryStore).
     pub fn deliveries(&self) -> PgDeliveryStore {
         PgDeliveryStore(self.clone())
+    }
+
+    /// The [`RecordStore`](spacebot_core::RecordStore).
+    pub fn records(&self) -> PgRecordStore {
+        PgRecordStore(self.clone())
     }
 
     /// The schema named by the options (or made by [`PgStores::temporary`]); `None` when the

@@ -24,6 +24,7 @@ spacebot_core::task_store_conformance!(tasks, fresh!(s => s.tasks()));
 spacebot_core::channel_store_conformance!(channels, fresh!(s => s.channels()));
 spacebot_core::delivery_store_conformance!(deliveries, fresh!(s => s.deliveries()));
 spacebot_core::conversation_store_conformance!(conversations, fresh!(s => s.conversations()));
+spacebot_core::record_store_conformance!(records, fresh!(s => s.records()));
 
 spacebot_core::all_store_conformance!(bundle, fresh!(s => s.stores()));
 

@@ -600,3 +600,81 @@ async fn placement_hints_between_processes_and_a_simulated_partition() {
         Some(p2)
     );
 }
+
+/// Writers in several processes (pools) racing on one record: of those with one expectation
+/// exactly one is written, of those with one effect key exactly one, and writers expecting
+/// nothing are all written with distinct versions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn record_writers_in_several_processes_race_fairly() {
+    use spacebot_core::{Expect as RecordExpect, RecordStore, RecordWrite, WriteOutcome};
+    let Some((first, others)) = processes(3).await else {
+        return;
+    };
+    let all: Vec<PgStores> = std::iter::once(first.clone()).chain(others).collect();
+    let write = |i: usize, key: &str| {
+        RecordWrite::new("notes", key, serde_json::json!(i), format!("p{i}")).at(Timestamp(0))
+    };
+    first.records().write(write(0, "cas")).await.unwrap();
+    const EACH: usize = 6;
+    let racers = |key: &'static str, shape: fn(RecordWrite) -> RecordWrite| {
+        let all = &all;
+        join_all((0..all.len() * EACH).map(move |i| {
+            let store = all[i % all.len()].records();
+            let w = shape(write(i, key));
+            async move { store.write(w).await.unwrap() }
+        }))
+    };
+    let cas = racers("cas", |w| w.expect(RecordExpect::Version(1))).await;
+    let won: Vec<_> = cas.iter().filter(|o| o.is_written()).collect();
+    assert_eq!(won.len(), 1, "one Version(1) writer wins: {cas:?}");
+    assert!(
+        cas.iter().all(|o| o.is_written()
+            || matches!(o, WriteOutcome::Conflict { current: Some(r) } if r.version == 2)),
+        "{cas:?}"
+    );
+    let effect = racers("effect", |w| w.effect_key("turn-1/call-1")).await;
+    assert_eq!(
+        effect.iter().filter(|o| o.is_written()).count(),
+        1,
+        "{effect:?}"
+    );
+    let winner = effect
+        .iter()
+        .find(|o| o.is_written())
+        .and_then(|o| o.record());
+    assert!(
+        effect.iter().all(|o| o.record() == winner),
+        "the others see the winner's record: {effect:?}"
+    );
+    let any = racers("any", |w| w).await;
+    let versions: BTreeSet<u64> = any
+        .iter()
+        .map(|o| match o {
+            WriteOutcome::Written(r) => r.version,
+            other => panic!("an Any writer was not written: {other:?}"),
+        })
+        .collect();
+    assert_eq!(versions, (1..=(all.len() * EACH) as u64).collect());
+    let history = first.records().history("notes", "any").await.unwrap();
+    assert_eq!(history.len(), all.len() * EACH);
+}
+
+/// Records, versions and effect keys survive disconnecting and connecting again to the schema.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_survive_reconnecting() {
+    let Some(url) = support::database_url() else {
+        return;
+    };
+    let schema = schema_name();
+    let result = spacebot_core::conformance::record_store_survives_reopen(|| {
+        let (url, schema) = (url.clone(), schema.clone());
+        async move {
+            let stores = support::options().schema(schema).connect(&url).await?;
+            Ok(std::sync::Arc::new(stores.records())
+                as std::sync::Arc<dyn spacebot_core::RecordStore>)
+        }
+    })
+    .await;
+    admin(&url, &format!("DROP SCHEMA \"{schema}\" CASCADE")).await;
+    result.unwrap();
+}

@@ -3,7 +3,7 @@
 //! [`open`] returns the [`Stores`] bundle of an organization kept under one directory:
 //!
 //! ```text
-//! {dir}/instance.redb                 links, conversations
+//! {dir}/instance.redb                 links, conversations, behaviours' records
 //! {dir}/agents/{id}/spacebot.redb     one agent's tasks, outbox, channel history, deliveries,
 //!                                     applied idempotency keys
 //! ```
@@ -50,6 +50,7 @@ mod backend;
 mod file;
 mod instance;
 mod options;
+mod records;
 mod tables;
 mod worker;
 
@@ -65,6 +66,10 @@ use spacebot_core::channel::ChannelStore;
 use spacebot_core::conversation::{Conversation, ConversationFilter, ConversationStore};
 use spacebot_core::envelope::DeliveryStore;
 use spacebot_core::link::LinkStore;
+use spacebot_core::records::{
+    Record, RecordStore, RecordWrite, WriteOutcome, check_address, check_list_prefix,
+    check_namespace,
+};
 use spacebot_core::task::{
     CompletionNotice, Expect, NewTask, Task, TaskEvent, TaskFilter, TaskStore, Transition,
 };
@@ -200,6 +205,7 @@ impl RedbStore {
             tasks: self.clone(),
             channels: self.clone(),
             deliveries: self.clone(),
+            records: self.clone(),
         }
     }
 
@@ -373,6 +379,54 @@ impl ConversationStore for RedbStore {
         let filter = filter.clone();
         self.instance
             .call(Access::Read, move |t| t.conversation_list(&filter))
+            .await
+    }
+}
+
+#[async_trait]
+impl RecordStore for RedbStore {
+    async fn release(&self) {
+        RedbStore::close(self).await;
+    }
+
+    async fn get(&self, namespace: &str, key: &str) -> Result<Option<Record>, StoreError> {
+        check_address(namespace, key)?;
+        let (ns, key) = (namespace.to_string(), key.to_string());
+        self.instance
+            .call(Access::Read, move |t| t.record_get(&ns, &key))
+            .await
+    }
+    async fn version(
+        &self,
+        namespace: &str,
+        key: &str,
+        version: u64,
+    ) -> Result<Option<Record>, StoreError> {
+        check_address(namespace, key)?;
+        let (ns, key) = (namespace.to_string(), key.to_string());
+        self.instance
+            .call(Access::Read, move |t| t.record_version(&ns, &key, version))
+            .await
+    }
+    async fn write(&self, write: RecordWrite) -> Result<WriteOutcome, StoreError> {
+        write.validate()?;
+        self.instance
+            .call(Access::Write, move |t| t.record_write(write))
+            .await
+    }
+    async fn list(&self, namespace: &str, prefix: &str) -> Result<Vec<Record>, StoreError> {
+        check_namespace(namespace)?;
+        check_list_prefix(prefix)?;
+        let (ns, prefix) = (namespace.to_string(), prefix.to_string());
+        self.instance
+            .call(Access::Read, move |t| t.record_list(&ns, &prefix))
+            .await
+    }
+    async fn history(&self, namespace: &str, key: &str) -> Result<Vec<Record>, StoreError> {
+        check_address(namespace, key)?;
+        let (ns, key) = (namespace.to_string(), key.to_string());
+        self.instance
+            .call(Access::Read, move |t| t.record_history(&ns, &key))
             .await
     }
 }

@@ -35,6 +35,16 @@ pub(crate) const CONVERSATIONS_BY_CREATED: TableDefinition<(i64, &str), ()> =
 /// pair key -> id of the open conversation holding it.
 pub(crate) const CONVERSATIONS_OPEN: TableDefinition<&str, &str> =
     TableDefinition::new("conversations_open");
+/// (namespace, key, version) -> record: every version of every record.
+pub(crate) const RECORDS: TableDefinition<(&str, &str, u64), &[u8]> =
+    TableDefinition::new("records");
+/// (namespace, key) -> latest version: listing walks these. Files written before the record
+/// tables existed get them on their first write.
+pub(crate) const RECORD_HEADS: TableDefinition<(&str, &str), u64> =
+    TableDefinition::new("record_heads");
+/// (namespace, effect key) -> (key, version) the write with that effect key made.
+pub(crate) const RECORD_EFFECTS: TableDefinition<(&str, &str), (&str, u64)> =
+    TableDefinition::new("record_effects");
 
 // Agent files.
 /// Task number -> task.
@@ -73,6 +83,9 @@ pub(crate) fn create_all(tx: &WriteTransaction, kind: &FileKind) -> Result<(), r
             tx.open_table(CONVERSATIONS)?;
             tx.open_table(CONVERSATIONS_BY_CREATED)?;
             tx.open_table(CONVERSATIONS_OPEN)?;
+            tx.open_table(RECORDS)?;
+            tx.open_table(RECORD_HEADS)?;
+            tx.open_table(RECORD_EFFECTS)?;
         }
         FileKind::Agent(_) => {
             tx.open_table(TASKS)?;
@@ -119,6 +132,9 @@ open_tables! {
     conversations: CONVERSATIONS => &'static str, &'static [u8];
     conversations_by_created: CONVERSATIONS_BY_CREATED => (i64, &'static str), ();
     conversations_open: CONVERSATIONS_OPEN => &'static str, &'static str;
+    records: RECORDS => (&'static str, &'static str, u64), &'static [u8];
+    record_heads: RECORD_HEADS => (&'static str, &'static str), u64;
+    record_effects: RECORD_EFFECTS => (&'static str, &'static str), (&'static str, u64);
     tasks: TASKS => u64, &'static [u8];
     ready: READY => (u8, u64), ();
     leases: LEASES => (i64, u64), ();

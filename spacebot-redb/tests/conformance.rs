@@ -22,3 +22,17 @@ spacebot_core::task_store_conformance!(commit_each_two_phase, async {
     )
     .unwrap()
 });
+
+/// Records, versions and effect keys survive closing and reopening the data directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_survive_reopen() -> Result<(), spacebot_core::conformance::ConformanceError> {
+    let dir = fresh_dir();
+    spacebot_core::conformance::record_store_survives_reopen(|| {
+        let dir = dir.clone();
+        async move {
+            let store = RedbStore::open_async(&dir, RedbOptions::default()).await?;
+            Ok(store as std::sync::Arc<dyn spacebot_core::RecordStore>)
+        }
+    })
+    .await
+}

@@ -840,3 +840,52 @@ async fn a_file_without_the_task_key_table_takes_keyed_creates() {
         "old"
     );
 }
+
+/// An instance file written before the record tables existed reads as holding no records, gets
+/// the tables on its first write, and keeps its links.
+#[tokio::test]
+async fn an_instance_file_without_the_record_tables_takes_records() {
+    use spacebot_core::records::{Expect as RecordExpect, RecordStore, RecordWrite, WriteOutcome};
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path());
+    let link = AgentLink::new(
+        agent("a"),
+        agent("b"),
+        LinkDirection::TwoWay,
+        LinkRelationship::Peer,
+        Timestamp(1),
+    );
+    LinkStore::create(&*s, &link).await.unwrap();
+    s.close().await;
+    drop(s);
+    {
+        let db = redb::Database::open(dir.path().join("instance.redb")).unwrap();
+        let tx = db.begin_write().unwrap();
+        let records: redb::TableDefinition<(&str, &str, u64), &[u8]> =
+            redb::TableDefinition::new("records");
+        let heads: redb::TableDefinition<(&str, &str), u64> =
+            redb::TableDefinition::new("record_heads");
+        let effects: redb::TableDefinition<(&str, &str), (&str, u64)> =
+            redb::TableDefinition::new("record_effects");
+        assert!(tx.delete_table(records).unwrap(), "the file had the table");
+        assert!(tx.delete_table(heads).unwrap(), "the file had the table");
+        assert!(tx.delete_table(effects).unwrap(), "the file had the table");
+        tx.commit().unwrap();
+    }
+    let s = store(dir.path());
+    assert_eq!(RecordStore::get(&*s, "notes", "k").await.unwrap(), None);
+    assert_eq!(RecordStore::list(&*s, "notes", "").await.unwrap(), vec![]);
+    let write = RecordWrite::new("notes", "k", serde_json::json!(1), "alice")
+        .expect(RecordExpect::Absent)
+        .effect_key("e")
+        .at(Timestamp(2));
+    assert_eq!(
+        RecordStore::write(&*s, write.clone()).await.unwrap(),
+        WriteOutcome::Written(write.clone().into_record(1))
+    );
+    assert_eq!(
+        RecordStore::write(&*s, write.clone()).await.unwrap(),
+        WriteOutcome::AlreadyApplied(write.into_record(1))
+    );
+    assert_eq!(LinkStore::list(&*s).await.unwrap(), vec![link]);
+}

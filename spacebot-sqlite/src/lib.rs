@@ -5,7 +5,8 @@
 //!
 //! ```text
 //! {dir}/
-//!     instance.db                   links, conversation links and their members
+//!     instance.db                   links, conversation links and their members,
+//!                                   behaviours' records
 //!     agents/
 //!         {agent}/data/spacebot.db  task board, outbox, channel history,
 //!                                   pending deliveries, applied idempotency keys
@@ -53,6 +54,7 @@ mod deliveries;
 mod error;
 mod links;
 mod options;
+mod records;
 mod tasks;
 mod writer;
 
@@ -70,6 +72,7 @@ use crate::db::{Db, DbKind};
 pub use crate::deliveries::SqliteDeliveryStore;
 pub use crate::links::SqliteLinkStore;
 pub use crate::options::{OpenCheck, SqliteOptions, Synchronous};
+pub use crate::records::SqliteRecordStore;
 pub use crate::tasks::SqliteTaskStore;
 pub use crate::writer::WriteStats;
 use spacebot_core::dir_lock::{self, DirLock};
@@ -97,7 +100,8 @@ pub async fn open(dir: impl AsRef<Path>) -> Result<Stores, StoreError> {
 /// lazily. Cheap to clone (clones share the databases).
 ///
 /// Each store trait is implemented by a handle that shares these databases:
-/// [`SqliteStores::links`] and [`SqliteStores::conversations`] on the instance database,
+/// [`SqliteStores::links`], [`SqliteStores::conversations`] and [`SqliteStores::records`] on the
+/// instance database,
 /// [`SqliteStores::tasks`], [`SqliteStores::channels`] and [`SqliteStores::deliveries`] on the
 /// agents' databases; [`SqliteStores::stores`] bundles them all.
 #[derive(Debug, Clone)]
@@ -224,6 +228,7 @@ impl SqliteStores {
             tasks: Arc::new(self.tasks()),
             channels: Arc::new(self.channels()),
             deliveries: Arc::new(self.deliveries()),
+            records: Arc::new(self.records()),
         }
     }
 
@@ -250,6 +255,11 @@ impl SqliteStores {
     /// The [`DeliveryStore`](spacebot_core::DeliveryStore) (agents' databases).
     pub fn deliveries(&self) -> SqliteDeliveryStore {
         SqliteDeliveryStore(self.clone())
+    }
+
+    /// The [`RecordStore`](spacebot_core::RecordStore) (instance database).
+    pub fn records(&self) -> SqliteRecordStore {
+        SqliteRecordStore(self.clone())
     }
 
     /// The directory the stores live in (`None` in memory).

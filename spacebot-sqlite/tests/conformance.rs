@@ -24,3 +24,19 @@ spacebot_core::conversation_store_conformance!(conversations_on_disk, async {
 
 spacebot_core::all_store_conformance!(bundle_on_disk, async { on_disk().await.stores() });
 spacebot_core::all_store_conformance!(bundle_in_memory, async { in_memory().await.stores() });
+spacebot_core::record_store_conformance!(records_on_disk, async { on_disk().await.records() });
+
+/// Records, versions and effect keys survive closing and reopening the data directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_survive_reopen() -> Result<(), spacebot_core::conformance::ConformanceError> {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    spacebot_core::conformance::record_store_survives_reopen(|| {
+        let path = path.clone();
+        async move {
+            let records = SqliteStores::open(&path).await?.records();
+            Ok(std::sync::Arc::new(records) as std::sync::Arc<dyn spacebot_core::RecordStore>)
+        }
+    })
+    .await
+}

@@ -1047,3 +1047,64 @@ async fn a_database_from_before_task_keys_is_migrated() {
     assert_eq!(plain.number, 3);
     stores.close().await;
 }
+
+/// An instance database written by a build that knew only migration 0001 (no records) gains the
+/// records table on open, keeping its links; records then work and survive a reopen.
+#[tokio::test]
+async fn an_instance_database_from_before_records_is_migrated() {
+    use spacebot_core::{Expect, RecordStore, RecordWrite, WriteOutcome};
+    let dir = tempfile::tempdir().unwrap();
+    let db_path = dir.path().join("instance.db");
+    let link = AgentLink::new(
+        agent("alpha"),
+        agent("beta"),
+        LinkDirection::TwoWay,
+        LinkRelationship::Peer,
+        Timestamp(1),
+    );
+    {
+        // Only the first migration, exactly as an older build applied it.
+        let old = tempfile::tempdir().unwrap();
+        let first = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("migrations_instance/0001_instance.sql");
+        std::fs::copy(&first, old.path().join("0001_instance.sql")).unwrap();
+        let migrator = sqlx::migrate::Migrator::new(old.path()).await.unwrap();
+        let options = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(&db_path)
+            .create_if_missing(true);
+        let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
+        migrator.run(&pool).await.unwrap();
+        sqlx::query(
+            "INSERT INTO agent_links (id, from_agent_id, to_agent_id, direction, relationship, \
+             enabled, created_at, updated_at) VALUES (?, 'alpha', 'beta', 'two_way', 'peer', 1, 1, 1)",
+        )
+        .bind(link.id.as_str())
+        .execute(&pool)
+        .await
+        .unwrap();
+        let tables: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM sqlite_schema WHERE name = 'records'")
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        assert_eq!(tables, 0, "the old schema has no records table");
+        pool.close().await;
+    }
+    let stores = SqliteStores::open(dir.path()).await.unwrap();
+    assert_eq!(stores.links().list().await.unwrap(), vec![link.clone()]);
+    let write = RecordWrite::new("notes", "plan", serde_json::json!("v1"), "alice")
+        .expect(Expect::Absent)
+        .effect_key("turn-1")
+        .at(Timestamp(5));
+    let outcome = stores.records().write(write.clone()).await.unwrap();
+    assert_eq!(outcome, WriteOutcome::Written(write.clone().into_record(1)));
+    stores.close().await;
+
+    let stores = SqliteStores::open(dir.path()).await.unwrap();
+    assert_eq!(stores.links().list().await.unwrap(), vec![link]);
+    assert_eq!(
+        stores.records().write(write.clone()).await.unwrap(),
+        WriteOutcome::AlreadyApplied(write.into_record(1))
+    );
+    stores.close().await;
+}

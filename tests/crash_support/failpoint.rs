@@ -1,4 +1,4 @@
-//! A [`Stores`] wrapper that counts every write call of the five stores and, in a child process
+//! A [`Stores`] wrapper that counts every write call of the six stores and, in a child process
 //! started with a failpoint, stops the process exactly before the write with that number: it prints
 //! `CRASHPOINT <n> <call>` to stdout, flushes, and blocks the thread until the parent kills it.
 //! Armed "after a claim" instead, it stops the process at the first write after a task was claimed,
@@ -16,7 +16,8 @@ use spacebot::task::{CompletionNotice, Expect, TaskEvent, TaskFilter, Transition
 use spacebot::{
     AgentId, AgentLink, ChannelId, ChannelRecord, ChannelStore, Conversation, ConversationId,
     ConversationStore, DeliveryStore, Envelope, EnvelopeId, LinkId, LinkStore, NewRecord, NewTask,
-    StoreError, Stores, Task, TaskStore, Timestamp, TurnCommit,
+    Record, RecordStore, RecordWrite, StoreError, Stores, Task, TaskStore, Timestamp, TurnCommit,
+    WriteOutcome,
 };
 
 /// The marker a child prints just before the write it stops at.
@@ -89,7 +90,7 @@ impl Failpoint {
         }
     }
 
-    /// Wraps each of the five stores of `stores`.
+    /// Wraps each of the six stores of `stores`.
     pub fn wrap(self: &Arc<Self>, stores: Stores) -> Stores {
         Stores {
             links: Arc::new(Links(stores.links, self.clone())),
@@ -97,6 +98,7 @@ impl Failpoint {
             tasks: Arc::new(Tasks(stores.tasks, self.clone())),
             channels: Arc::new(Channels(stores.channels, self.clone())),
             deliveries: Arc::new(Deliveries(stores.deliveries, self.clone())),
+            records: Arc::new(Records(stores.records, self.clone())),
         }
     }
 }
@@ -314,5 +316,36 @@ impl DeliveryStore for Deliveries {
     ) -> Result<(), StoreError> {
         self.1.write("deliveries.commit");
         self.0.commit(agent, commit, now).await
+    }
+}
+
+#[derive(Debug)]
+struct Records(Arc<dyn RecordStore>, Arc<Failpoint>);
+
+#[async_trait]
+impl RecordStore for Records {
+    async fn release(&self) {
+        self.0.release().await;
+    }
+    async fn get(&self, namespace: &str, key: &str) -> Result<Option<Record>, StoreError> {
+        self.0.get(namespace, key).await
+    }
+    async fn version(
+        &self,
+        namespace: &str,
+        key: &str,
+        version: u64,
+    ) -> Result<Option<Record>, StoreError> {
+        self.0.version(namespace, key, version).await
+    }
+    async fn write(&self, write: RecordWrite) -> Result<WriteOutcome, StoreError> {
+        self.1.write("records.write");
+        self.0.write(write).await
+    }
+    async fn list(&self, namespace: &str, prefix: &str) -> Result<Vec<Record>, StoreError> {
+        self.0.list(namespace, prefix).await
+    }
+    async fn history(&self, namespace: &str, key: &str) -> Result<Vec<Record>, StoreError> {
+        self.0.history(namespace, key).await
     }
 }

@@ -30,7 +30,8 @@
 //! [`task_store_conformance!`](crate::task_store_conformance),
 //! [`channel_store_conformance!`](crate::channel_store_conformance),
 //! [`delivery_store_conformance!`](crate::delivery_store_conformance),
-//! [`conversation_store_conformance!`](crate::conversation_store_conformance) and
+//! [`conversation_store_conformance!`](crate::conversation_store_conformance),
+//! [`record_store_conformance!`](crate::record_store_conformance) and
 //! [`all_store_conformance!`](crate::all_store_conformance). Each generates a module (named after
 //! the macro, or the name given as a first argument: `task_store_conformance!(on_disk, async {..})`)
 //! that imports everything from the calling module, so the constructor may use the caller's items.
@@ -38,6 +39,10 @@
 //! The calling crate needs, as dev-dependencies, `spacebot-core` with the `conformance` feature and
 //! `tokio` with the `macros` and `rt-multi-thread` features. The tests run on a multi-threaded
 //! runtime.
+//!
+//! A durable [`RecordStore`](crate::RecordStore) also runs [`record_store_survives_reopen`]
+//! (records, versions and effect keys kept across a reopen), which the macros cannot generate: it
+//! needs a way to open the same store again.
 //!
 //! The [`Placement`](crate::Placement) of an organization spread over several processes has its
 //! own checks (`placement_*`), run with [`placement_conformance!`](crate::placement_conformance).
@@ -55,6 +60,7 @@ mod conversation;
 mod delivery;
 mod link;
 mod placement;
+mod records;
 mod support;
 mod task;
 
@@ -63,6 +69,7 @@ pub use conversation::*;
 pub use delivery::*;
 pub use link::*;
 pub use placement::*;
+pub use records::*;
 pub use support::ConformanceError;
 pub use task::*;
 
@@ -157,6 +164,21 @@ macro_rules! conversation_store_conformance {
     };
 }
 
+/// Generates one `#[tokio::test]` per [`RecordStore`](crate::RecordStore) conformance function,
+/// given an expression evaluating to a future of a fresh store. See the
+/// [module docs](crate::conformance).
+///
+/// The calling crate needs `tokio` (features `macros`, `rt-multi-thread`) as a dev-dependency.
+#[macro_export]
+macro_rules! record_store_conformance {
+    ($module:ident, $make:expr) => {
+        $crate::__record_store_tests!($module, $make, |store| &store);
+    };
+    ($make:expr) => {
+        $crate::record_store_conformance!(record_store_conformance, $make);
+    };
+}
+
 /// Generates the whole suite (every store's tests, one `#[tokio::test]` each) given an expression
 /// evaluating to a future of a fresh [`Stores`](crate::Stores) bundle, built anew for every test.
 /// It includes the checks that need two stores of the bundle at once (`stores_*`, such as
@@ -177,6 +199,7 @@ macro_rules! all_store_conformance {
             $crate::__delivery_store_tests!(deliveries, $make, |stores| &*stores.deliveries);
             $crate::__conversation_store_tests!(conversations, $make, |stores| &*stores
                 .conversations);
+            $crate::__record_store_tests!(records, $make, |stores| &*stores.records);
             $crate::__turn_commit_tests!(commits, $make, |stores| &stores);
         }
     };

@@ -20,17 +20,20 @@ mod channel;
 mod conversation;
 mod delivery;
 mod link;
+mod records;
 mod task;
 
 pub use channel::MemoryChannelStore;
 pub use conversation::MemoryConversationStore;
 pub use delivery::MemoryDeliveryStore;
 pub use link::MemoryLinkStore;
+pub use records::MemoryRecordStore;
 pub use task::MemoryTaskStore;
 
 impl Stores {
     /// Every store in memory: a fresh, empty [`MemoryLinkStore`], [`MemoryConversationStore`],
-    /// [`MemoryTaskStore`], [`MemoryChannelStore`] and [`MemoryDeliveryStore`]. The delivery
+    /// [`MemoryTaskStore`], [`MemoryChannelStore`], [`MemoryDeliveryStore`] and
+    /// [`MemoryRecordStore`]. The delivery
     /// store's commits append their records to the bundle's channel store.
     pub fn memory() -> Stores {
         let channels = Arc::new(MemoryChannelStore::new());
@@ -40,6 +43,7 @@ impl Stores {
             tasks: Arc::new(MemoryTaskStore::new()),
             channels: channels.clone(),
             deliveries: Arc::new(MemoryDeliveryStore::with_channels(channels)),
+            records: Arc::new(MemoryRecordStore::new()),
         }
     }
 }

@@ -1,0 +1,729 @@
+//! Records: the storage behaviours declare for themselves, provided by every backend.
+//!
+//! [`Stores`](crate::Stores) holds the stores the host and the built-in behaviours share (links,
+//! tasks, channels, ...). A behaviour that needs storage of its own (shared notes, schedules, a
+//! third party's state) does not add a store to that bundle: it keeps **records** in a namespace of
+//! its own in [`Stores::records`](crate::Stores::records), a [`RecordStore`] that every backend
+//! (memory, SQLite, redb, PostgreSQL) provides and the conformance suite checks.
+//!
+//! A record is a JSON value under `(namespace, key)`, **versioned**: every write adds a new version
+//! (1 for the first write, then 2, 3, ...) and keeps the earlier ones as the key's history. A write
+//! may be
+//! - **compared and set**: [`Expect::Absent`] (only if the key was never written) or
+//!   [`Expect::Version`] (only if its latest version is that one); otherwise the outcome is
+//!   [`WriteOutcome::Conflict`] carrying the current record, and nothing is written;
+//! - **idempotent**: with an [`effect_key`](RecordWrite::effect_key) (a turn's envelope id and tool
+//!   call, say), a write whose key was already applied in the namespace writes nothing and answers
+//!   [`WriteOutcome::AlreadyApplied`] with the record that key wrote: a turn run again after a crash
+//!   does not write twice.
+//!
+//! A write, its version, its place in the history and its effect key are stored in one transaction;
+//! of writers racing with the same expectation exactly one wins, on every backend (on PostgreSQL
+//! also across processes).
+//!
+//! # Typed records
+//!
+//! [`Records<T>`] is a view bound to one namespace that (de)serializes the values as `T`:
+//!
+//! ```
+//! # futures::executor::block_on(async {
+//! use serde::{Deserialize, Serialize};
+//! use spacebot_core::{Expect, Records, Stores, WriteOutcome};
+//!
+//! #[derive(Debug, PartialEq, Serialize, Deserialize)]
+//! struct Note {
+//!     text: String,
+//! }
+//!
+//! let stores = Stores::memory();
+//! let notes: Records<Note> = Records::new(stores.records.clone(), "notes")?;
+//! let first = notes.draft("plan", &Note { text: "ship it".into() }, "alice")?.expect(Expect::Absent);
+//! let WriteOutcome::Written(v1) = notes.write(first).await? else { panic!("written") };
+//! assert_eq!(v1.version, 1);
+//!
+//! // Compare and set: a writer that read version 1 replaces it...
+//! let edit = notes.draft("plan", &Note { text: "ship it Friday".into() }, "bob")?;
+//! let outcome = notes.write(edit.expect(Expect::Version(1)).effect_key("turn-7/call-1")).await?;
+//! assert!(matches!(outcome, WriteOutcome::Written(ref r) if r.version == 2));
+//! // ...and a second writer that also read version 1 is told what is there now.
+//! let late = notes.draft("plan", &Note { text: "ship it Monday".into() }, "carol")?;
+//! let outcome = notes.write(late.expect(Expect::Version(1))).await?;
+//! assert!(matches!(outcome, WriteOutcome::Conflict { current: Some(ref r) } if r.version == 2));
+//!
+//! // The same effect again (a turn run again after a crash) writes nothing.
+//! let again = notes.draft("plan", &Note { text: "ship it Friday".into() }, "bob")?;
+//! let outcome = notes.write(again.expect(Expect::Version(1)).effect_key("turn-7/call-1")).await?;
+//! assert!(matches!(outcome, WriteOutcome::AlreadyApplied(ref r) if r.version == 2));
+//!
+//! let history = notes.history("plan").await?;
+//! assert_eq!(history.len(), 2);
+//! assert_eq!(history[0].value, Note { text: "ship it".into() });
+//! # Ok::<(), spacebot_core::StoreError>(())
+//! # }).unwrap();
+//! ```
+//!
+//! # A behaviour's own store trait
+//!
+//! A behaviour that wants a store trait of its own (so that its code, and its tests, name what it
+//! stores rather than keys and JSON) declares the trait and implements it **once**, over
+//! [`Records`] (or over `Arc<dyn RecordStore>`). Since every backend provides a [`RecordStore`],
+//! every backend then provides the behaviour's store, with no change to any backend crate and no
+//! fork of [`Stores`](crate::Stores):
+//!
+//! ```
+//! use std::sync::Arc;
+//! use async_trait::async_trait;
+//! use serde::{Deserialize, Serialize};
+//! use spacebot_core::{Expect, RecordStore, Records, StoreError, Timestamp, WriteOutcome};
+//!
+//! /// What the "reminders" behaviour stores.
+//! #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+//! pub struct Reminder {
+//!     pub due: Timestamp,
+//!     pub text: String,
+//! }
+//!
+//! /// The behaviour's own store trait.
+//! #[async_trait]
+//! pub trait ReminderStore: Send + Sync {
+//!     /// Adds a reminder under `id`; `false` if one exists already.
+//!     async fn add(&self, id: &str, reminder: &Reminder, by: &str) -> Result<bool, StoreError>;
+//!     /// The reminders due at `now`.
+//!     async fn due(&self, now: Timestamp) -> Result<Vec<Reminder>, StoreError>;
+//! }
+//!
+//! /// Implemented once, over records: every backend provides it.
+//! #[async_trait]
+//! impl ReminderStore for Records<Reminder> {
+//!     async fn add(&self, id: &str, reminder: &Reminder, by: &str) -> Result<bool, StoreError> {
+//!         let write = self.draft(id, reminder, by)?.expect(Expect::Absent).at(reminder.due);
+//!         Ok(matches!(self.write(write).await?, WriteOutcome::Written(_)))
+//!     }
+//!     async fn due(&self, now: Timestamp) -> Result<Vec<Reminder>, StoreError> {
+//!         let all = self.list("").await?;
+//!         Ok(all.into_iter().map(|r| r.value).filter(|r| r.due <= now).collect())
+//!     }
+//! }
+//!
+//! /// The behaviour opens its store from whatever backend the organization runs on.
+//! pub fn reminders(records: Arc<dyn RecordStore>) -> Result<impl ReminderStore, StoreError> {
+//!     Records::<Reminder>::new(records, "reminders")
+//! }
+//!
+//! # futures::executor::block_on(async {
+//! let store = reminders(spacebot_core::Stores::memory().records)?;
+//! let r = Reminder { due: Timestamp(5), text: "standup".into() };
+//! assert!(store.add("standup", &r, "operator").await?);
+//! assert!(!store.add("standup", &r, "operator").await?);
+//! assert_eq!(store.due(Timestamp(10)).await?, vec![r]);
+//! assert!(store.due(Timestamp(1)).await?.is_empty());
+//! # Ok::<(), StoreError>(())
+//! # }).unwrap();
+//! ```
+//!
+//! # Limits
+//!
+//! Namespaces are 1 to [`MAX_NAMESPACE_LEN`] bytes of ASCII letters, digits, `_`, `-`, `.` and
+//! `:`. Keys, authors and effect keys are 1 to [`MAX_KEY_LEN`] bytes (authors
+//! [`MAX_AUTHOR_LEN`]) of any text without control characters. A value is at most
+//! [`MAX_VALUE_LEN`] bytes as JSON text. Anything else is refused with [`StoreError::Invalid`]
+//! naming the field, and nothing is written.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{InvalidInput, StoreError};
+use crate::time::Timestamp;
+
+/// The longest namespace, in bytes.
+pub const MAX_NAMESPACE_LEN: usize = 64;
+/// The longest key (and effect key, and list prefix), in bytes.
+pub const MAX_KEY_LEN: usize = 512;
+/// The longest author, in bytes.
+pub const MAX_AUTHOR_LEN: usize = 256;
+/// The largest value, in bytes of its JSON text.
+pub const MAX_VALUE_LEN: usize = 1 << 20;
+
+/// One version of a record: the value written under `(namespace, key)` by one write.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Record<V = serde_json::Value> {
+    /// Whose records these are: the behaviour's name, such as `notes`.
+    pub namespace: String,
+    /// The record's key in its namespace.
+    pub key: String,
+    /// 1 for the first write of the key, one more for each later write.
+    pub version: u64,
+    /// The value.
+    pub value: V,
+    /// Who wrote this version (an agent id, `operator`, ...).
+    pub author: String,
+    /// When, as the writer said ([`RecordWrite::at`]).
+    pub written_at: Timestamp,
+}
+
+impl<V> Record<V> {
+    /// This record with its value replaced by `f(value)`.
+    pub fn map<W>(self, f: impl FnOnce(V) -> W) -> Record<W> {
+        Record {
+            namespace: self.namespace,
+            key: self.key,
+            version: self.version,
+            value: f(self.value),
+            author: self.author,
+            written_at: self.written_at,
+        }
+    }
+
+    /// `namespace/key version n`, as errors name a record.
+    pub fn describe(&self) -> String {
+        describe(&self.namespace, &self.key, Some(self.version))
+    }
+}
+
+impl Record {
+    /// This record with its value decoded as `T`.
+    ///
+    /// # Errors
+    /// [`StoreError::Corrupt`] naming the record and `T` when the value does not decode.
+    pub fn decode<T: DeserializeOwned>(self) -> Result<Record<T>, StoreError> {
+        let what = self.describe();
+        let value = T::deserialize(self.value).map_err(|e| StoreError::Corrupt {
+            location: format!("record {what}"),
+            reason: format!(
+                "its value does not decode as {}: {e}",
+                std::any::type_name::<T>()
+            ),
+        })?;
+        Ok(Record {
+            namespace: self.namespace,
+            key: self.key,
+            version: self.version,
+            value,
+            author: self.author,
+            written_at: self.written_at,
+        })
+    }
+}
+
+fn describe(namespace: &str, key: &str, version: Option<u64>) -> String {
+    match version {
+        Some(v) => format!("{namespace}/{key:?} version {v}"),
+        None => format!("{namespace}/{key:?}"),
+    }
+}
+
+/// The compare of a compare-and-set: what the key must hold for a write to happen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Expect {
+    /// Write whatever the key holds.
+    #[default]
+    Any,
+    /// Write only if the key was never written.
+    Absent,
+    /// Write only if the key's latest version is this one. A key never written is at version 0,
+    /// so `Version(0)` is the same as [`Expect::Absent`].
+    Version(u64),
+}
+
+impl Expect {
+    /// Whether a key whose latest version is `current` (0 for a key never written) meets this
+    /// expectation.
+    pub fn admits(self, current: u64) -> bool {
+        match self {
+            Self::Any => true,
+            Self::Absent => current == 0,
+            Self::Version(v) => current == v,
+        }
+    }
+}
+
+impl fmt::Display for Expect {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Any => f.write_str("any version"),
+            Self::Absent => f.write_str("no record"),
+            Self::Version(v) => write!(f, "version {v}"),
+        }
+    }
+}
+
+/// One write of a record: built with [`RecordWrite::new`], then [`expect`](RecordWrite::expect),
+/// [`effect_key`](RecordWrite::effect_key) and [`at`](RecordWrite::at) as needed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RecordWrite {
+    /// The namespace (the behaviour's name).
+    pub namespace: String,
+    /// The key.
+    pub key: String,
+    /// The value to write.
+    pub value: serde_json::Value,
+    /// Who writes.
+    pub author: String,
+    /// What the key must hold for the write to happen ([`Expect::Any`] by default).
+    pub expect: Expect,
+    /// Idempotency: a write whose effect key was already applied in this namespace is not written
+    /// again; the outcome is [`WriteOutcome::AlreadyApplied`] with the record that key wrote.
+    pub effect_key: Option<String>,
+    /// The time the written record carries ([`Record::written_at`]). [`RecordWrite::new`] sets the
+    /// wall clock; code that runs on a [`Clock`](crate::Clock) sets `clock.now()` with
+    /// [`RecordWrite::at`]. Stores never read a clock of their own.
+    pub written_at: Timestamp,
+}
+
+impl RecordWrite {
+    /// A write of `value` under `(namespace, key)` by `author`, whatever the key holds, without an
+    /// effect key, at the wall clock's time.
+    pub fn new(
+        namespace: impl Into<String>,
+        key: impl Into<String>,
+        value: serde_json::Value,
+        author: impl Into<String>,
+    ) -> Self {
+        Self {
+            namespace: namespace.into(),
+            key: key.into(),
+            value,
+            author: author.into(),
+            expect: Expect::Any,
+            effect_key: None,
+            written_at: Timestamp::now_utc(),
+        }
+    }
+
+    /// Writes only if the key holds what `expect` says.
+    #[must_use]
+    pub fn expect(mut self, expect: Expect) -> Self {
+        self.expect = expect;
+        self
+    }
+
+    /// Writes at most once per `key` in the namespace (see [`RecordWrite::effect_key`](Self#structfield.effect_key)).
+    #[must_use]
+    pub fn effect_key(mut self, key: impl Into<String>) -> Self {
+        self.effect_key = Some(key.into());
+        self
+    }
+
+    /// The time the record carries.
+    #[must_use]
+    pub fn at(mut self, now: Timestamp) -> Self {
+        self.written_at = now;
+        self
+    }
+
+    /// Checks every field against the [limits](self#limits) and returns the value's JSON text
+    /// (what the durable backends store).
+    ///
+    /// # Errors
+    /// [`StoreError::Invalid`] naming the field.
+    pub fn validate(&self) -> Result<String, StoreError> {
+        check_namespace(&self.namespace)?;
+        check_key(&self.key)?;
+        check_text("record author", &self.author, MAX_AUTHOR_LEN)?;
+        if let Some(effect) = &self.effect_key {
+            check_text("record effect key", effect, MAX_KEY_LEN)?;
+        }
+        let json = serde_json::to_string(&self.value).map_err(|e| {
+            StoreError::Invalid(InvalidInput::new(
+                "record value",
+                format!("cannot be written as JSON: {e}"),
+            ))
+        })?;
+        if json.len() > MAX_VALUE_LEN {
+            return Err(StoreError::Invalid(InvalidInput::new(
+                "record value",
+                format!(
+                    "{} bytes as JSON, more than the limit of {MAX_VALUE_LEN} (record {})",
+                    json.len(),
+                    describe(&self.namespace, &self.key, None)
+                ),
+            )));
+        }
+        Ok(json)
+    }
+
+    /// The record this write makes as version `version`.
+    pub fn into_record(self, version: u64) -> Record {
+        Record {
+            namespace: self.namespace,
+            key: self.key,
+            version,
+            value: self.value,
+            author: self.author,
+            written_at: self.written_at,
+        }
+    }
+}
+
+/// What a [`RecordStore::write`] did.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WriteOutcome<V = serde_json::Value> {
+    /// The write happened: the new latest version.
+    Written(Record<V>),
+    /// The write's effect key was applied before: nothing was written; the record that key wrote.
+    AlreadyApplied(Record<V>),
+    /// The expectation failed: nothing was written.
+    Conflict {
+        /// The key's latest record (`None`: never written).
+        current: Option<Record<V>>,
+    },
+}
+
+impl<V> WriteOutcome<V> {
+    /// The record written now or by the effect key before (`None` for a conflict).
+    pub fn record(&self) -> Option<&Record<V>> {
+        match self {
+            Self::Written(r) | Self::AlreadyApplied(r) => Some(r),
+            Self::Conflict { .. } => None,
+        }
+    }
+
+    /// Whether this write happened now.
+    pub fn is_written(&self) -> bool {
+        matches!(self, Self::Written(_))
+    }
+
+    /// This outcome with its records' values replaced by `f(value)`.
+    pub fn map<W>(self, f: impl Fn(V) -> W) -> WriteOutcome<W> {
+        match self {
+            Self::Written(r) => WriteOutcome::Written(r.map(f)),
+            Self::AlreadyApplied(r) => WriteOutcome::AlreadyApplied(r.map(f)),
+            Self::Conflict { current } => WriteOutcome::Conflict {
+                current: current.map(|r| r.map(f)),
+            },
+        }
+    }
+}
+
+impl WriteOutcome {
+    /// This outcome with its records decoded as `T` (see [`Record::decode`]).
+    ///
+    /// # Errors
+    /// As [`Record::decode`].
+    pub fn decode<T: DeserializeOwned>(self) -> Result<WriteOutcome<T>, StoreError> {
+        Ok(match self {
+            Self::Written(r) => WriteOutcome::Written(r.decode()?),
+            Self::AlreadyApplied(r) => WriteOutcome::AlreadyApplied(r.decode()?),
+            Self::Conflict { current } => WriteOutcome::Conflict {
+                current: current.map(Record::decode).transpose()?,
+            },
+        })
+    }
+}
+
+/// Keyed, versioned records in namespaces (instance-wide; not per agent): the storage of
+/// behaviours. See the [module docs](self).
+///
+/// # Contract
+/// - `write` validates the write ([`RecordWrite::validate`]); an invalid one is refused with
+///   [`StoreError::Invalid`] and writes nothing. `get`, `version`, `history` refuse an invalid
+///   namespace or key, and `list` an invalid namespace or a prefix longer than [`MAX_KEY_LEN`]
+///   or with control characters, the same way.
+/// - `write` first looks for the effect key (if any) in the namespace: if a write with it was
+///   applied, it returns [`WriteOutcome::AlreadyApplied`] with the record that write made (even if
+///   the key has newer versions since, or the effect key wrote another key), and writes nothing.
+///   Otherwise, if the key's latest version (0 when never written) does not meet
+///   [`RecordWrite::expect`], it returns [`WriteOutcome::Conflict`] with the latest record and
+///   writes nothing (the effect key is not recorded). Otherwise it writes version latest + 1 with
+///   the write's value, author and `written_at`, records the effect key, and returns
+///   [`WriteOutcome::Written`]; the record, its version, its history and its effect key are one
+///   transaction.
+/// - Concurrent writes are serializable: of writers with the same expectation on one key exactly
+///   one is `Written`; of writers with one effect key exactly one is `Written`, the others
+///   `AlreadyApplied` with its record; writers with [`Expect::Any`] are all written, with distinct
+///   versions. This holds between processes sharing the store too (PostgreSQL).
+/// - `get` returns the latest version; `version` the given one (`None` for one never written);
+///   `history` every version, oldest first; `list(namespace, prefix)` the latest version of every
+///   key of the namespace that starts with `prefix` (as text, `""` for all), ordered by key (byte
+///   order of the UTF-8 text, as [`str`]'s `Ord`).
+/// - Namespaces are separate: nothing written in one is seen, listed, or its effect keys applied,
+///   in another.
+/// - Values, keys and authors come back exactly as written (any JSON, any Unicode); a durable
+///   backend keeps everything acknowledged across a reopen.
+///
+/// The conformance suite (module `conformance`, feature `conformance`: `record_store_*`) checks
+/// every clause.
+#[async_trait]
+pub trait RecordStore: Send + Sync + fmt::Debug {
+    /// The latest version of the key.
+    async fn get(&self, namespace: &str, key: &str) -> Result<Option<Record>, StoreError>;
+    /// One version of the key.
+    async fn version(
+        &self,
+        namespace: &str,
+        key: &str,
+        version: u64,
+    ) -> Result<Option<Record>, StoreError>;
+    /// Writes a new version, compared and set, at most once per effect key (see the contract).
+    async fn write(&self, write: RecordWrite) -> Result<WriteOutcome, StoreError>;
+    /// The latest version of every key of the namespace starting with `prefix`, in key order.
+    async fn list(&self, namespace: &str, prefix: &str) -> Result<Vec<Record>, StoreError>;
+    /// Every version of one key, oldest first.
+    async fn history(&self, namespace: &str, key: &str) -> Result<Vec<Record>, StoreError>;
+
+    /// Closes what backs this store, waiting for the operations in progress, and releases what it
+    /// holds (a data directory's lock, a connection pool); later calls fail with
+    /// [`StoreError::Backend`]. Closing one store of a backend closes the backend's every store;
+    /// closing again does nothing. The default does nothing (stores that hold nothing to release).
+    async fn release(&self) {}
+}
+
+/// A `dyn` record store.
+pub type DynRecordStore = dyn RecordStore;
+
+#[async_trait]
+impl<T: RecordStore + ?Sized> RecordStore for Arc<T> {
+    async fn get(&self, namespace: &str, key: &str) -> Result<Option<Record>, StoreError> {
+        (**self).get(namespace, key).await
+    }
+    async fn version(
+        &self,
+        namespace: &str,
+        key: &str,
+        version: u64,
+    ) -> Result<Option<Record>, StoreError> {
+        (**self).version(namespace, key, version).await
+    }
+    async fn write(&self, write: RecordWrite) -> Result<WriteOutcome, StoreError> {
+        (**self).write(write).await
+    }
+    async fn list(&self, namespace: &str, prefix: &str) -> Result<Vec<Record>, StoreError> {
+        (**self).list(namespace, prefix).await
+    }
+    async fn history(&self, namespace: &str, key: &str) -> Result<Vec<Record>, StoreError> {
+        (**self).history(namespace, key).await
+    }
+    async fn release(&self) {
+        (**self).release().await
+    }
+}
+
+fn invalid(what: &str, reason: impl Into<String>) -> StoreError {
+    StoreError::Invalid(InvalidInput::new(what, reason))
+}
+
+fn check_text(what: &str, text: &str, max: usize) -> Result<(), StoreError> {
+    if text.is_empty() {
+        return Err(invalid(what, "is empty"));
+    }
+    check_prefix(what, text, max)
+}
+
+fn check_prefix(what: &str, text: &str, max: usize) -> Result<(), StoreError> {
+    if text.len() > max {
+        return Err(invalid(
+            what,
+            format!("{} bytes, more than the limit of {max}", text.len()),
+        ));
+    }
+    if let Some(c) = text.chars().find(|c| c.is_control()) {
+        return Err(invalid(
+            what,
+            format!("{text:?} holds the control character {c:?}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a namespace against the [limits](self#limits).
+///
+/// # Errors
+/// [`StoreError::Invalid`] saying what is wrong.
+pub fn check_namespace(namespace: &str) -> Result<(), StoreError> {
+    check_text("record namespace", namespace, MAX_NAMESPACE_LEN)?;
+    if let Some(c) = namespace
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':')))
+    {
+        return Err(invalid(
+            "record namespace",
+            format!("{namespace:?} holds {c:?}; use ASCII letters, digits, '_', '-', '.' and ':'"),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a key against the [limits](self#limits).
+///
+/// # Errors
+/// [`StoreError::Invalid`] saying what is wrong.
+pub fn check_key(key: &str) -> Result<(), StoreError> {
+    check_text("record key", key, MAX_KEY_LEN)
+}
+
+/// Checks a [`RecordStore::list`] prefix (may be empty).
+///
+/// # Errors
+/// [`StoreError::Invalid`] saying what is wrong.
+pub fn check_list_prefix(prefix: &str) -> Result<(), StoreError> {
+    check_prefix("record key prefix", prefix, MAX_KEY_LEN)
+}
+
+/// Checks the namespace and the key of a read.
+///
+/// # Errors
+/// [`StoreError::Invalid`] saying what is wrong.
+pub fn check_address(namespace: &str, key: &str) -> Result<(), StoreError> {
+    check_namespace(namespace)?;
+    check_key(key)
+}
+
+/// The records of one namespace, with values (de)serialized as `T`: the view a behaviour keeps.
+/// Cheap to clone. See the [module docs](self).
+pub struct Records<T> {
+    store: Arc<dyn RecordStore>,
+    namespace: Arc<str>,
+    _value: PhantomData<fn() -> T>,
+}
+
+impl<T> Clone for Records<T> {
+    fn clone(&self) -> Self {
+        Self {
+            store: self.store.clone(),
+            namespace: self.namespace.clone(),
+            _value: PhantomData,
+        }
+    }
+}
+
+impl<T> fmt::Debug for Records<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Records")
+            .field("namespace", &self.namespace)
+            .field("value", &std::any::type_name::<T>())
+            .field("store", &self.store)
+            .finish()
+    }
+}
+
+impl<T: Serialize + DeserializeOwned> Records<T> {
+    /// The records of `namespace` in `store`.
+    ///
+    /// # Errors
+    /// [`StoreError::Invalid`] for an invalid namespace.
+    pub fn new(
+        store: Arc<dyn RecordStore>,
+        namespace: impl Into<String>,
+    ) -> Result<Self, StoreError> {
+        let namespace = namespace.into();
+        check_namespace(&namespace)?;
+        Ok(Self {
+            store,
+            namespace: namespace.into(),
+            _value: PhantomData,
+        })
+    }
+
+    /// The namespace.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// The untyped store underneath.
+    pub fn store(&self) -> &Arc<dyn RecordStore> {
+        &self.store
+    }
+
+    /// The latest version of `key`.
+    ///
+    /// # Errors
+    /// The store's; [`StoreError::Corrupt`] naming the record if its value does not decode as `T`.
+    pub async fn get(&self, key: &str) -> Result<Option<Record<T>>, StoreError> {
+        self.store
+            .get(&self.namespace, key)
+            .await?
+            .map(Record::decode)
+            .transpose()
+    }
+
+    /// Version `version` of `key`.
+    ///
+    /// # Errors
+    /// As [`Records::get`].
+    pub async fn version(&self, key: &str, version: u64) -> Result<Option<Record<T>>, StoreError> {
+        self.store
+            .version(&self.namespace, key, version)
+            .await?
+            .map(Record::decode)
+            .transpose()
+    }
+
+    /// The latest version of every key starting with `prefix`, in key order.
+    ///
+    /// # Errors
+    /// As [`Records::get`].
+    pub async fn list(&self, prefix: &str) -> Result<Vec<Record<T>>, StoreError> {
+        self.store
+            .list(&self.namespace, prefix)
+            .await?
+            .into_iter()
+            .map(Record::decode)
+            .collect()
+    }
+
+    /// Every version of `key`, oldest first.
+    ///
+    /// # Errors
+    /// As [`Records::get`].
+    pub async fn history(&self, key: &str) -> Result<Vec<Record<T>>, StoreError> {
+        self.store
+            .history(&self.namespace, key)
+            .await?
+            .into_iter()
+            .map(Record::decode)
+            .collect()
+    }
+
+    /// A write of `value` under `key` in this namespace by `author`; add an expectation, an
+    /// effect key and the time, then hand it to [`Records::write`].
+    ///
+    /// # Errors
+    /// [`StoreError::Invalid`] if `value` cannot be serialized.
+    pub fn draft(
+        &self,
+        key: impl Into<String>,
+        value: &T,
+        author: impl Into<String>,
+    ) -> Result<RecordWrite, StoreError> {
+        let value = serde_json::to_value(value).map_err(|e| {
+            invalid(
+                "record value",
+                format!(
+                    "a {} cannot be written as JSON: {e}",
+                    std::any::type_name::<T>()
+                ),
+            )
+        })?;
+        Ok(RecordWrite::new(
+            self.namespace.as_ref(),
+            key,
+            value,
+            author,
+        ))
+    }
+
+    /// Writes `write` (from [`Records::draft`]) and decodes the outcome's records.
+    ///
+    /// # Errors
+    /// [`StoreError::Invalid`] if `write` is for another namespace; else as
+    /// [`RecordStore::write`] and [`Records::get`].
+    pub async fn write(&self, write: RecordWrite) -> Result<WriteOutcome<T>, StoreError> {
+        if write.namespace != *self.namespace {
+            return Err(invalid(
+                "record namespace",
+                format!(
+                    "a write for {:?} given to the records of {:?}",
+                    write.namespace, self.namespace
+                ),
+            ));
+        }
+        self.store.write(write).await?.decode()
+    }
+}

@@ -1,0 +1,243 @@
+//! [`RecordStore`] on the instance database.
+
+use async_trait::async_trait;
+use spacebot_core::records::{
+    Record, RecordStore, RecordWrite, WriteOutcome, check_address, check_list_prefix,
+    check_namespace,
+};
+use spacebot_core::{StoreError, Timestamp};
+use sqlx::sqlite::SqliteRow;
+use sqlx::{Row, SqliteConnection};
+
+use crate::SqliteStores;
+use crate::error::{Location, corrupt, db_error, is_unique_violation};
+
+const COLUMNS: &str = "namespace, key, version, value, author, written_at";
+
+fn decode(location: &Location, row: &SqliteRow) -> Result<Record, StoreError> {
+    let read = |e| db_error(location, "reading a record", e);
+    let namespace: String = row.try_get("namespace").map_err(read)?;
+    let key: String = row.try_get("key").map_err(read)?;
+    let version: i64 = row.try_get("version").map_err(read)?;
+    let bad = |what: &str, why: String| {
+        corrupt(
+            location,
+            format!("record {namespace}/{key:?} version {version}: {what}: {why}"),
+        )
+    };
+    let value: String = row.try_get("value").map_err(read)?;
+    Ok(Record {
+        version: u64::try_from(version).map_err(|_| bad("version", "negative".into()))?,
+        value: serde_json::from_str(&value).map_err(|e| bad("value", e.to_string()))?,
+        author: row.try_get("author").map_err(read)?,
+        written_at: Timestamp(row.try_get("written_at").map_err(read)?),
+        namespace,
+        key,
+    })
+}
+
+/// Reads one record of the writer's transaction.
+async fn one(
+    conn: &mut SqliteConnection,
+    location: &Location,
+    sql: &str,
+    binds: [&str; 2],
+) -> Result<Option<Record>, StoreError> {
+    let row = sqlx::query(sqlx::AssertSqlSafe(sql.to_string()))
+        .bind(binds[0])
+        .bind(binds[1])
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(|e| db_error(location, "reading a record", e))?;
+    row.map(|r| decode(location, &r)).transpose()
+}
+
+impl SqliteStores {
+    async fn query_records(
+        &self,
+        sql: String,
+        binds: &[&str],
+        version: Option<i64>,
+    ) -> Result<Vec<Record>, StoreError> {
+        let db = self.instance();
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for b in binds {
+            query = query.bind(*b);
+        }
+        if let Some(v) = version {
+            query = query.bind(v);
+        }
+        let rows = query
+            .fetch_all(&db.reader)
+            .await
+            .map_err(|e| db_error(&db.location, "reading records", e))?;
+        rows.iter().map(|r| decode(&db.location, r)).collect()
+    }
+}
+
+/// [`RecordStore`] on the instance database (table `records`). Get one from
+/// [`SqliteStores::records`].
+///
+/// A write is one operation of the instance database's writer: its reads (the effect key, the
+/// latest version) and its insert run in one transaction, after every write queued before it, so
+/// racing writers are serialized.
+#[derive(Debug, Clone)]
+pub struct SqliteRecordStore(pub(crate) SqliteStores);
+
+#[async_trait]
+impl RecordStore for SqliteRecordStore {
+    async fn release(&self) {
+        self.0.close().await;
+    }
+
+    async fn get(&self, namespace: &str, key: &str) -> Result<Option<Record>, StoreError> {
+        check_address(namespace, key)?;
+        Ok(self
+            .0
+            .query_records(
+                format!(
+                    "SELECT {COLUMNS} FROM records WHERE namespace = ? AND key = ? \
+                     ORDER BY version DESC LIMIT 1"
+                ),
+                &[namespace, key],
+                None,
+            )
+            .await?
+            .pop())
+    }
+
+    async fn version(
+        &self,
+        namespace: &str,
+        key: &str,
+        version: u64,
+    ) -> Result<Option<Record>, StoreError> {
+        check_address(namespace, key)?;
+        let Ok(version) = i64::try_from(version) else {
+            return Ok(None); // never written: versions count writes
+        };
+        Ok(self
+            .0
+            .query_records(
+                format!(
+                    "SELECT {COLUMNS} FROM records WHERE namespace = ? AND key = ? AND version = ?"
+                ),
+                &[namespace, key],
+                Some(version),
+            )
+            .await?
+            .pop())
+    }
+
+    async fn write(&self, write: RecordWrite) -> Result<WriteOutcome, StoreError> {
+        let json = write.validate()?;
+        let db = self.0.instance();
+        let location = db.location.clone();
+        db.writes
+            .run(move |conn| {
+                Box::pin(async move {
+                    if let Some(effect) = &write.effect_key {
+                        let applied = one(
+                            conn,
+                            &location,
+                            &format!(
+                                "SELECT {COLUMNS} FROM records \
+                                 WHERE namespace = ? AND effect_key = ?"
+                            ),
+                            [&write.namespace, effect],
+                        )
+                        .await?;
+                        if let Some(record) = applied {
+                            return Ok(WriteOutcome::AlreadyApplied(record));
+                        }
+                    }
+                    let current = one(
+                        conn,
+                        &location,
+                        &format!(
+                            "SELECT {COLUMNS} FROM records WHERE namespace = ? AND key = ? \
+                             ORDER BY version DESC LIMIT 1"
+                        ),
+                        [&write.namespace, &write.key],
+                    )
+                    .await?;
+                    let latest = current.as_ref().map_or(0, |r| r.version);
+                    if !write.expect.admits(latest) {
+                        return Ok(WriteOutcome::Conflict { current });
+                    }
+                    let next = latest + 1;
+                    let stored = i64::try_from(next).map_err(|_| {
+                        corrupt(
+                            &location,
+                            format!("record {} has too many versions", write.key),
+                        )
+                    })?;
+                    sqlx::query(
+                        "INSERT INTO records \
+                         (namespace, key, version, value, author, written_at, effect_key) \
+                         VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    )
+                    .bind(&write.namespace)
+                    .bind(&write.key)
+                    .bind(stored)
+                    .bind(&json)
+                    .bind(&write.author)
+                    .bind(write.written_at.0)
+                    .bind(write.effect_key.as_deref())
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(|e| {
+                        if is_unique_violation(&e) {
+                            // The reads above run in the writer's transaction, after every
+                            // earlier write: a duplicate here is not a race but damage.
+                            corrupt(
+                                &location,
+                                format!(
+                                    "record {}/{:?} version {next} exists, but was not read: {e}",
+                                    write.namespace, write.key
+                                ),
+                            )
+                        } else {
+                            db_error(&location, "writing a record", e)
+                        }
+                    })?;
+                    Ok(WriteOutcome::Written(write.into_record(next)))
+                })
+            })
+            .await
+    }
+
+    async fn list(&self, namespace: &str, prefix: &str) -> Result<Vec<Record>, StoreError> {
+        check_namespace(namespace)?;
+        check_list_prefix(prefix)?;
+        // `substr` and `length` count characters alike; the range on `key` serves the index.
+        self.0
+            .query_records(
+                format!(
+                    "SELECT {COLUMNS} FROM records r \
+                     WHERE r.namespace = ?1 AND r.key >= ?2 \
+                     AND substr(r.key, 1, length(?2)) = ?2 \
+                     AND r.version = (SELECT max(m.version) FROM records m \
+                                      WHERE m.namespace = r.namespace AND m.key = r.key) \
+                     ORDER BY r.key"
+                ),
+                &[namespace, prefix],
+                None,
+            )
+            .await
+    }
+
+    async fn history(&self, namespace: &str, key: &str) -> Result<Vec<Record>, StoreError> {
+        check_address(namespace, key)?;
+        self.0
+            .query_records(
+                format!(
+                    "SELECT {COLUMNS} FROM records WHERE namespace = ? AND key = ? \
+                     ORDER BY version"
+                ),
+                &[namespace, key],
+                None,
+            )
+            .await
+    }
+}
