@@ -6,19 +6,16 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod conversation_support;
-
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use async_trait::async_trait;
-use conversation_support::*;
 use proptest::prelude::*;
 use serde_json::json;
 use spacebot_core::conversation::{ConversationFilter, ConversationMode, ConversationStatus};
 use spacebot_core::event::EventKind;
-use spacebot_core::testing::{FnLlm, tool_call};
+use spacebot_core::testing::{FnLlm, OrgHarness as Harness, agent as id, chat, orgs, tool_call};
 use spacebot_core::tools::{Tool, ToolContext, ToolError, ToolOutput};
 use spacebot_core::{
     ChannelStore, ChatMessage, ChatRequest, ChatResponse, RecordKind, ToolDefinition,
@@ -260,15 +257,17 @@ async fn run_case(
         successes: AtomicUsize::new(0),
         stores: stores.clone(),
     });
-    let mut h = Setup::new(ORG)
-        .settings(&format!("conversation_turn_budget = {budget}"))
+    let settings = format!("conversation_turn_budget = {budget}");
+    let mut h = Harness::builder(orgs::with_settings(&settings, ORG))
         .stores(stores)
+        .llm(Arc::new(llm))
+        .manual_clock(spacebot_core::ManualClock::new(1_000))
         .tool(reset.clone())
-        .build(Arc::new(llm))
+        .build()
         .await;
     h.org.start_all().await.unwrap();
     h.org.deliver("a", chat("a", "start")).await.unwrap();
-    h.quiesce().await;
+    h.wait_quiet().await;
     check(&mut h, Outcome { reset, budget }).await
 }
 

@@ -2,17 +2,14 @@
 //! one notice to its delegator, in the originating channel and nowhere else.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
 
-mod delegation_support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use delegation_support::*;
 use proptest::prelude::*;
 use spacebot_core::delegation::{DelegationOrigin, TaskContext, TaskExecutor, TaskOutcome};
-use spacebot_core::testing::FnLlm;
-use spacebot_core::{AgentId, ChannelId, ChatResponse, Stores, Task, TaskStatus};
+use spacebot_core::testing::{FnLlm, OrgHarness, agent as id, last_user_text, orgs};
+use spacebot_core::{ChannelId, ChatResponse, ManualClock, Task, TaskStatus};
 
 /// Works by the description: `ok:X` is done with X, `fail:X` always fails with X, `flaky:X`
 /// fails its first attempt and then is done with X.
@@ -35,7 +32,7 @@ impl TaskExecutor for ByDescription {
     }
 }
 
-/// Pairs the organization's links allow (see `delegation_support::config`).
+/// Pairs the organization's links allow (see `spacebot_core::testing::orgs::DELEGATION`).
 const PAIRS: [(&str, &str); 9] = [
     ("a", "b"),
     ("a", "c"),
@@ -79,17 +76,16 @@ fn name(agent: &str) -> &'static str {
 
 async fn run(workload: Vec<Delegation>) -> Result<(), TestCaseError> {
     let llm = FnLlm::new(|_| Ok(ChatResponse::text("noted")));
-    let executors: Vec<(AgentId, Arc<dyn TaskExecutor>)> = ["a", "b", "c", "d"]
-        .into_iter()
-        .map(|a| (id(a), Arc::new(ByDescription) as Arc<dyn TaskExecutor>))
-        .collect();
-    let h = harness_with(
-        Arc::new(llm.clone()),
+    let mut builder = OrgHarness::builder(orgs::with_settings(
         "task_concurrency = 2",
-        Stores::memory(),
-        executors,
-    )
-    .await;
+        orgs::DELEGATION,
+    ))
+    .llm(Arc::new(llm.clone()))
+    .manual_clock(ManualClock::new(1_000));
+    for agent in ["a", "b", "c", "d"] {
+        builder = builder.executor(agent, Arc::new(ByDescription));
+    }
+    let h = builder.build().await;
     h.org.start_all().await.unwrap();
     // (delegator, target, task number, channel, kind)
     let mut delegated = Vec::new();
@@ -126,7 +122,7 @@ async fn run(workload: Vec<Delegation>) -> Result<(), TestCaseError> {
         );
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    h.settle().await;
+    h.wait_quiet().await;
     prop_assert_eq!(
         llm.requests().len(),
         delegated.len(),
@@ -181,7 +177,7 @@ async fn run(workload: Vec<Delegation>) -> Result<(), TestCaseError> {
         let woken = llm
             .requests_for(&id(from))
             .iter()
-            .filter(|r| last_user_text(r) == text)
+            .filter(|r| last_user_text(&r.messages) == text)
             .count();
         prop_assert_eq!(woken, 1, "{} woken {} times by {:?}", from, woken, text);
         // The passive record is in both link channels, once.

@@ -11,17 +11,17 @@
 // Helpers outside #[test] functions assert too.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod runtime_support;
-
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use proptest::prelude::*;
-use runtime_support::*;
 use serde_json::json;
-use spacebot_core::testing::{MockLlm, MockLlmHandle, PendingCall, tool_call};
+use spacebot_core::testing::tools::EchoTool;
+use spacebot_core::testing::{
+    MockLlm, MockLlmHandle, OrgHarness, PendingCall, agent as id, last_user_text, orgs, tool_call,
+};
 use spacebot_core::{
-    ChatMessage, Clock, EnvelopeId, InboundMessage, InternalMessage, NewTask, TaskRef, TaskStatus,
+    Clock, EnvelopeId, InboundMessage, InternalMessage, ManualClock, NewTask, TaskRef, TaskStatus,
 };
 
 #[derive(Debug, Clone)]
@@ -44,15 +44,7 @@ fn step() -> impl Strategy<Value = Step> {
 }
 
 fn last_user(call: &PendingCall) -> String {
-    call.request
-        .messages
-        .iter()
-        .rev()
-        .find_map(|m| match m {
-            ChatMessage::User { content } => Some(content.to_string()),
-            _ => None,
-        })
-        .unwrap_or_default()
+    last_user_text(&call.request.messages)
 }
 
 /// Lets the agent's loop run until it waits again (on the model or on its queue).
@@ -126,12 +118,13 @@ async fn take_call(
 
 async fn run(steps: Vec<Step>) {
     let (llm, mut calls) = MockLlm::pair();
-    let mut h = harness(
-        Arc::new(llm),
-        "queue_capacity = 1000\ntask_concurrency = 1000",
-        vec![Arc::new(EchoTool)],
-    )
-    .await;
+    let settings = "queue_capacity = 1000\ntask_concurrency = 1000";
+    let mut h = OrgHarness::builder(orgs::with_settings(settings, orgs::RUNTIME))
+        .llm(Arc::new(llm))
+        .manual_clock(ManualClock::new(1_000))
+        .tool(Arc::new(EchoTool))
+        .build()
+        .await;
     let (a, b) = (id("a"), id("b"));
     h.org.start_agent(&a).await.unwrap();
     let mut model = Model {
@@ -165,7 +158,7 @@ async fn run(steps: Vec<Step>) {
                         .org
                         .stores()
                         .tasks
-                        .create(&a, new, h.clock.now())
+                        .create(&a, new, h.manual_clock().now())
                         .await
                         .unwrap();
                     h.org.approve_task(&task.task_ref()).await.unwrap();
@@ -253,8 +246,8 @@ async fn run(steps: Vec<Step>) {
     assert_eq!(answered.len(), messages, "an envelope was lost");
     // ... every task ran once, as a turn of its own, and its result is that turn's answer ...
     for task in &tasks {
-        h.wait_for("the task's end", |ev| {
-            ev.events().iter().any(|e| {
+        h.wait_for("the task's end", |events| {
+            events.iter().any(|e| {
                 e.task.as_ref() == Some(task)
                     && matches!(e.kind, spacebot_core::event::EventKind::TaskCompleted)
             })
@@ -268,15 +261,7 @@ async fn run(steps: Vec<Step>) {
     // ... and each producer's envelopes first presented to the model in the order sent.
     let mut taken = Vec::new();
     for request in calls.requests() {
-        let text = request
-            .messages
-            .iter()
-            .rev()
-            .find_map(|m| match m {
-                ChatMessage::User { content } => Some(content.to_string()),
-                _ => None,
-            })
-            .unwrap_or_default();
+        let text = last_user_text(&request.messages);
         for n in 1..=counter {
             let tag = format!("m{n}");
             let present = text

@@ -39,8 +39,8 @@ use spacebot::llm::ChatResponse;
 use spacebot::runtime::OutboundError;
 use spacebot::testing::{FnLlm, tool_call};
 use spacebot::{
-    AgentId, ChatMessage, ChatRequest, ChildSpec, EnvelopeKind, InboundMessage, Organization,
-    Outbound, Reply, ReplyKind, Source, Stores,
+    AgentId, ChatMessage, ChatRequest, ChildSpec, EnvelopeKind, InboundMessage, LlmProvider,
+    Organization, Outbound, Reply, ReplyKind, Source, Stores,
 };
 use tokio::sync::watch;
 
@@ -520,18 +520,24 @@ pub fn child_main(
     out.flush().expect("stdout");
 }
 
-async fn run(dir: &Path, backend: &str, failpoint: Arc<Failpoint>) -> u64 {
-    let stores = failpoint.wrap(open(backend, &dir.join("data")).await);
-    let answered: BTreeSet<String> = read_replies(dir).iter().flat_map(|r| r.finals()).collect();
-    let acked: BTreeSet<String> = read_acks(dir).into_iter().map(|(_, job, _)| job).collect();
-    let (tx, mut rx) = watch::channel(answered.clone());
+/// The organization of `config` on `stores` with `llm`, answering into `replies.jsonl` (the jobs
+/// answered so far, `answered` included, go to the receiver returned), its link channels made and
+/// `agents` started.
+async fn start_org(
+    dir: &Path,
+    config: &str,
+    stores: Stores,
+    llm: Arc<dyn LlmProvider>,
+    answered: BTreeSet<String>,
+    agents: &[&str],
+) -> (Organization, watch::Receiver<BTreeSet<String>>) {
+    let (tx, rx) = watch::channel(answered);
     let outbound = Arc::new(FileOutbound {
         path: dir.join("replies.jsonl"),
         lock: Mutex::new(()),
         answered: tx,
     });
-    let llm = Arc::new(FnLlm::new(|req| Ok(model(req))));
-    let config = OrgConfig::from_toml_str(CONFIG).expect("the configuration");
+    let config = OrgConfig::from_toml_str(config).expect("the configuration");
     let org = Organization::builder(config)
         .stores(stores)
         .llm(llm)
@@ -543,9 +549,19 @@ async fn run(dir: &Path, backend: &str, failpoint: Arc<Failpoint>) -> u64 {
         .await
         .expect("the organization");
     org.ensure_link_channels().await.expect("link channels");
-    for agent in ["chief", "lead", "worker", "ann", "bob"] {
+    for agent in agents {
         org.start_agent(&id(agent)).await.expect("start");
     }
+    (org, rx)
+}
+
+async fn run(dir: &Path, backend: &str, failpoint: Arc<Failpoint>) -> u64 {
+    let stores = failpoint.wrap(open(backend, &dir.join("data")).await);
+    let answered: BTreeSet<String> = read_replies(dir).iter().flat_map(|r| r.finals()).collect();
+    let acked: BTreeSet<String> = read_acks(dir).into_iter().map(|(_, job, _)| job).collect();
+    let llm = Arc::new(FnLlm::new(|req| Ok(model(req))));
+    let agents = ["chief", "lead", "worker", "ann", "bob"];
+    let (org, mut rx) = start_org(dir, CONFIG, stores, llm, answered.clone(), &agents).await;
     let ack = |verb: &str, job: &str, what: &str| {
         append_synced(&dir.join("ack.log"), &format!("{verb} {job} {what}"));
     };
@@ -660,28 +676,8 @@ async fn run_budget(dir: &Path, backend: &str, failpoint: Arc<Failpoint>) -> u64
     let stores = failpoint.wrap(open(backend, &dir.join("data")).await);
     let answered: BTreeSet<String> = read_replies(dir).iter().flat_map(|r| r.finals()).collect();
     let acked: BTreeSet<String> = read_acks(dir).into_iter().map(|(_, job, _)| job).collect();
-    let (tx, mut rx) = watch::channel(answered);
-    let outbound = Arc::new(FileOutbound {
-        path: dir.join("replies.jsonl"),
-        lock: Mutex::new(()),
-        answered: tx,
-    });
     let llm = Arc::new(counting_model(dir, failpoint.clone()));
-    let config = OrgConfig::from_toml_str(BUDGET_CONFIG).expect("the configuration");
-    let org = Organization::builder(config)
-        .stores(stores)
-        .llm(llm)
-        .outbound(outbound)
-        .events(Arc::new(LogSink(
-            std::env::var_os("SPACEBOT_CRASH_TRACE").is_some(),
-        )))
-        .build()
-        .await
-        .expect("the organization");
-    org.ensure_link_channels().await.expect("link channels");
-    for agent in ["a", "b"] {
-        org.start_agent(&id(agent)).await.expect("start");
-    }
+    let (org, mut rx) = start_org(dir, BUDGET_CONFIG, stores, llm, answered, &["a", "b"]).await;
     let job = BUDGET_JOBS[0];
     if !acked.contains(job) {
         let envelope = org

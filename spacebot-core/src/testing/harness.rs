@@ -32,7 +32,9 @@ use std::time::Duration;
 
 use futures::StreamExt;
 
+use crate::channel::RecordKind;
 use crate::config::OrgConfig;
+use crate::conversation::{Conversation, ConversationFilter};
 use crate::delegation::TaskExecutor;
 use crate::event::{Event, EventKind};
 use crate::ids::{AgentId, ChannelId};
@@ -41,8 +43,8 @@ use crate::org::Organization;
 use crate::rt::{TokioClock, TokioSpawner};
 use crate::runtime::Reply;
 use crate::stores::Stores;
-use crate::task::{TaskFilter, TaskStatus};
-use crate::testing::RecordingSink;
+use crate::task::{Task, TaskFilter, TaskStatus};
+use crate::testing::{MockLlmHandle, PendingCall, RecordingSink, agent as agent_id};
 use crate::time::{Clock, ManualClock};
 use crate::tools::Tool;
 
@@ -238,6 +240,60 @@ impl OrgHarness {
         self.events.kinds().iter().filter(|k| pred(k)).count()
     }
 
+    /// Task `number` of `agent`'s board (fails the test when it is missing).
+    pub async fn task(&self, agent: &str, number: u64) -> Task {
+        self.stores
+            .tasks
+            .get(&agent_id(agent), number)
+            .await
+            .expect("the task store answers")
+            .unwrap_or_else(|| panic!("no task {agent}#{number}"))
+    }
+
+    /// Every task of `agent`'s board, by number.
+    pub async fn board(&self, agent: &str) -> Vec<Task> {
+        self.stores
+            .tasks
+            .list(&agent_id(agent), &TaskFilter::default())
+            .await
+            .expect("the task store answers")
+    }
+
+    /// The texts of `owner`'s side of the link channel with `peer`, oldest first.
+    pub async fn link_texts(&self, owner: &str, peer: &str) -> Vec<String> {
+        self.history(owner, &super::link(owner, peer))
+            .await
+            .into_iter()
+            .map(|r| r.record.content.into_string())
+            .collect()
+    }
+
+    /// `(kind, content)` of the records of `agent`'s `channel`, oldest first, tool records left
+    /// out.
+    pub async fn lines(&self, agent: &str, channel: &ChannelId) -> Vec<(RecordKind, String)> {
+        self.history(agent, channel)
+            .await
+            .into_iter()
+            .filter(|r| r.record.kind != RecordKind::Tool)
+            .map(|r| (r.record.kind, r.record.content.into_string()))
+            .collect()
+    }
+
+    /// Every conversation.
+    pub async fn all_conversations(&self) -> Vec<Conversation> {
+        self.org
+            .conversations(&ConversationFilter::default())
+            .await
+            .expect("the conversation store answers")
+    }
+
+    /// The one conversation (fails the test when there are more or none).
+    pub async fn only_conversation(&self) -> Conversation {
+        let all = self.all_conversations().await;
+        assert_eq!(all.len(), 1, "expected one conversation, got {all:#?}");
+        all.into_iter().next().expect("one conversation")
+    }
+
     /// The history of `agent`'s `channel`, oldest first.
     pub async fn history(&self, agent: &str, channel: &ChannelId) -> Vec<crate::ChannelRecord> {
         let agent = AgentId::parse(agent).expect("a valid agent id");
@@ -331,5 +387,15 @@ impl OrgHarnessBuilder {
             clock: self.clock,
             timeout: Duration::from_secs(10),
         }
+    }
+}
+
+/// The next model call of a [`MockLlm`](crate::testing::MockLlm) pair, failing the test after
+/// 10 s (a hang guard, not a timing assertion).
+pub async fn next_call(calls: &mut MockLlmHandle) -> PendingCall {
+    match tokio::time::timeout(Duration::from_secs(10), calls.next()).await {
+        Ok(Some(call)) => call,
+        Ok(None) => panic!("the model's handle closed"),
+        Err(_) => panic!("no model call within 10 s"),
     }
 }

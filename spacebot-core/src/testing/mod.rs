@@ -11,28 +11,41 @@
 //! [`RecordingSink`] keeps every emitted [`Event`](crate::event::Event).
 //!
 //! None of them needs an async runtime: they are built on `futures` alone. With the `tokio` feature,
-//! [`OrgHarness`] wires a whole organization for a test: replies, recorded events, and waits that
-//! fail the test after a timeout.
+//! [`OrgHarness`] wires a whole organization for a test: replies, recorded events, waits that
+//! fail the test after a timeout, and read-outs of its stores. It is the one harness every suite
+//! runs on (this crate's tests, the scenario suites on every backend, the provider's and the
+//! HTTP API's tests); what the suites share besides lives here too:
+//!
+//! - [`orgs`]: the organizations the suites run, as TOML;
+//! - [`tools`]: small tools (`echo`, `broken`, `ping`);
+//! - [`FailingDeliveries`]: a delivery store that refuses one agent's deliveries;
+//! - helpers to build tool calls and read requests ([`tool_call`], [`last_user_text`],
+//!   [`tool_results`]) and messages and channels ([`user`], [`chat`], [`portal`], [`link`]).
 
 mod fn_llm;
 #[cfg(feature = "tokio")]
 mod harness;
+pub mod orgs;
 mod pair;
 mod recording;
 mod scripted;
+mod stores;
+pub mod tools;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 pub use fn_llm::FnLlm;
 #[cfg(feature = "tokio")]
-pub use harness::{OrgHarness, OrgHarnessBuilder};
+pub use harness::{OrgHarness, OrgHarnessBuilder, next_call};
 pub use pair::{MockLlm, MockLlmHandle, PendingCall};
 pub use recording::RecordingSink;
 pub use scripted::ScriptedLlm;
+pub use stores::FailingDeliveries;
 
-use crate::ids::AgentId;
-use crate::llm::{ChatRequest, ToolCall};
+use crate::ids::{AgentId, ChannelId};
+use crate::llm::{ChatMessage, ChatRequest, ToolCall};
+use crate::org::InboundMessage;
 
 /// Locks a mutex, recovering the data if another thread panicked while holding it (the guarded
 /// data are plain collections that stay consistent between statements).
@@ -88,6 +101,56 @@ pub fn last_user_text(messages: &[crate::llm::ChatMessage]) -> String {
             _ => None,
         })
         .unwrap_or_default()
+}
+
+/// The tool results in `messages`, in order.
+///
+/// ```
+/// use spacebot_core::llm::ChatMessage;
+/// use spacebot_core::testing::tool_results;
+/// let messages = vec![
+///     ChatMessage::User { content: "hi".into() },
+///     ChatMessage::Tool { tool_call_id: "c1".into(), content: "42".into() },
+/// ];
+/// assert_eq!(tool_results(&messages), vec!["42".to_string()]);
+/// ```
+pub fn tool_results(messages: &[ChatMessage]) -> Vec<String> {
+    messages
+        .iter()
+        .filter_map(|m| match m {
+            ChatMessage::Tool { content, .. } => Some(content.to_string()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Agent id `s`.
+///
+/// # Panics
+/// When `s` is not a valid agent id (a test's own mistake).
+#[allow(clippy::panic)]
+pub fn agent(s: &str) -> AgentId {
+    AgentId::parse(s).unwrap_or_else(|e| panic!("{s:?} is not a valid agent id: {e}"))
+}
+
+/// A message from user `u1` of the portal (channel `portal:u1`).
+pub fn user(text: &str) -> InboundMessage {
+    InboundMessage::new("portal", "u1", text)
+}
+
+/// A message from the portal chat of `agent` (channel [`portal`]`(agent)`).
+pub fn chat(agent_id: &str, text: &str) -> InboundMessage {
+    InboundMessage::new("portal", format!("chat:{agent_id}"), text).with_channel(portal(agent_id))
+}
+
+/// The portal chat channel of `agent`.
+pub fn portal(agent_id: &str) -> ChannelId {
+    ChannelId::portal(&agent(agent_id))
+}
+
+/// The link channel `owner` keeps with `peer`.
+pub fn link(owner: &str, peer: &str) -> ChannelId {
+    ChannelId::link(&agent(owner), &agent(peer))
 }
 
 /// A [`ToolCall`] of tool `name` with JSON arguments `args`.

@@ -1,0 +1,239 @@
+//! The organization's configuration: agents, links and settings, from TOML.
+//!
+//! ```toml
+//! [[agents]]
+//! id = "support"
+//! name = "Support Agent"          # optional, defaults to the id
+//! workspace = "agents/support"    # optional: where SOUL.md, IDENTITY.md, USER.md, ROLE.md live
+//!
+//! [[agents]]
+//! id = "engineering"
+//!
+//! [[links]]
+//! from = "support"
+//! to = "engineering"
+//! direction = "two_way"           # optional: one_way | two_way (default)
+//! relationship = "subordinate"    # optional: peer (default) | superior | subordinate
+//! enabled = true                  # optional, default true
+//!
+//! [settings]                      # optional, every key optional
+//! approval = "never"              # never (default) | always | unless_superior
+//! max_delegation_depth = 4
+//! max_tool_rounds = 16
+//! queue_capacity = 256
+//! conversation_turn_budget = 20
+//! ```
+//!
+//! [`OrgConfig::from_toml_str`] checks everything before returning: unknown keys, missing or
+//! mistyped fields, bad agent ids, unknown enum values, duplicate agents, links to unknown agents,
+//! self-links, duplicate pairs and reverse links whose relationships contradict each other. Every
+//! problem found is reported, each naming its entry and field, and nothing is returned unless all
+//! of it is valid. [`OrgConfig::sync_links`] then writes the links to a [`LinkStore`], config
+//! winning over what the store holds.
+
+mod error;
+mod parse;
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::StoreError;
+use crate::ids::{AgentId, LinkId};
+use crate::link::{AgentLink, LinkDirection, LinkRelationship, LinkStore};
+use crate::policy::{ApprovalPolicy, LinkGraph};
+use crate::time::Timestamp;
+
+pub use error::{ConfigError, ConfigIssue};
+
+/// A whole organization: its agents, their links, and runtime settings.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OrgConfig {
+    /// The agents, in file order.
+    #[serde(default)]
+    pub agents: Vec<AgentConfig>,
+    /// The links, in file order.
+    #[serde(default)]
+    pub links: Vec<LinkConfig>,
+    /// Runtime settings.
+    #[serde(default)]
+    pub settings: Settings,
+}
+
+/// One `[[agents]]` entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfig {
+    /// The agent's id.
+    pub id: AgentId,
+    /// Display name (defaults to the id).
+    pub name: String,
+    /// The directory holding the agent's identity files, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<PathBuf>,
+}
+
+/// One `[[links]]` entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LinkConfig {
+    /// The agent the link starts from.
+    pub from: AgentId,
+    /// The agent the link points to.
+    pub to: AgentId,
+    /// Who may start an exchange (default two-way).
+    #[serde(default = "default_direction")]
+    pub direction: LinkDirection,
+    /// What `from` is to `to` (default peer).
+    #[serde(default = "default_relationship")]
+    pub relationship: LinkRelationship,
+    /// Whether the link allows anything (default true).
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+}
+
+fn default_direction() -> LinkDirection {
+    LinkDirection::TwoWay
+}
+fn default_relationship() -> LinkRelationship {
+    LinkRelationship::Peer
+}
+fn default_true() -> bool {
+    true
+}
+
+impl LinkConfig {
+    /// The id a config link gets when it is first written to a store: `{from}:{to}`. (A link that
+    /// already exists for the pair keeps its id.)
+    pub fn link_id(&self) -> LinkId {
+        LinkId::new(format!("{}:{}", self.from, self.to))
+    }
+
+    /// This link as an [`AgentLink`] created and updated at `now`.
+    pub fn to_link(&self, now: Timestamp) -> AgentLink {
+        AgentLink {
+            id: self.link_id(),
+            from: self.from.clone(),
+            to: self.to.clone(),
+            direction: self.direction,
+            relationship: self.relationship,
+            enabled: self.enabled,
+            created_at: now,
+            updated_at: now,
+        }
+    }
+}
+
+/// The optional `[settings]` table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Settings {
+    /// Whether delegated tasks wait for approval (default [`ApprovalPolicy::Never`]).
+    pub approval: ApprovalPolicy,
+    /// The longest delegation chain, in hops (default 4).
+    pub max_delegation_depth: usize,
+    /// Tool rounds allowed in one model turn (default 16).
+    pub max_tool_rounds: u32,
+    /// Capacity of each agent's inbound queue (default 256).
+    pub queue_capacity: usize,
+    /// Turns a conversation may take before it is severed (default 20).
+    pub conversation_turn_budget: u32,
+    /// Tasks one agent works on at the same time (default 1). Tasks run as turns of the agent's own
+    /// tool loop go through its queue one at a time whatever this says; custom task executors run
+    /// up to this many at once.
+    pub task_concurrency: usize,
+    /// Tool calls run from one model response (default 32). Calls past it are not run: each is
+    /// answered to the model as an error, so one response cannot fan out into thousands of effects.
+    pub max_tool_calls_per_response: u32,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            approval: ApprovalPolicy::Never,
+            max_delegation_depth: 4,
+            max_tool_rounds: 16,
+            queue_capacity: 256,
+            conversation_turn_budget: 20,
+            task_concurrency: 1,
+            max_tool_calls_per_response: 32,
+        }
+    }
+}
+
+impl OrgConfig {
+    /// Checks a configuration built in code (or deserialized with serde, which checks only the
+    /// shape) by the same rules, and with the same messages, as [`from_toml_str`](Self::from_toml_str).
+    ///
+    /// ```
+    /// use spacebot_core::config::{AgentConfig, OrgConfig};
+    /// use spacebot_core::AgentId;
+    /// let agent = AgentConfig { id: AgentId::parse("a").unwrap(), name: "A".into(), workspace: None };
+    /// let config = OrgConfig { agents: vec![agent.clone(), agent], ..Default::default() };
+    /// let err = config.validate().unwrap_err();
+    /// assert!(err.to_string().contains("agents[1] (a): field \"id\": duplicate agent id"));
+    /// ```
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let text = self.to_toml_string().map_err(|e| ConfigError::Syntax {
+            path: None,
+            message: e.to_string(),
+        })?;
+        Self::from_toml_str(&text).map(|_| ())
+    }
+
+    /// Reads and validates the configuration file at `path`; errors name the file.
+    pub fn load(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::from_toml_str(&text).map_err(|e| e.with_path(path))
+    }
+
+    /// The configuration as TOML text (which [`from_toml_str`](Self::from_toml_str) reads back).
+    pub fn to_toml_string(&self) -> Result<String, toml::ser::Error> {
+        toml::to_string(self)
+    }
+
+    /// The agent with this id.
+    pub fn agent(&self, id: &str) -> Option<&AgentConfig> {
+        self.agents.iter().find(|a| a.id.as_str() == id)
+    }
+
+    /// The display name of agent `id` (the id itself for an agent not in the config).
+    pub fn name_of<'a>(&'a self, id: &'a str) -> &'a str {
+        self.agent(id).map_or(id, |a| a.name.as_str())
+    }
+
+    /// The agents' ids, in file order.
+    pub fn agent_ids(&self) -> impl Iterator<Item = &AgentId> {
+        self.agents.iter().map(|a| &a.id)
+    }
+
+    /// The configured links as [`AgentLink`]s created and updated at `now`, with ids
+    /// [`LinkConfig::link_id`].
+    pub fn links_at(&self, now: Timestamp) -> Vec<AgentLink> {
+        self.links.iter().map(|l| l.to_link(now)).collect()
+    }
+
+    /// Writes the configured links to `store` in one atomic
+    /// [`upsert_all`](LinkStore::upsert_all): config wins over what the store holds for the same
+    /// pair (the stored link keeps its id and creation time); links the config does not name are
+    /// left alone.
+    pub async fn sync_links(
+        &self,
+        store: &dyn LinkStore,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        store.upsert_all(&self.links_at(now)).await
+    }
+
+    /// A policy snapshot of the configured agents and links (link ids as in
+    /// [`links_at`](Self::links_at)). Once links are synced to a store, the runtime's snapshot
+    /// comes from the store ([`LinkGraph::load`]), which also holds links created at run time.
+    pub fn graph(&self) -> LinkGraph {
+        LinkGraph::new(self.agent_ids().cloned(), self.links_at(Timestamp(0)))
+    }
+}
