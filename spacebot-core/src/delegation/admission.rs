@@ -348,3 +348,183 @@ impl Organization {
         }
     }
 }
+
+#[cfg(all(test, feature = "testing", feature = "tokio"))]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::super::testkit::{board, claim, harness, id, origin, origin_in};
+    use super::*;
+    use crate::error::DenialReason;
+    use crate::event::EventKind;
+
+    /// The reason of a policy refusal, or a failure naming what came instead.
+    fn denial(result: Result<Task, DelegationError>) -> DenialReason {
+        match result {
+            Err(DelegationError::Denied(denied)) => denied.reason,
+            other => panic!("expected a policy refusal, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_delegation_without_a_link_is_refused_and_creates_nothing() {
+        let (h, _llm) = harness("").await;
+        let refused = h
+            .org
+            .delegate(&id("a"), "x", "Pick a word.", origin())
+            .await;
+        assert_eq!(denial(refused), DenialReason::NoLink);
+        assert!(board(&h, "x").await.is_empty());
+        // An unknown target names the agents the delegator may reach instead.
+        match h
+            .org
+            .delegate(&id("a"), "zed", "Pick a word.", origin())
+            .await
+        {
+            Err(DelegationError::UnknownAgent { target, reachable }) => {
+                assert_eq!(target, "zed");
+                assert_eq!(reachable, vec!["b (Beta)".to_string(), "c (Gamma)".into()]);
+            }
+            other => panic!("expected UnknownAgent, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_delegation_back_into_its_own_chain_is_refused_as_a_cycle() {
+        let (h, _llm) = harness("").await;
+        h.org
+            .delegate(&id("a"), "b", "Find a word.", origin())
+            .await
+            .unwrap();
+        let b1 = claim(&h, "b", "b:worker:t:1").await;
+        let c1 = h
+            .org
+            .delegate(&id("b"), "Gamma", "Pick one.", origin_in(&b1))
+            .await
+            .unwrap();
+        assert_eq!(c1.metadata.delegation_chain, vec![id("a"), id("b")]);
+        assert_eq!(c1.metadata.parent_task, Some(b1.task_ref()));
+        let c1 = claim(&h, "c", "c:worker:t:1").await;
+        let refused = h
+            .org
+            .delegate(&id("c"), "a", "Back to you.", origin_in(&c1))
+            .await;
+        assert_eq!(
+            denial(refused),
+            DenialReason::Cycle {
+                chain: vec![id("a"), id("b"), id("c")]
+            }
+        );
+        assert!(board(&h, "a").await.is_empty(), "nothing created on a");
+    }
+
+    #[tokio::test]
+    async fn a_chain_past_the_depth_limit_is_refused() {
+        let (h, _llm) = harness("max_delegation_depth = 1").await;
+        h.org
+            .delegate(&id("a"), "b", "Find a word.", origin())
+            .await
+            .unwrap();
+        let b1 = claim(&h, "b", "b:worker:t:1").await;
+        let refused = h
+            .org
+            .delegate(&id("b"), "c", "Pick one.", origin_in(&b1))
+            .await;
+        assert_eq!(denial(refused), DenialReason::DepthExceeded { limit: 1 });
+        assert!(board(&h, "c").await.is_empty());
+        // The parent records no child for the refused delegation.
+        let b1 = h.stores.tasks.get(&id("b"), 1).await.unwrap().unwrap();
+        assert!(b1.metadata.children.is_empty());
+    }
+
+    #[tokio::test]
+    async fn only_the_worker_of_a_task_in_progress_delegates_from_it() {
+        let (h, _llm) = harness("").await;
+        let b1 = h
+            .org
+            .delegate(&id("a"), "b", "Find a word.", origin())
+            .await
+            .unwrap();
+        // b#1 is ready, not claimed: nobody works on it.
+        let refused = h
+            .org
+            .delegate(&id("b"), "c", "Pick one.", origin_in(&b1))
+            .await;
+        assert!(
+            matches!(refused, Err(DelegationError::Invalid(_))),
+            "{refused:?}"
+        );
+        assert!(board(&h, "c").await.is_empty());
+    }
+
+    #[tokio::test]
+    async fn empty_messages_and_rounds_past_the_limit_are_refused() {
+        let (h, _llm) = harness("max_delegation_depth = 2").await;
+        let empty = h.org.delegate(&id("a"), "b", "  \n", origin()).await;
+        assert!(
+            matches!(empty, Err(DelegationError::Invalid(_))),
+            "{empty:?}"
+        );
+        let late = DelegationOrigin {
+            round: 4,
+            ..origin()
+        };
+        match h.org.delegate(&id("a"), "b", "Again.", late).await {
+            Err(DelegationError::RoundLimit { agent, limit }) => {
+                assert_eq!((agent, limit), (id("a"), 4));
+            }
+            other => panic!("expected RoundLimit, got {other:?}"),
+        }
+        assert!(board(&h, "b").await.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_repeated_idempotency_key_returns_the_same_task_once() {
+        let (h, _llm) = harness("").await;
+        let keyed = || DelegationOrigin {
+            key: Some("turn-1:0:0".into()),
+            ..origin()
+        };
+        let first = h
+            .org
+            .delegate(&id("a"), "b", "Pick a word. Then tell me.", keyed())
+            .await
+            .unwrap();
+        assert_eq!(first.title, "Pick a word.");
+        assert_eq!(first.status, TaskStatus::Ready);
+        assert_eq!(first.metadata.delegated_by, Some(id("a")));
+        let again = h
+            .org
+            .delegate(&id("a"), "b", "Pick a word. Then tell me.", keyed())
+            .await
+            .unwrap();
+        assert_eq!(again.number, first.number);
+        assert_eq!(board(&h, "b").await.len(), 1);
+        assert_eq!(
+            h.count(|k| matches!(k, EventKind::TaskCreated { .. })),
+            1,
+            "told once"
+        );
+        // The assignment is written once on each side of the link.
+        for (owner, peer) in [("a", "b"), ("b", "a")] {
+            let records = h
+                .history(owner, &ChannelId::link(&id(owner), &id(peer)))
+                .await;
+            assert_eq!(records.len(), 1, "{owner}'s side: {records:?}");
+            assert_eq!(
+                records[0].record.content.as_str(),
+                "a assigned task #1 to b: Pick a word."
+            );
+        }
+        // Another key is another delegation.
+        let other = DelegationOrigin {
+            key: Some("turn-2:0:0".into()),
+            ..origin()
+        };
+        let second = h
+            .org
+            .delegate(&id("a"), "b", "Pick a word.", other)
+            .await
+            .unwrap();
+        assert_eq!(second.number, first.number + 1);
+    }
+}

@@ -35,6 +35,9 @@ mod outbox;
 mod tools;
 mod worker;
 
+#[cfg(all(test, feature = "testing", feature = "tokio"))]
+mod testkit;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;

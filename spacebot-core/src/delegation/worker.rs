@@ -367,3 +367,161 @@ pub(super) async fn record_outcome(
         }
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claims_of_the_task_loop_are_told_from_other_behaviours_claims() {
+        let b = AgentId::parse("b").unwrap();
+        assert!(owns_claim(&b, "b:worker:0a1b:3"));
+        assert!(owns_claim(&b, "b:worker:0a1b:3@web-1"));
+        assert!(!owns_claim(&b, "b:schedule:tick-7"), "another behaviour's");
+        assert!(!owns_claim(&b, "bob:worker:0a1b:3"), "another agent's");
+        assert!(!owns_claim(&b, ""));
+    }
+
+    #[test]
+    fn a_resumed_task_shows_its_children_results_and_counts_their_rounds() {
+        let mut task = Task {
+            agent: AgentId::parse("b").unwrap(),
+            number: 1,
+            title: "Find a word.".into(),
+            description: "Find a word.".into(),
+            status: TaskStatus::Ready,
+            priority: crate::task::Priority::Medium,
+            created_by: "agent:a".into(),
+            metadata: crate::task::TaskMetadata::default(),
+            attempts: 0,
+            max_attempts: 3,
+            lease: None,
+            revision: 0,
+            result: None,
+            error: None,
+            created_at: crate::time::Timestamp(0),
+            updated_at: crate::time::Timestamp(0),
+        };
+        task.metadata.delegated_by = Some(AgentId::parse("a").unwrap());
+        task.metadata.round = 2;
+        assert_eq!(
+            task_input(&task),
+            "You have been assigned task #1: Find a word.\n\nFind a word.\n\n(Delegated by a.)"
+        );
+        assert_eq!(task_round(&task), 2);
+        let child = |n: u64, ended: Option<TaskStatus>| crate::task::ChildTask {
+            task: crate::ids::TaskRef::new(AgentId::parse("c").unwrap(), n),
+            ended,
+            outcome: ended.map(|_| format!("word {n}")),
+        };
+        task.metadata.children = vec![child(1, Some(TaskStatus::Done)), child(2, None)];
+        let text = task_input(&task);
+        assert!(
+            text.ends_with(
+                "The tasks you delegated have ended:\n- c#1 (done): word 1\n\nFinish your task with these results."
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("c#2"), "a child still running is not shown");
+        assert_eq!(task_round(&task), 4, "one round per child delegated");
+    }
+}
+
+#[cfg(all(test, feature = "testing", feature = "tokio"))]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod loop_tests {
+    use super::super::testkit::{Attempts, claim, harness, harness_with, id, origin, wait_status};
+    use super::*;
+
+    #[tokio::test]
+    async fn a_claimed_task_runs_as_a_turn_of_the_agent_and_completes_with_its_answer() {
+        let (h, llm) = harness("").await;
+        llm.push_text(&id("b"), "nebula");
+        h.org
+            .delegate(&id("a"), "b", "Pick a random word.", origin())
+            .await
+            .unwrap();
+        h.org.start_agent(&id("b")).await.unwrap();
+        let done = wait_status(&h, "b", 1, TaskStatus::Done).await;
+        assert_eq!(done.result.as_deref(), Some("nebula"));
+        assert_eq!(done.attempts, 0);
+        assert!(done.lease.is_none());
+        // The model saw the task as its input.
+        let requests = llm.requests_for(&id("b"));
+        assert_eq!(requests.len(), 1);
+        assert_eq!(
+            crate::testing::last_user_text(&requests[0].messages),
+            task_input(&done)
+        );
+        // The claim carried a holder id of the task loop's own.
+        let holders: Vec<String> = h
+            .events
+            .kinds()
+            .into_iter()
+            .filter_map(|k| match k {
+                EventKind::TaskClaimed { holder } => Some(holder),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(holders.len(), 1, "{holders:?}");
+        assert!(owns_claim(&id("b"), &holders[0]), "{holders:?}");
+    }
+
+    #[tokio::test]
+    async fn a_failing_attempt_is_requeued_until_the_attempts_are_spent_then_fails() {
+        let failing = Attempts::new(|n| Some(Err(TaskError::Retry(format!("boom {n}")))));
+        let (h, _llm) = harness_with("", vec![("b", failing.clone())]).await;
+        h.org
+            .delegate(&id("a"), "b", "Pick a random word.", origin())
+            .await
+            .unwrap();
+        h.org.start_agent(&id("b")).await.unwrap();
+        let failed = wait_status(&h, "b", 1, TaskStatus::Failed).await;
+        assert_eq!((failed.attempts, failed.max_attempts), (3, 3));
+        assert_eq!(failing.calls(), 3);
+        assert!(
+            failed.error.as_deref().unwrap_or("").contains("boom 3"),
+            "{failed:?}"
+        );
+        assert_eq!(h.count(|k| matches!(k, EventKind::TaskRequeued { .. })), 2);
+        assert_eq!(h.count(|k| matches!(k, EventKind::TaskFailed { .. })), 1);
+    }
+
+    #[tokio::test]
+    async fn a_claim_left_by_a_stopped_process_is_recovered_without_using_an_attempt() {
+        let (h, llm) = harness("").await;
+        llm.push_text(&id("b"), "nebula");
+        h.org
+            .delegate(&id("a"), "b", "Pick a random word.", origin())
+            .await
+            .unwrap();
+        // A worker of an earlier process claimed it, then its process ended.
+        claim(&h, "b", "b:worker:gone:1").await;
+        h.org.start_agent(&id("b")).await.unwrap();
+        let done = wait_status(&h, "b", 1, TaskStatus::Done).await;
+        assert_eq!(done.result.as_deref(), Some("nebula"));
+        assert_eq!(done.attempts, 0, "a recovery uses no attempt");
+        assert_eq!(done.metadata.recoveries, 1);
+    }
+
+    #[tokio::test]
+    async fn an_expired_lease_requeues_the_task_and_frees_the_hung_worker_slot() {
+        // The first attempt never returns; the second completes.
+        let hanging = Attempts::new(|n| (n > 1).then(|| Ok(TaskOutcome::Done(format!("try {n}")))));
+        let (h, _llm) = harness_with("", vec![("b", hanging.clone())]).await;
+        h.org
+            .delegate(&id("a"), "b", "Pick a random word.", origin())
+            .await
+            .unwrap();
+        h.org.start_agent(&id("b")).await.unwrap();
+        h.wait_until("the first attempt", || async { hanging.calls() == 1 })
+            .await;
+        h.manual_clock()
+            .advance(DEFAULT_LEASE + LEASE_CHECK_INTERVAL);
+        let done = wait_status(&h, "b", 1, TaskStatus::Done).await;
+        assert_eq!(done.result.as_deref(), Some("try 2"));
+        assert_eq!(done.attempts, 1, "the expired attempt counts");
+        assert_eq!(hanging.calls(), 2);
+    }
+}
