@@ -194,3 +194,87 @@ impl Drop for SlotGuard {
         self.0.ring();
     }
 }
+
+#[cfg(all(test, feature = "testing", feature = "tokio"))]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use std::time::Duration;
+
+    use super::super::testkit::{Attempts, claim, harness, harness_with, id, origin, wait_status};
+    use super::*;
+    use crate::event::EventKind;
+    use crate::task::TaskStatus;
+
+    #[tokio::test]
+    async fn a_custom_executor_completes_the_task_with_its_result() {
+        let done = Attempts::new(|_| Some(Ok(TaskOutcome::Done("42".into()))));
+        let (h, llm) = harness_with("", vec![("b", done.clone())]).await;
+        h.org
+            .delegate(&id("a"), "b", "Compute the answer.", origin())
+            .await
+            .unwrap();
+        h.org.start_agent(&id("b")).await.unwrap();
+        let task = wait_status(&h, "b", 1, TaskStatus::Done).await;
+        assert_eq!(task.result.as_deref(), Some("42"));
+        assert_eq!(done.calls(), 1);
+        assert!(llm.requests_for(&id("b")).is_empty(), "b's model not used");
+        assert_eq!(h.count(|k| matches!(k, EventKind::TaskCompleted)), 1);
+    }
+
+    #[tokio::test]
+    async fn an_executor_that_gives_up_fails_the_task_at_once() {
+        let give_up = Attempts::new(|_| Some(Err(TaskError::GiveUp("bad input".into()))));
+        let (h, _llm) = harness_with("", vec![("b", give_up.clone())]).await;
+        h.org
+            .delegate(&id("a"), "b", "Compute the answer.", origin())
+            .await
+            .unwrap();
+        h.org.start_agent(&id("b")).await.unwrap();
+        let task = wait_status(&h, "b", 1, TaskStatus::Failed).await;
+        assert_eq!(give_up.calls(), 1, "not retried");
+        assert!(
+            task.error.as_deref().unwrap_or("").contains("bad input"),
+            "{task:?}"
+        );
+        assert_eq!(h.count(|k| matches!(k, EventKind::TaskRequeued { .. })), 0);
+    }
+
+    #[tokio::test]
+    async fn renew_extends_the_lease_of_its_own_claim_only_while_it_lasts() {
+        let (h, _llm) = harness("").await;
+        h.org
+            .delegate(&id("a"), "b", "Compute the answer.", origin())
+            .await
+            .unwrap();
+        let task = claim(&h, "b", "b:worker:t:1").await;
+        let ctx = TaskContext {
+            org: h.org.clone(),
+            holder: "b:worker:t:1".into(),
+            task: task.task_ref(),
+        };
+        h.manual_clock().advance(Duration::from_secs(300));
+        ctx.renew().await.unwrap();
+        let renewed = h.stores.tasks.get(&id("b"), 1).await.unwrap().unwrap();
+        let until = renewed.lease.expect("still claimed").expires_at;
+        assert_eq!(until, h.org.inner.clock.now().plus(DEFAULT_LEASE));
+        // Another holder cannot renew it.
+        let stranger = TaskContext {
+            holder: "b:worker:t:2".into(),
+            ..ctx.clone()
+        };
+        assert!(matches!(
+            stranger.renew().await,
+            Err(StoreError::NotLeaseHolder { .. })
+        ));
+        // Once the claim is over, renewing fails.
+        let complete = TaskEvent::Complete {
+            holder: "b:worker:t:1".into(),
+            result: "42".into(),
+        };
+        h.org.task_transition(&id("b"), 1, complete).await.unwrap();
+        assert!(matches!(
+            ctx.renew().await,
+            Err(StoreError::InvalidTransition(_))
+        ));
+    }
+}

@@ -309,3 +309,163 @@ async fn notice_round(
         .flatten()
         .map_or((0, None), |t| (t.metadata.round, t.metadata.cause))
 }
+
+#[cfg(all(test, feature = "testing", feature = "tokio"))]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::super::testkit::{board, claim, harness, id, origin, origin_in, portal};
+    use super::*;
+    use crate::task::NewTask;
+
+    /// The texts of `owner`'s side of its link channel with `peer`.
+    async fn link_texts(h: &crate::testing::OrgHarness, owner: &str, peer: &str) -> Vec<String> {
+        h.history(owner, &ChannelId::link(&id(owner), &id(peer)))
+            .await
+            .iter()
+            .map(|r| r.record.content.as_str().to_string())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn the_terminal_transition_writes_the_notice_and_a_flush_delivers_it_once() {
+        let (h, _llm) = harness("").await;
+        let (a, b) = (id("a"), id("b"));
+        h.org
+            .delegate(&a, "b", "Pick a random word.", origin())
+            .await
+            .unwrap();
+        claim(&h, "b", "b:worker:t:1").await;
+        let now = h.org.inner.clock.now();
+        let complete = TaskEvent::Complete {
+            holder: "b:worker:t:1".into(),
+            result: "nebula".into(),
+        };
+        let t = h
+            .stores
+            .tasks
+            .transition(&b, 1, Expect::any(), complete, now)
+            .await
+            .unwrap();
+        // Written in the same step as the new status.
+        let notice = t.notice.expect("a notice with the terminal transition");
+        assert_eq!(notice.key, "b#1:done");
+        assert_eq!(notice.outcome, "nebula");
+        assert_eq!(notice.delegated_by, a);
+        assert_eq!(notice.originating_channel, Some(portal()));
+        assert_eq!(
+            h.stores.tasks.outbox_pending(&b).await.unwrap(),
+            vec![notice]
+        );
+
+        h.org.flush_outbox(&b).await;
+        assert!(
+            h.stores.tasks.outbox_pending(&b).await.unwrap().is_empty(),
+            "marked sent"
+        );
+        let expected = vec![
+            "a assigned task #1 to b: Pick a random word.".to_string(),
+            "b completed task #1: nebula".to_string(),
+        ];
+        assert_eq!(link_texts(&h, "a", "b").await, expected);
+        assert_eq!(link_texts(&h, "b", "a").await, expected);
+        // The delegator is not running: its retrigger waits in its store.
+        let kept = h.stores.deliveries.pending(&a).await.unwrap();
+        assert_eq!(kept.len(), 1, "{kept:?}");
+        assert_eq!(kept[0].kind, EnvelopeKind::Retrigger);
+        assert_eq!(kept[0].channel, portal());
+        assert_eq!(kept[0].idempotency_key.as_deref(), Some("b#1:done"));
+        assert_eq!(kept[0].round, 1);
+        assert!(kept[0].content.contains("nebula"), "{kept:?}");
+        let delivered = |h: &crate::testing::OrgHarness| {
+            h.count(|k| matches!(k, EventKind::NoticeDelivered { key } if key == "b#1:done"))
+        };
+        assert_eq!(delivered(&h), 1);
+
+        // Flushing again finds nothing to send: nothing is written twice.
+        h.org.flush_outbox(&b).await;
+        assert_eq!(delivered(&h), 1);
+        assert_eq!(link_texts(&h, "a", "b").await, expected);
+        assert_eq!(link_texts(&h, "b", "a").await, expected);
+        assert_eq!(h.stores.deliveries.pending(&a).await.unwrap().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn only_the_end_of_a_delegated_task_writes_a_notice() {
+        let (h, _llm) = harness("").await;
+        let b = id("b");
+        h.org
+            .delegate(&id("a"), "b", "Pick a random word.", origin())
+            .await
+            .unwrap();
+        claim(&h, "b", "b:worker:t:1").await;
+        // A failed attempt with attempts left requeues the task: not an end.
+        let fail = TaskEvent::Fail {
+            holder: "b:worker:t:1".into(),
+            error: "boom".into(),
+        };
+        let t = h.org.task_transition(&b, 1, fail).await.unwrap();
+        assert_eq!(t.task.status, TaskStatus::Ready);
+        assert!(t.notice.is_none());
+        assert!(h.stores.tasks.outbox_pending(&b).await.unwrap().is_empty());
+        assert_eq!(
+            h.count(|k| matches!(k, EventKind::TaskRequeued { attempts: 1, .. })),
+            1
+        );
+        // A task of b's own (not delegated) ends without a notice.
+        let now = h.org.inner.clock.now();
+        h.stores
+            .tasks
+            .create(&b, NewTask::new("Tidy up.", ""), now)
+            .await
+            .unwrap();
+        let cancel = TaskEvent::Cancel {
+            reason: "not needed".into(),
+        };
+        let t = h.org.task_transition(&b, 2, cancel).await.unwrap();
+        assert_eq!(t.task.status, TaskStatus::Cancelled);
+        assert!(t.notice.is_none());
+        assert!(h.stores.tasks.outbox_pending(&b).await.unwrap().is_empty());
+        assert_eq!(
+            h.count(|k| matches!(k, EventKind::NoticeDelivered { .. })),
+            0
+        );
+    }
+
+    #[tokio::test]
+    async fn a_child_notice_marks_the_child_ended_on_its_parent_task_instead_of_waking_a_model() {
+        let (h, _llm) = harness("").await;
+        let (b, c) = (id("b"), id("c"));
+        h.org
+            .delegate(&id("a"), "b", "Find a word.", origin())
+            .await
+            .unwrap();
+        let b1 = claim(&h, "b", "b:worker:t:1").await;
+        h.org
+            .delegate(&b, "c", "Pick one.", origin_in(&b1))
+            .await
+            .unwrap();
+        let wait = TaskEvent::Wait {
+            holder: "b:worker:t:1".into(),
+        };
+        let parked = h.org.task_transition(&b, 1, wait).await.unwrap();
+        assert_eq!(parked.task.status, TaskStatus::Waiting);
+        claim(&h, "c", "c:worker:t:1").await;
+        let complete = TaskEvent::Complete {
+            holder: "c:worker:t:1".into(),
+            result: "nebula".into(),
+        };
+        // The runtime's transition flushes c's outbox at once.
+        h.org.task_transition(&c, 1, complete).await.unwrap();
+        assert!(h.stores.tasks.outbox_pending(&c).await.unwrap().is_empty());
+        let b1 = board(&h, "b").await.remove(0);
+        assert_eq!(b1.status, TaskStatus::Ready, "its last child ended");
+        assert_eq!(b1.metadata.children.len(), 1);
+        assert_eq!(b1.metadata.children[0].ended, Some(TaskStatus::Done));
+        assert_eq!(b1.metadata.children[0].outcome.as_deref(), Some("nebula"));
+        assert!(
+            h.stores.deliveries.pending(&b).await.unwrap().is_empty(),
+            "no retrigger for b's model"
+        );
+        assert_eq!(link_texts(&h, "b", "c").await.len(), 2);
+    }
+}

@@ -372,3 +372,318 @@ pub(super) fn builtin_tools() -> Vec<Arc<dyn Tool>> {
         Arc::new(TaskUpdate),
     ]
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::llm::ToolDefinition;
+
+    /// The definitions as they were before the tools became `TypedTool`s, copied verbatim: the
+    /// model must see the same names, descriptions and schemas.
+    fn definitions_before() -> Vec<ToolDefinition> {
+        vec![
+            ToolDefinition::new(
+                "send_agent_message",
+                "Delegate work to another agent you are linked to. The message becomes a \
+                    task on that agent's board; your turn ends, and you are woken with the result when \
+                    the task is done or failed. `target` is the agent's id or name.",
+                serde_json::json!({
+                    "type": "object",
+                    "properties": {
+                        "target": {"type": "string", "description": "The agent's id or display name."},
+                        "message": {"type": "string", "description": "What the agent should do, with the context it needs."}
+                    },
+                    "required": ["target", "message"],
+                    "additionalProperties": false
+                }),
+            ),
+            ToolDefinition::new(
+                "task_create",
+                "Add a task to your own board. It is ready to run unless `backlog` is true.",
+                serde_json::json!({
+                    "type": "object",
+                    "properties": {
+                        "title": {"type": "string"},
+                        "description": {"type": "string"},
+                        "priority": {"type": "string", "enum": ["low", "medium", "high", "urgent"]},
+                        "backlog": {"type": "boolean"}
+                    },
+                    "required": ["title"],
+                    "additionalProperties": false
+                }),
+            ),
+            ToolDefinition::new(
+                "task_list",
+                "List tasks on your board, or (read-only) on the board of an agent that \
+                    reports to you. Optionally only one status.",
+                serde_json::json!({
+                    "type": "object",
+                    "properties": {
+                        "agent": {"type": "string", "description": "A subordinate's id or name; omit for your own board."},
+                        "status": {"type": "string", "enum": [
+                            "pending_approval", "backlog", "ready", "in_progress", "waiting",
+                            "done", "failed", "cancelled"
+                        ]}
+                    },
+                    "additionalProperties": false
+                }),
+            ),
+            ToolDefinition::new(
+                "task_update",
+                "Change a task on your own board: approve (pending_approval -> ready), \
+                    schedule (backlog -> ready), park (-> backlog) or cancel.",
+                serde_json::json!({
+                    "type": "object",
+                    "properties": {
+                        "number": {"type": "integer", "minimum": 1},
+                        "action": {"type": "string", "enum": ["approve", "schedule", "park", "cancel"]},
+                        "reason": {"type": "string"}
+                    },
+                    "required": ["number", "action"],
+                    "additionalProperties": false
+                }),
+            ),
+        ]
+    }
+
+    #[test]
+    fn the_definitions_are_those_the_model_saw_before() {
+        let after: Vec<ToolDefinition> = builtin_tools().iter().map(|t| t.definition()).collect();
+        assert_eq!(after, definitions_before());
+    }
+
+    #[test]
+    fn arguments_that_do_not_fit_are_refused_before_the_tool_runs() {
+        let cases: [(&str, serde_json::Value); 6] = [
+            ("send_agent_message", serde_json::json!({"target": "b"})),
+            (
+                "send_agent_message",
+                serde_json::json!({"target": "b", "message": "m", "cc": "c"}),
+            ),
+            ("task_create", serde_json::json!({"title": 7})),
+            ("task_list", serde_json::json!({"board": "b"})),
+            (
+                "task_update",
+                serde_json::json!({"number": -1, "action": "park"}),
+            ),
+            ("task_update", serde_json::json!({"action": "park"})),
+        ];
+        for (name, args) in cases {
+            let parsed = match name {
+                "send_agent_message" => {
+                    crate::tools::parse_args::<SendAgentMessageArgs>(name, args).map(|_| ())
+                }
+                "task_create" => crate::tools::parse_args::<TaskCreateArgs>(name, args).map(|_| ()),
+                "task_list" => crate::tools::parse_args::<TaskListArgs>(name, args).map(|_| ()),
+                _ => crate::tools::parse_args::<TaskUpdateArgs>(name, args).map(|_| ()),
+            };
+            assert!(
+                matches!(&parsed, Err(ToolError::InvalidArguments { tool, .. }) if tool == name),
+                "{name}: {parsed:?}"
+            );
+        }
+    }
+}
+
+#[cfg(all(test, feature = "testing", feature = "tokio"))]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod org_tests {
+    use super::super::testkit::{board, harness, id, tool_context};
+    use super::*;
+    use crate::error::DenialReason;
+    use crate::llm::{ChatMessage, ToolCall};
+    use crate::tools::ToolRegistry;
+
+    fn registry() -> ToolRegistry {
+        let mut registry = ToolRegistry::new();
+        for tool in builtin_tools() {
+            registry.register(tool).unwrap();
+        }
+        registry
+    }
+
+    fn call(name: &str, args: serde_json::Value) -> ToolCall {
+        ToolCall {
+            id: "call_1".into(),
+            name: name.into(),
+            arguments: args.to_string(),
+        }
+    }
+
+    /// The text the model sees for `args` given to tool `name` by agent `agent`.
+    async fn answer(
+        h: &crate::testing::OrgHarness,
+        agent: &str,
+        name: &str,
+        args: serde_json::Value,
+    ) -> Result<ToolOutput, ToolError> {
+        registry()
+            .call(&tool_context(h, agent), &call(name, args))
+            .await
+    }
+
+    #[tokio::test]
+    async fn values_the_arguments_cannot_take_are_answered_to_the_model() {
+        let (h, _llm) = harness("").await;
+        let cases = [
+            (
+                "task_create",
+                serde_json::json!({"title": "t", "priority": "soon"}),
+                "priority",
+            ),
+            (
+                "task_list",
+                serde_json::json!({"status": "sleeping"}),
+                "status",
+            ),
+            (
+                "task_update",
+                serde_json::json!({"number": 1, "action": "shred"}),
+                "unknown action \"shred\"",
+            ),
+        ];
+        for (name, args, says) in cases {
+            let error = answer(&h, "a", name, args).await.unwrap_err();
+            assert!(
+                matches!(&error, ToolError::InvalidArguments { tool, .. } if tool == name),
+                "{name}: {error:?}"
+            );
+            let text = error.to_model_text();
+            assert!(
+                text.starts_with(&format!("Error: invalid arguments for tool {name}: ")),
+                "{text}"
+            );
+            assert!(text.contains(says), "{text}");
+        }
+        assert!(board(&h, "a").await.is_empty(), "nothing created");
+    }
+
+    #[tokio::test]
+    async fn a_tool_error_goes_back_to_the_model_as_the_tool_result() {
+        let (mut h, llm) = harness("").await;
+        let a = id("a");
+        llm.push_tool_call(
+            &a,
+            "task_create",
+            serde_json::json!({"title": "t", "urgency": "high"}),
+        );
+        llm.push_text(&a, "sorry");
+        h.org.start_agent(&a).await.unwrap();
+        h.org
+            .deliver(
+                "a",
+                crate::InboundMessage::new("portal", "u1", "add a task"),
+            )
+            .await
+            .unwrap();
+        assert_eq!(h.reply().await.content, "sorry");
+        let requests = llm.requests_for(&a);
+        assert_eq!(requests.len(), 2);
+        let results: Vec<String> = requests[1]
+            .messages
+            .iter()
+            .filter_map(|m| match m {
+                ChatMessage::Tool { content, .. } => Some(content.as_str().to_string()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(results.len(), 1, "{results:?}");
+        assert!(
+            results[0].starts_with(
+                "Error: invalid arguments for tool task_create: unknown field `urgency`"
+            ),
+            "{results:?}"
+        );
+        assert!(board(&h, "a").await.is_empty());
+    }
+
+    #[tokio::test]
+    async fn send_agent_message_assigns_the_task_and_ends_the_turn_or_says_why_not() {
+        let (h, _llm) = harness("").await;
+        let output = answer(
+            &h,
+            "a",
+            "send_agent_message",
+            serde_json::json!({"target": "Beta", "message": "Pick a random word"}),
+        )
+        .await
+        .unwrap();
+        assert!(output.end_turn);
+        assert_eq!(
+            output.content,
+            "Assigned task #1 to Beta (b): Pick a random word. Your turn ends now; you will be woken with the result."
+        );
+        assert_eq!(board(&h, "b").await.len(), 1);
+        let denied = answer(
+            &h,
+            "a",
+            "send_agent_message",
+            serde_json::json!({"target": "x", "message": "Pick a word."}),
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            matches!(&denied, ToolError::Denied(d) if d.reason == DenialReason::NoLink),
+            "{denied:?}"
+        );
+        let unknown = answer(
+            &h,
+            "a",
+            "send_agent_message",
+            serde_json::json!({"target": "zed", "message": "Pick a word."}),
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            unknown
+                .to_model_text()
+                .contains("agents you can delegate to: b (Beta), c (Gamma)"),
+            "{unknown}"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_board_tools_act_on_the_callers_board_and_read_a_subordinates() {
+        let (h, _llm) = harness("").await;
+        let created = answer(
+            &h,
+            "b",
+            "task_create",
+            serde_json::json!({"title": "Tidy up", "priority": "high", "backlog": true}),
+        )
+        .await
+        .unwrap();
+        assert_eq!(created.content, "Created task #1 (backlog): Tidy up");
+        let task = board(&h, "b").await.remove(0);
+        assert_eq!(
+            (task.priority, task.created_by.as_str()),
+            (Priority::High, "agent:b")
+        );
+        let scheduled = answer(
+            &h,
+            "b",
+            "task_update",
+            serde_json::json!({"number": 1, "action": "schedule"}),
+        )
+        .await
+        .unwrap();
+        assert_eq!(scheduled.content, "Task #1 is now ready.");
+        // a is b's superior: it may read b's board, not the other way round.
+        let listed = answer(&h, "a", "task_list", serde_json::json!({"agent": "Beta"}))
+            .await
+            .unwrap();
+        assert_eq!(listed.content, "#1 [ready] Tidy up (agent:b)");
+        let refused = answer(&h, "b", "task_list", serde_json::json!({"agent": "a"}))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&refused, ToolError::Failed { message, .. } if message.contains("does not report to you")),
+            "{refused:?}"
+        );
+        let empty = answer(&h, "a", "task_list", serde_json::json!({"status": "ready"}))
+            .await
+            .unwrap();
+        assert_eq!(empty.content, "No tasks on a's board.");
+    }
+}
