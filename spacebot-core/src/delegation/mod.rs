@@ -9,12 +9,13 @@
 //!    beside another turn of the same agent.
 //! 3. Success completes the task with its result; an error requeues it until `max_attempts`, then
 //!    fails it; a worker that dies leaves a lease that expires and requeues the task.
-//! 4. The terminal transition writes a [`CompletionNotice`] to the target's outbox in the same step.
-//!    The outbox is delivered to the delegator at least once and applied exactly once (idempotency
-//!    key): a passive record in both link channels and a system retrigger into the delegator's
-//!    originating channel, which wakes its model with the result. When the delegator was itself
-//!    working on a task (multi-hop), the notice instead marks the child ended on that task; when its
-//!    last child ends, the task is ready again and resumes with the children's results.
+//! 4. The terminal transition writes a [`CompletionNotice`](crate::task::CompletionNotice) to
+//!    the target's outbox in the same step. The outbox is delivered to the delegator at least once
+//!    and applied exactly once (idempotency key): a passive record in both link channels and a
+//!    system retrigger into the delegator's originating channel, which wakes its model with the
+//!    result. When the delegator was itself working on a task (multi-hop), the notice instead marks
+//!    the child ended on that task; when its last child ends, the task is ready again and resumes
+//!    with the children's results.
 //!
 //! The module is split by concern:
 //!
