@@ -6,21 +6,17 @@ use spacebot_core::{Envelope, EnvelopeKind};
 
 const FIXTURE: &str = include_str!("fixtures/envelopes-9f43d1e.jsonl");
 
-fn stored() -> Vec<(serde_json::Value, Envelope)> {
+fn stored() -> Result<Vec<(serde_json::Value, Envelope)>, serde_json::Error> {
     FIXTURE
         .lines()
         .filter(|l| !l.trim().is_empty())
-        .map(|line| {
-            let raw: serde_json::Value = serde_json::from_str(line).expect("fixture line is JSON");
-            let envelope: Envelope = serde_json::from_str(line).expect("a stored envelope loads");
-            (raw, envelope)
-        })
+        .map(|line| Ok((serde_json::from_str(line)?, serde_json::from_str(line)?)))
         .collect()
 }
 
 #[test]
 fn envelopes_of_the_previous_release_load() {
-    let envelopes = stored();
+    let envelopes = stored().unwrap();
     assert_eq!(envelopes.len(), 3);
     let kinds: Vec<EnvelopeKind> = envelopes.iter().map(|(_, e)| e.kind).collect();
     assert_eq!(
@@ -54,7 +50,7 @@ fn envelopes_of_the_previous_release_load() {
 
 #[test]
 fn a_stored_envelope_is_written_back_in_its_own_shape_plus_the_owner() {
-    for (raw, envelope) in stored() {
+    for (raw, envelope) in stored().unwrap() {
         let mut written = serde_json::to_value(&envelope).unwrap();
         if let Some(task) = written.get_mut("task").and_then(|t| t.as_object_mut()) {
             assert_eq!(task.remove("owner"), Some(serde_json::json!("delegation")));

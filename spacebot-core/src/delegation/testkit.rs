@@ -128,7 +128,7 @@ pub(super) fn tool_context(h: &OrgHarness, agent: &str) -> ToolContext {
         round: 0,
         cause: EnvelopeId::new("cause-1"),
         key: "cause-1:0:0".into(),
-        org: ToolCapability::new(h.org.clone(), id(agent)),
+        org: ToolCapability::new(h.org.inner.clone(), id(agent)),
     }
 }
 
