@@ -134,7 +134,7 @@ impl BehaviourContext {
     }
 
     /// Says that what tools some agents are offered changed (see
-    /// [`Tool::offered_to`](crate::tools::Tool::offered_to)): their next turn renders the
+    /// [`Tool::offered_to`]): their next turn renders the
     /// definitions again.
     pub fn tools_changed(&self) {
         self.host.graph_version.fetch_add(1, Ordering::AcqRel);
@@ -292,7 +292,7 @@ pub trait Behaviour: Send + Sync + fmt::Debug {
     fn name(&self) -> &'static str;
 
     /// The tools this behaviour adds (each decides which agents it is offered to, see
-    /// [`Tool::offered_to`](crate::tools::Tool::offered_to)).
+    /// [`Tool::offered_to`]).
     fn tools(&self) -> Vec<Arc<dyn Tool>> {
         Vec::new()
     }
