@@ -38,6 +38,10 @@ use crate::error::StoreError;
 /// The lock file's name under the data directory.
 pub const LOCK_FILE: &str = "spacebot.lock";
 
+/// How long [`DirLock::acquire`] waits for a lock that names this process but that no handle of
+/// this process holds: a descriptor copy in a child process about to exec.
+const INHERITED_WAIT: Duration = Duration::from_secs(2);
+
 /// What this process knows of a directory it locked.
 #[derive(Debug)]
 struct Entry {
@@ -116,20 +120,32 @@ impl DirLock {
             .open(&path)
             .map_err(|e| io("opening", e))?;
         let key = key(dir);
-        match file.try_lock() {
-            Ok(()) => {}
-            Err(TryLockError::WouldBlock) => {
-                let here = registry()
-                    .get(&key)
-                    .and_then(Weak::upgrade)
-                    .map(|e| e.state().releasing);
-                let holder = match here {
-                    Some(releasing) => Holder::Here { releasing },
-                    None => holder(&mut file),
-                };
-                return Err(in_use(backend, dir, &path, holder));
+        // A lock this process released can stay held for a moment by a copy of its descriptor in
+        // a child being spawned by another thread (between fork and exec, where close-on-exec
+        // descriptors are closed): such a holder is waited for, not reported.
+        let inherited_deadline = Instant::now() + INHERITED_WAIT;
+        loop {
+            match file.try_lock() {
+                Ok(()) => break,
+                Err(TryLockError::WouldBlock) => {
+                    let here = registry()
+                        .get(&key)
+                        .and_then(Weak::upgrade)
+                        .map(|e| e.state().releasing);
+                    let holder = match here {
+                        Some(releasing) => Holder::Here { releasing },
+                        None => holder(&mut file),
+                    };
+                    let inherited = here.is_none()
+                        && matches!(holder, Holder::Here { releasing: false });
+                    if inherited && Instant::now() < inherited_deadline {
+                        std::thread::sleep(Duration::from_millis(5));
+                        continue;
+                    }
+                    return Err(in_use(backend, dir, &path, holder));
+                }
+                Err(TryLockError::Error(e)) => return Err(io("locking", e)),
             }
-            Err(TryLockError::Error(e)) => return Err(io("locking", e)),
         }
         let pid = format!("{}\n", std::process::id());
         file.set_len(0).map_err(|e| io("writing", e))?;
@@ -346,5 +362,37 @@ mod tests {
         std::fs::write(&path, "4242\n").unwrap();
         let mut file = File::open(&path).unwrap();
         assert!(matches!(holder(&mut file), Holder::Process(4242)));
+    }
+
+    /// A descriptor of a released lock still open elsewhere in this process (as in a child being
+    /// spawned, before its exec closes it): the opener waits for it instead of failing, and still
+    /// fails, naming this process, when it is never closed.
+    #[test]
+    fn an_inherited_descriptor_of_a_released_lock_is_waited_for() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(DirLock::acquire(dir.path(), "test").unwrap());
+        let copy = File::options()
+            .read(true)
+            .write(true)
+            .open(dir.path().join(LOCK_FILE))
+            .unwrap();
+        copy.try_lock().unwrap();
+        let closer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            drop(copy);
+        });
+        let lock = DirLock::acquire(dir.path(), "test").unwrap();
+        closer.join().unwrap();
+        drop(lock);
+
+        let copy = File::options()
+            .read(true)
+            .write(true)
+            .open(dir.path().join(LOCK_FILE))
+            .unwrap();
+        copy.try_lock().unwrap();
+        let e = DirLock::acquire(dir.path(), "test").unwrap_err();
+        assert!(e.to_string().contains("this process"), "{e}");
+        drop(copy);
     }
 }
