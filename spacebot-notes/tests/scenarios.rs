@@ -385,7 +385,7 @@ readers = ["a"]
         "notes[1] (ok): field \"readers\": unknown agent \"ghost\"",
         "notes[1] (ok): field \"colour\": unknown field",
         "notes[2] (ok): field \"name\": duplicate note \"ok\" (first defined by notes[1])",
-        "notes[2] (ok): field \"readers\": agent \"a\" is listed in both readers and writers",
+        "notes[2] (ok): field \"writers\": agent \"a\" is listed in both readers and writers",
     ] {
         assert!(err.contains(expected), "{expected:?} missing from: {err}");
     }
