@@ -614,10 +614,15 @@ async fn check_notes(
     let mut written: BTreeMap<String, u64> = BTreeMap::new();
     for pair in texts.windows(2) {
         match pair[1].strip_prefix(&format!("{}\n", pair[0])) {
-            Some(line) if !line.contains('\n') => *written.entry(line.to_string()).or_default() += 1,
+            Some(line) if !line.contains('\n') => {
+                *written.entry(line.to_string()).or_default() += 1
+            }
             _ => {
                 counts.notes_lost += 1;
-                symptoms.push(format!("version {:?} does not extend {:?} by one line", pair[1], pair[0]));
+                symptoms.push(format!(
+                    "version {:?} does not extend {:?} by one line",
+                    pair[1], pair[0]
+                ));
             }
         }
     }
@@ -630,7 +635,9 @@ async fn check_notes(
     for job in &finals {
         if !written.contains_key(job) {
             counts.notes_lost += 1;
-            symptoms.push(format!("{job} was answered but its line is not in the note"));
+            symptoms.push(format!(
+                "{job} was answered but its line is not in the note"
+            ));
         }
     }
     stores.close().await;

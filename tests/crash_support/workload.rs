@@ -769,9 +769,7 @@ async fn run_budget(dir: &Path, backend: &str, failpoint: Arc<Failpoint>) -> u64
 /// The model of the notes workload: read the note, write it back with the job appended (blindly:
 /// a line already there is appended again), answer `FINAL job-N` once the write was acknowledged.
 pub fn notes_model(req: &ChatRequest) -> ChatResponse {
-    let job = job_ids(&last_user(&req.messages))
-        .pop()
-        .unwrap_or_default();
+    let job = job_ids(&last_user(&req.messages)).pop().unwrap_or_default();
     let last_tool = req.messages.iter().rev().find_map(|m| match m {
         ChatMessage::Tool { content, .. } => Some(content.to_string()),
         ChatMessage::User { .. } => Some(String::new()),
@@ -796,10 +794,7 @@ pub fn notes_model(req: &ChatRequest) -> ChatResponse {
             )])
         }
         // A new job, or an error (a conflict): read the note (again).
-        _ => ChatResponse::tool_calls(vec![tool_call(
-            "read_shared_note",
-            json!({"name": NOTE}),
-        )]),
+        _ => ChatResponse::tool_calls(vec![tool_call("read_shared_note", json!({"name": NOTE}))]),
     }
 }
 
@@ -844,7 +839,10 @@ async fn run_notes(dir: &Path, backend: &str, failpoint: Arc<Failpoint>) -> u64 
         let ok = matches!(done, Ok(Ok(_)));
         drop(done);
         if !ok {
-            panic!("{job} was not answered within {RUN_TIMEOUT:?}: answered {:?}", *rx.borrow());
+            panic!(
+                "{job} was not answered within {RUN_TIMEOUT:?}: answered {:?}",
+                *rx.borrow()
+            );
         }
     }
     for agent in ["w1", "w2"] {

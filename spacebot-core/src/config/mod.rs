@@ -232,10 +232,7 @@ impl OrgConfig {
                 field: Some(key.clone()),
                 problem: format!(
                     "no behaviour claims this section; expected agents, links, settings{}",
-                    claimed
-                        .iter()
-                        .map(|c| format!(", {c}"))
-                        .collect::<String>()
+                    claimed.iter().map(|c| format!(", {c}")).collect::<String>()
                 ),
             })
             .collect();
