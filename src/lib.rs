@@ -48,6 +48,7 @@
 //! | `postgres` | the PostgreSQL backends, as `spacebot::postgres`: one database for many agents and several processes (implies `tokio`) | no |
 //! | `openai` | the OpenAI-compatible Chat Completions provider, as `spacebot::openai` (implies `tokio`) | no |
 //! | `http` | the HTTP API, event stream and dashboard, as `spacebot::http` (implies `tokio`; see `docs/http.md`) | no |
+//! | `notes` | shared notes (versioned, per-agent grants), as `spacebot::notes` (see `docs/notes.md`) | yes |
 //! | `testing` | the mock LLMs and a recording event sink, in `spacebot::testing` | no |
 //!
 //! See `docs/concepts.md` in the repository for agents, links, channels, tasks and conversations.
@@ -90,4 +91,12 @@ pub mod openai {
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http {
     pub use spacebot_http::*;
+}
+
+/// Shared notes: named, versioned notes agents read and write under per-agent grants
+/// (`spacebot-notes`; see `docs/notes.md`).
+#[cfg(feature = "notes")]
+#[cfg_attr(docsrs, doc(cfg(feature = "notes")))]
+pub mod notes {
+    pub use spacebot_notes::*;
 }

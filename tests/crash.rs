@@ -18,6 +18,11 @@
 //! failed task's error must say what happened (10 is the task's recovery allowance: it fails then,
 //! saying its process ended 10 times).
 //!
+//! A third sweep runs the notes workload (`Workload::Notes`): turns that read a shared note and
+//! write it back with a line appended, killed at every write boundary; after each restart the
+//! note's history may hold no line written twice (a turn's keyed write applied again) and must hold
+//! every acknowledged write.
+//!
 //! `SPACEBOT_CRASH_SEED` sets the seed of the random kills (printed), `SPACEBOT_CRASH_RANDOM` their
 //! number per backend (default 50 for the organization, 16 for the budget workload).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -40,6 +45,8 @@ use crash_support::workload::{
 const RANDOM_KILLS: u64 = 50;
 /// Random kills per backend of the budget workload.
 const RANDOM_KILLS_BUDGET: u64 = 16;
+/// Random kills per backend of the notes workload.
+const RANDOM_KILLS_NOTES: u64 = 16;
 /// The claim-kill sequences of the budget workload: kills in a row between a claim and its model
 /// call, on one directory, before the restart that runs to the end. 3 is the task's attempts (a
 /// kill counted as an attempt would fail it 3/3 with its model never run), 9 and 10 are just under
@@ -297,6 +304,7 @@ fn crash_test(gate: Gate) {
         .unwrap_or(match workload {
             Workload::Org => RANDOM_KILLS,
             Workload::Budget => RANDOM_KILLS_BUDGET,
+            Workload::Notes => RANDOM_KILLS_NOTES,
         });
     let kills = if only.is_some() { 0 } else { kills };
     let mut rng = Rng(seed ^ backend.len() as u64 ^ ((workload as u64) << 8));
@@ -446,6 +454,20 @@ fn crash_test(gate: Gate) {
             ),
         ]);
     }
+    if workload == Workload::Notes {
+        report.extend([
+            row(
+                "note lines written twice (keyed writes)",
+                sweep.notes_twice,
+                random.notes_twice,
+            ),
+            row(
+                "acknowledged note writes lost",
+                sweep.notes_lost,
+                random.notes_lost,
+            ),
+        ]);
+    }
     report.push(format!(
         "{backend} ({} workload): {:.1} s in all",
         workload.as_str(),
@@ -502,5 +524,23 @@ fn sigkill_between_a_spent_budget_and_its_retrigger_and_before_model_calls_redb(
     crash_test(Gate {
         backend: "redb",
         workload: Workload::Budget,
+    });
+}
+
+/// The notes workload: turns writing a shared note, killed at every write boundary.
+#[test]
+fn sigkill_around_shared_note_writes_sqlite() {
+    crash_test(Gate {
+        backend: "sqlite",
+        workload: Workload::Notes,
+    });
+}
+
+#[cfg(feature = "redb")]
+#[test]
+fn sigkill_around_shared_note_writes_redb() {
+    crash_test(Gate {
+        backend: "redb",
+        workload: Workload::Notes,
     });
 }

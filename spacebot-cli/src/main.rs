@@ -183,9 +183,37 @@ fn run(cli: Cli) -> Result<ExitCode, CliError> {
     }
 }
 
+/// Reads the configuration as `serve` does: the organization's own checks, then every section's
+/// (shared notes; a section nothing claims is refused).
+fn load_checked(
+    path: &std::path::Path,
+) -> Result<(OrgConfig, spacebot_notes::NotesConfig), spacebot_core::ConfigError> {
+    let config = OrgConfig::load(path)?;
+    let mut issues = Vec::new();
+    if let Err(e) = config.check_sections(&[spacebot_notes::SECTION]) {
+        issues.extend(e.issues().iter().cloned());
+    }
+    let notes =
+        match spacebot_notes::NotesConfig::from_org(&config, spacebot_notes::DEFAULT_MAX_TEXT) {
+            Ok(notes) => notes,
+            Err(e) => {
+                issues.extend(e.issues().iter().cloned());
+                spacebot_notes::NotesConfig::default()
+            }
+        };
+    if issues.is_empty() {
+        Ok((config, notes))
+    } else {
+        Err(spacebot_core::ConfigError::Invalid {
+            path: Some(path.to_owned()),
+            issues,
+        })
+    }
+}
+
 fn check(path: &std::path::Path) -> ExitCode {
-    match OrgConfig::load(path) {
-        Ok(config) => {
+    match load_checked(path) {
+        Ok((config, notes)) => {
             let topology = Topology::from_config(&config);
             println!(
                 "{}: ok ({} agents, {} links)",
@@ -193,6 +221,10 @@ fn check(path: &std::path::Path) -> ExitCode {
                 topology.agents.len(),
                 topology.links.len()
             );
+            if !notes.notes.is_empty() {
+                let names: Vec<String> = notes.notes.iter().map(|n| n.name.to_string()).collect();
+                println!("  shared notes: {}", names.join(", "));
+            }
             for line in topology.describe_links() {
                 println!("  {line}");
             }

@@ -75,12 +75,14 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<(), CliError> {
     .map_err(|e| failed(e.to_string()))?;
     let (llm, llm_name) = provider(&config)?;
     let chat = WebChat::new();
+    let notes = spacebot_notes::Notes::new();
     let org = Organization::builder(config)
         .stores(stores)
         .llm(llm)
         .spawner(Arc::new(TokioSpawner::current()))
         .clock(Arc::new(TokioClock))
         .outbound(Arc::new(chat.clone()))
+        .behaviour(Arc::new(notes.clone()))
         .build()
         .await
         .map_err(|e| failed(e.to_string()))?;
@@ -94,7 +96,9 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<(), CliError> {
         HttpConfig::random_token()
     };
     let token = http.token().map(str::to_string);
-    let api = Api::new(org.clone(), chat, http).map_err(|e| failed(e.to_string()))?;
+    let api = Api::new(org.clone(), chat, http)
+        .map_err(|e| failed(e.to_string()))?
+        .with_notes(notes);
     let app = api.router();
     let listener = tokio::net::TcpListener::bind(args.addr)
         .await

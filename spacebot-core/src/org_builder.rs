@@ -151,8 +151,10 @@ impl OrganizationBuilder {
         self
     }
 
-    /// Validates everything, syncs the configured links into the link store (configuration wins),
-    /// reads every agent's identity files, and returns the organization with every agent stopped.
+    /// Validates everything (a configuration section no behaviour claims is refused, see
+    /// [`Behaviour::config_section`]), syncs the configured links into the link store
+    /// (configuration wins), reads every agent's identity files, calls every behaviour's
+    /// [`on_build`](Behaviour::on_build), and returns the organization with every agent stopped.
     /// Call [`Organization::start_all`] next.
     pub async fn build(self) -> Result<Organization, OrgError> {
         let stores = self.stores.ok_or(OrgError::Missing("stores"))?;
@@ -179,6 +181,11 @@ impl OrganizationBuilder {
             Arc::new(Conversations),
         ];
         behaviours.extend(self.behaviours);
+        let claimed: Vec<&str> = behaviours
+            .iter()
+            .filter_map(|b| b.config_section())
+            .collect();
+        config.check_sections(&claimed)?;
         let mut tools = ToolRegistry::new();
         for behaviour in &behaviours {
             for tool in behaviour.tools() {
@@ -217,7 +224,7 @@ impl OrganizationBuilder {
             let spec = agent_spec(agent, &self.agent_outbounds, &default_outbound)?;
             agents.insert(agent.id.clone(), Slot::Stopped(Arc::new(spec)));
         }
-        Ok(Organization {
+        let org = Organization {
             inner: Arc::new(OrgInner {
                 stores,
                 llm,
@@ -248,7 +255,12 @@ impl OrganizationBuilder {
                 hosting,
                 instance_tag: uuid::Uuid::new_v4().simple().to_string()[..8].to_string(),
             }),
-        })
+        };
+        let ctx = org.behaviour_context();
+        for behaviour in &org.inner.behaviours {
+            behaviour.on_build(&ctx).await?;
+        }
+        Ok(org)
     }
 }
 

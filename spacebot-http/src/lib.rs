@@ -9,6 +9,7 @@
 //! | `/api/links...` | links: list, create, change (enable/disable), delete, timelines |
 //! | `GET /api/topology` | the graph as JSON (seed 003), DOT or Mermaid |
 //! | `/api/conversations...` | conversations: list, one, sever |
+//! | `/api/notes...` | shared notes ([`Api::with_notes`]): list, one, history, compare-and-set write, grants |
 //! | `GET /api/events` (also `/events`) | server-sent events: organization events and chat replies, with ids and a replay window |
 //! | `GET /api/openapi.json` | the OpenAPI description of all of the above |
 //!
@@ -54,6 +55,7 @@ mod dashboard;
 pub mod error;
 mod extract;
 mod hub;
+pub mod notes;
 mod openapi;
 pub mod views;
 
@@ -63,7 +65,7 @@ use axum::Router;
 use axum::extract::{Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use spacebot_core::Organization;
 
 pub use error::{ApiError, ErrorBody, ErrorDetail};
@@ -162,6 +164,7 @@ impl Api {
                 hub,
                 token: config.token,
                 closing: tokio::sync::watch::channel(false).0,
+                notes: std::sync::RwLock::new(None),
             }),
         })
     }
@@ -210,6 +213,18 @@ impl Api {
             signal.await;
             api.shutdown();
         }
+    }
+
+    /// Serves the organization's shared notes under `/api/notes` (give the same
+    /// [`Notes`](spacebot_notes::Notes) handle the organization was built with). Without it those
+    /// routes answer 404.
+    pub fn with_notes(self, notes: spacebot_notes::Notes) -> Self {
+        *self
+            .state
+            .notes
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(notes);
+        self
     }
 
     /// The organization.
@@ -264,6 +279,16 @@ impl Api {
             .route(
                 "/api/conversations/{conversation}/sever",
                 post(api::sever_conversation),
+            )
+            .route("/api/notes", get(notes::list_notes))
+            .route(
+                "/api/notes/{name}",
+                get(notes::get_note).put(notes::write_note),
+            )
+            .route("/api/notes/{name}/history", get(notes::note_history))
+            .route(
+                "/api/notes/{name}/access/{agent}",
+                put(notes::grant_note_access).delete(notes::revoke_note_access),
             )
             .route("/api/events", get(api::events))
             .route("/events", get(api::events))

@@ -6,13 +6,14 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 
 use crate::api;
 use crate::error::{ErrorBody, ErrorDetail};
+use crate::notes::{self, *};
 use crate::views::*;
 
 #[derive(OpenApi)]
 #[openapi(
     info(
         title = "spacebot HTTP API",
-        description = "Agents, links, topology, channels, tasks, conversations, web chat and server-sent events of a spacebot organization. Every error is {\"error\": {\"code\", \"message\", \"field\"}}.",
+        description = "Agents, links, topology, channels, tasks, conversations, shared notes, web chat and server-sent events of a spacebot organization. Every error is {\"error\": {\"code\", \"message\", \"field\"}}.",
         license(name = "MIT OR Apache-2.0"),
     ),
     paths(
@@ -22,12 +23,15 @@ use crate::views::*;
         api::channel_history, api::list_links, api::create_link, api::get_link, api::update_link,
         api::delete_link, api::link_timeline, api::topology, api::list_conversations,
         api::get_conversation, api::sever_conversation, api::events,
+        notes::list_notes, notes::get_note, notes::note_history, notes::write_note,
+        notes::grant_note_access, notes::revoke_note_access,
     ),
     components(schemas(
         ErrorBody, ErrorDetail, AgentView, AgentStatus, LinkView, Direction, Relationship,
         CreateLink, UpdateLink, TopologyView, TopologyAgentView, TopologyLinkView, TaskView,
         ReasonBody, RecordView, TimelineView, ConversationView, MemberView, ChatMessageBody,
-        Accepted, DelegateBody, Health,
+        Accepted, DelegateBody, Health, NoteView, NoteVersionView, NoteAccess, WriteNoteBody,
+        NoteAccessBody, NoteAccessView, NoteConflictBody,
     )),
     modifiers(&Bearer),
     tags(
@@ -38,6 +42,7 @@ use crate::views::*;
         (name = "conversations", description = "Conversations"),
         (name = "chat", description = "The web chat gateway"),
         (name = "events", description = "Server-sent events"),
+        (name = "notes", description = "Shared notes: versioned texts and per-agent grants"),
         (name = "meta", description = "Health"),
     )
 )]

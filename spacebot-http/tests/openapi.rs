@@ -24,6 +24,10 @@ fn checked_in_openapi_matches_the_code() {
         "/api/topology",
         "/api/conversations/{conversation}/sever",
         "/api/agents/{agent}/tasks/{number}/approve",
+        "/api/notes",
+        "/api/notes/{name}",
+        "/api/notes/{name}/history",
+        "/api/notes/{name}/access/{agent}",
     ] {
         assert!(doc["paths"].get(path).is_some(), "{path} missing");
     }

@@ -8,8 +8,8 @@ use spacebot::task::TaskFilter;
 use spacebot::{ChannelId, ChannelRecord, RecordKind, StoreError, Stores, Task, TaskStatus};
 
 use super::workload::{
-    AGAIN, BUDGET, BUDGET_JOBS, JOBS, Workload, id, job_ids, read_acks, read_model_runs,
-    read_replies, try_open,
+    AGAIN, BUDGET, BUDGET_JOBS, JOBS, NOTE, NOTE_START, NOTES_JOBS, Workload, id, job_ids,
+    read_acks, read_model_runs, read_replies, try_open,
 };
 
 /// The counts of one run (or a sum of runs).
@@ -42,6 +42,11 @@ pub struct Counts {
     pub errors_untrue: u64,
     /// Kills before a claim's model call (the claim-kill sequences; not a failure).
     pub claim_kills: u64,
+    /// Shared-note lines written more than once (a turn's keyed write applied twice).
+    pub notes_twice: u64,
+    /// Acknowledged shared-note writes missing from the note, or versions that are not their
+    /// predecessor plus one line.
+    pub notes_lost: u64,
 }
 
 impl Counts {
@@ -58,6 +63,8 @@ impl Counts {
         self.attempts_overcounted += o.attempts_overcounted;
         self.errors_untrue += o.errors_untrue;
         self.claim_kills += o.claim_kills;
+        self.notes_twice += o.notes_twice;
+        self.notes_lost += o.notes_lost;
     }
 
     /// Everything that must be 0.
@@ -72,6 +79,8 @@ impl Counts {
             + self.budget_regranted
             + self.attempts_overcounted
             + self.errors_untrue
+            + self.notes_twice
+            + self.notes_lost
     }
 }
 
@@ -179,6 +188,7 @@ pub async fn verify(dir: &Path, backend: &str, workload: Workload) -> (Counts, V
     let checked = match workload {
         Workload::Org => check(dir, backend, &mut counts, &mut symptoms).await,
         Workload::Budget => check_budget(dir, backend, &mut counts, &mut symptoms).await,
+        Workload::Notes => check_notes(dir, backend, &mut counts, &mut symptoms).await,
     };
     if let Err(e) = checked {
         counts.stores_refused += 1;
@@ -573,5 +583,63 @@ async fn check_budget(
             again.record.content
         ));
     }
+    Ok(())
+}
+
+/// The notes workload's checks: every job answered; the note's history starts with its first text
+/// and each later version is its predecessor plus one job's line; no job's line written twice
+/// (each turn's path is the same when it runs again, so a second line of one job is its keyed
+/// write applied twice); every answered job's line in the note (its write was acknowledged).
+async fn check_notes(
+    dir: &Path,
+    backend: &str,
+    counts: &mut Counts,
+    symptoms: &mut Vec<String>,
+) -> Result<(), StoreError> {
+    let replies = read_replies(dir);
+    let finals = answered(&replies, &NOTES_JOBS, counts, symptoms);
+    let stores = try_open(backend, &dir.join("data")).await?;
+    let history = stores
+        .records
+        .history(spacebot::notes::NOTES_NAMESPACE, NOTE)
+        .await?;
+    let texts: Vec<String> = history
+        .iter()
+        .map(|r| r.value["text"].as_str().unwrap_or_default().to_string())
+        .collect();
+    if texts.first().map(String::as_str) != Some(NOTE_START) {
+        counts.notes_lost += 1;
+        symptoms.push(format!("the note's first version is {:?}", texts.first()));
+    }
+    let mut written: BTreeMap<String, u64> = BTreeMap::new();
+    for pair in texts.windows(2) {
+        match pair[1].strip_prefix(&format!("{}\n", pair[0])) {
+            Some(line) if !line.contains('\n') => {
+                *written.entry(line.to_string()).or_default() += 1
+            }
+            _ => {
+                counts.notes_lost += 1;
+                symptoms.push(format!(
+                    "version {:?} does not extend {:?} by one line",
+                    pair[1], pair[0]
+                ));
+            }
+        }
+    }
+    for (line, times) in &written {
+        if *times > 1 {
+            counts.notes_twice += times - 1;
+            symptoms.push(format!("{line} written {times} times"));
+        }
+    }
+    for job in &finals {
+        if !written.contains_key(job) {
+            counts.notes_lost += 1;
+            symptoms.push(format!(
+                "{job} was answered but its line is not in the note"
+            ));
+        }
+    }
+    stores.close().await;
     Ok(())
 }

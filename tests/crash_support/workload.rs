@@ -19,6 +19,13 @@
 //!   same exchange, and `a` calls `send_link_message(b)` again: that must be refused (a budget is
 //!   never granted again to one exchange, restart or not). `a` then answers `FINAL job-6`.
 //!
+//! The notes workload (`SPACEBOT_CRASH_WORKLOAD=notes`) has four jobs, `job-7` to `job-10`, each
+//! delivered (once the one before was answered) to `w1` or `w2` in turn. Each turn reads the shared
+//! note `log` and writes it back with its job appended as a line (`write_shared_note`, compared and
+//! set against the version read); the agent answers `FINAL job-N` once the write was acknowledged.
+//! The model appends blindly: a turn run again after a kill appends its line again, and only the
+//! write's effect key (`ToolContext::key`) keeps the note from holding it twice.
+//!
 //! Files in the run directory: `ack.log` (`ack <job> <envelope>` once `deliver` returned Ok,
 //! `spawn <job> <child>` once `spawn_child` did), `replies.jsonl` (every reply to the application's
 //! outbound), `models.log` (`run <agent> <channel>` before the model answers a task's turn: how
@@ -66,6 +73,8 @@ pub enum Workload {
     Org,
     /// A spent conversation budget and a retrigger, and a task claimed by `c`: job 6.
     Budget,
+    /// Turns that write a shared note: jobs 7 to 10.
+    Notes,
 }
 
 impl Workload {
@@ -73,6 +82,7 @@ impl Workload {
         match self {
             Self::Org => "org",
             Self::Budget => "budget",
+            Self::Notes => "notes",
         }
     }
 
@@ -80,6 +90,7 @@ impl Workload {
         match s {
             "org" => Self::Org,
             "budget" => Self::Budget,
+            "notes" => Self::Notes,
             other => panic!("unknown workload {other}"),
         }
     }
@@ -89,6 +100,7 @@ impl Workload {
         match self {
             Self::Org => &JOBS,
             Self::Budget => &BUDGET_JOBS,
+            Self::Notes => &NOTES_JOBS,
         }
     }
 
@@ -97,6 +109,7 @@ impl Workload {
         match self {
             Self::Org => &["chief", "lead", "worker", "ann", "bob", "late"],
             Self::Budget => &["a", "b", "c"],
+            Self::Notes => &["w1", "w2"],
         }
     }
 }
@@ -109,6 +122,28 @@ pub const CHILD_JOB: &str = "job-4";
 
 /// The job of the budget workload.
 pub const BUDGET_JOBS: [&str; 1] = ["job-6"];
+
+/// The jobs of the notes workload, answered in this order.
+pub const NOTES_JOBS: [&str; 4] = ["job-7", "job-8", "job-9", "job-10"];
+
+/// The shared note the notes workload writes, and its first text.
+pub const NOTE: &str = "log";
+pub const NOTE_START: &str = "log";
+
+pub const NOTES_CONFIG: &str = r#"
+[settings]
+max_tool_rounds = 6
+
+[[agents]]
+id = "w1"
+[[agents]]
+id = "w2"
+
+[[notes]]
+name = "log"
+text = "log"
+writers = ["w1", "w2"]
+"#;
 
 /// The conversation turn budget of the budget workload.
 pub const BUDGET: u32 = 4;
@@ -513,6 +548,7 @@ pub fn child_main(
         match workload {
             Workload::Org => run(dir, backend, failpoint).await,
             Workload::Budget => run_budget(dir, backend, failpoint).await,
+            Workload::Notes => run_notes(dir, backend, failpoint).await,
         }
     });
     let mut out = std::io::stdout().lock();
@@ -721,6 +757,95 @@ async fn run_budget(dir: &Path, backend: &str, failpoint: Arc<Failpoint>) -> u64
         );
     }
     for agent in ["a", "b", "c"] {
+        tokio::time::timeout(RUN_TIMEOUT, org.wait_idle(&id(agent)))
+            .await
+            .unwrap_or_else(|_| panic!("{agent} not idle within {RUN_TIMEOUT:?}"))
+            .expect("wait_idle");
+    }
+    org.shutdown().await.expect("shutdown");
+    failpoint.writes()
+}
+
+/// The model of the notes workload: read the note, write it back with the job appended (blindly:
+/// a line already there is appended again), answer `FINAL job-N` once the write was acknowledged.
+pub fn notes_model(req: &ChatRequest) -> ChatResponse {
+    let job = job_ids(&last_user(&req.messages)).pop().unwrap_or_default();
+    let last_tool = req.messages.iter().rev().find_map(|m| match m {
+        ChatMessage::Tool { content, .. } => Some(content.to_string()),
+        ChatMessage::User { .. } => Some(String::new()),
+        _ => None,
+    });
+    match last_tool.as_deref() {
+        Some(result) if result.starts_with("Wrote note") => {
+            ChatResponse::text(format!("FINAL {job} (notes)"))
+        }
+        Some(result) if result.starts_with("Note ") => {
+            // "Note log (version V, written by A; your access: read_write):\n<text>"
+            let version: u64 = result
+                .split("(version ")
+                .nth(1)
+                .and_then(|r| r.split(',').next())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            let text = result.split_once('\n').map_or("", |(_, t)| t);
+            ChatResponse::tool_calls(vec![tool_call(
+                "write_shared_note",
+                json!({"name": NOTE, "text": format!("{text}\n{job}"), "base_version": version}),
+            )])
+        }
+        // A new job, or an error (a conflict): read the note (again).
+        _ => ChatResponse::tool_calls(vec![tool_call("read_shared_note", json!({"name": NOTE}))]),
+    }
+}
+
+/// The notes workload (see the module's documentation).
+async fn run_notes(dir: &Path, backend: &str, failpoint: Arc<Failpoint>) -> u64 {
+    let stores = failpoint.wrap(open(backend, &dir.join("data")).await);
+    let answered: BTreeSet<String> = read_replies(dir).iter().flat_map(|r| r.finals()).collect();
+    let acked: BTreeSet<String> = read_acks(dir).into_iter().map(|(_, job, _)| job).collect();
+    let (tx, mut rx) = watch::channel(answered);
+    let outbound = Arc::new(FileOutbound {
+        path: dir.join("replies.jsonl"),
+        lock: Mutex::new(()),
+        answered: tx,
+    });
+    let config = OrgConfig::from_toml_str(NOTES_CONFIG).expect("the configuration");
+    let org = Organization::builder(config)
+        .stores(stores)
+        .llm(Arc::new(FnLlm::new(|req| Ok(notes_model(req)))))
+        .outbound(outbound)
+        .behaviour(Arc::new(spacebot::notes::Notes::new()))
+        .events(Arc::new(LogSink(
+            std::env::var_os("SPACEBOT_CRASH_TRACE").is_some(),
+        )))
+        .build()
+        .await
+        .expect("the organization");
+    org.start_all().await.expect("start");
+    for (i, job) in NOTES_JOBS.iter().enumerate() {
+        let agent = if i % 2 == 0 { "w1" } else { "w2" };
+        if !acked.contains(*job) {
+            let envelope = org
+                .deliver(
+                    agent,
+                    InboundMessage::new("portal", "u1", format!("{job}: append to the log"))
+                        .with_idempotency_key(*job),
+                )
+                .await
+                .expect("deliver");
+            append_synced(&dir.join("ack.log"), &format!("ack {job} {envelope}"));
+        }
+        let done = tokio::time::timeout(RUN_TIMEOUT, rx.wait_for(|set| set.contains(*job))).await;
+        let ok = matches!(done, Ok(Ok(_)));
+        drop(done);
+        if !ok {
+            panic!(
+                "{job} was not answered within {RUN_TIMEOUT:?}: answered {:?}",
+                *rx.borrow()
+            );
+        }
+    }
+    for agent in ["w1", "w2"] {
         tokio::time::timeout(RUN_TIMEOUT, org.wait_idle(&id(agent)))
             .await
             .unwrap_or_else(|_| panic!("{agent} not idle within {RUN_TIMEOUT:?}"))

@@ -24,6 +24,12 @@
 //! conversation_turn_budget = 20
 //! ```
 //!
+//! A top-level table (or array of tables) that is none of these, such as `[[notes]]`, is a
+//! behaviour's **section**: it is kept as it is in [`OrgConfig::sections`] for the behaviour that
+//! claims it ([`Behaviour::config_section`](crate::Behaviour::config_section)), which checks it;
+//! [`OrganizationBuilder::build`](crate::OrganizationBuilder::build) refuses a section no behaviour
+//! claims, so a misspelt table still fails.
+//!
 //! [`OrgConfig::from_toml_str`] checks everything before returning: unknown keys, missing or
 //! mistyped fields, bad agent ids, unknown enum values, duplicate agents, links to unknown agents,
 //! self-links, duplicate pairs and reverse links whose relationships contradict each other. Every
@@ -47,8 +53,7 @@ use crate::time::Timestamp;
 pub use error::{ConfigError, ConfigIssue};
 
 /// A whole organization: its agents, their links, and runtime settings.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct OrgConfig {
     /// The agents, in file order.
     #[serde(default)]
@@ -59,6 +64,11 @@ pub struct OrgConfig {
     /// Runtime settings.
     #[serde(default)]
     pub settings: Settings,
+    /// Behaviours' sections: every other top-level table or array of tables, by key, as written
+    /// (checked by the behaviour that claims it, see
+    /// [`Behaviour::config_section`](crate::Behaviour::config_section)).
+    #[serde(flatten, default)]
+    pub sections: std::collections::BTreeMap<String, toml::Value>,
 }
 
 /// One `[[agents]]` entry.
@@ -195,6 +205,42 @@ impl OrgConfig {
     /// The configuration as TOML text (which [`from_toml_str`](Self::from_toml_str) reads back).
     pub fn to_toml_string(&self) -> Result<String, toml::ser::Error> {
         toml::to_string(self)
+    }
+
+    /// The behaviour's section `name` (`[name]` or `[[name]]`), as written.
+    pub fn section(&self, name: &str) -> Option<&toml::Value> {
+        self.sections.get(name)
+    }
+
+    /// Refuses every section none of `claimed` names (a misspelt table, a behaviour not
+    /// assembled), each an issue naming it.
+    ///
+    /// ```
+    /// use spacebot_core::config::OrgConfig;
+    /// let config = OrgConfig::from_toml_str("[[notse]]\nname = \"plan\"").unwrap();
+    /// let err = config.check_sections(&["notes"]).unwrap_err();
+    /// assert!(err.to_string().contains("top level: field \"notse\": no behaviour claims this section"));
+    /// assert!(OrgConfig::default().check_sections(&[]).is_ok());
+    /// ```
+    pub fn check_sections(&self, claimed: &[&str]) -> Result<(), ConfigError> {
+        let issues: Vec<ConfigIssue> = self
+            .sections
+            .keys()
+            .filter(|key| !claimed.contains(&key.as_str()))
+            .map(|key| ConfigIssue {
+                entry: "top level".to_owned(),
+                field: Some(key.clone()),
+                problem: format!(
+                    "no behaviour claims this section; expected agents, links, settings{}",
+                    claimed.iter().map(|c| format!(", {c}")).collect::<String>()
+                ),
+            })
+            .collect();
+        if issues.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::Invalid { path: None, issues })
+        }
     }
 
     /// The agent with this id.

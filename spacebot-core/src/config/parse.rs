@@ -210,12 +210,25 @@ impl OrgConfig {
         })?;
         let mut issues = Vec::new();
 
-        for key in root.keys() {
-            if !matches!(key.as_str(), "agents" | "links" | "settings") {
+        let mut sections = std::collections::BTreeMap::new();
+        for (key, value) in &root {
+            if matches!(key.as_str(), "agents" | "links" | "settings") {
+                continue;
+            }
+            let is_section = match value {
+                toml::Value::Table(_) => true,
+                toml::Value::Array(items) => items.iter().all(toml::Value::is_table),
+                _ => false,
+            };
+            if is_section {
+                sections.insert(key.clone(), value.clone());
+            } else {
                 issues.push(ConfigIssue {
                     entry: "top level".to_owned(),
                     field: Some(key.clone()),
-                    problem: "unknown key; expected agents, links, settings".to_owned(),
+                    problem: "unknown key; expected agents, links, settings, or a behaviour's \
+                              section (a table or an array of tables)"
+                        .to_owned(),
                 });
             }
         }
@@ -229,6 +242,7 @@ impl OrgConfig {
                 agents: agents.into_iter().flatten().collect(),
                 links: links.into_iter().flatten().collect(),
                 settings,
+                sections,
             })
         } else {
             Err(ConfigError::Invalid { path: None, issues })

@@ -8,7 +8,8 @@
 //!
 //! | hook | when |
 //! |---|---|
-//! | [`tools`](Behaviour::tools) | when the organization is built |
+//! | [`tools`](Behaviour::tools), [`config_section`](Behaviour::config_section) | when the organization is built |
+//! | [`on_build`](Behaviour::on_build) | the organization was built (agents stopped): check the behaviour's configuration, load its state |
 //! | [`on_start_all`](Behaviour::on_start_all) | [`Organization::start_all`](crate::Organization::start_all), before any agent starts |
 //! | [`on_agent_started`](Behaviour::on_agent_started) | an agent's loop started (a behaviour may run its own worker beside it) |
 //! | [`exchange_open`](Behaviour::exchange_open) | an announcement travels back along a one-way link: is an exchange open? |
@@ -33,7 +34,7 @@ use crate::event::{Event, EventKind};
 use crate::ids::{AgentId, ChannelId, EnvelopeId};
 use crate::policy::LinkGraph;
 use crate::runtime::agent::TurnOutcome;
-use crate::runtime::errors::DeliveryError;
+use crate::runtime::errors::{DeliveryError, OrgError};
 use crate::runtime::host::{AgentRuntime, Host, Slot, lock};
 use crate::runtime::queue::AgentQueue;
 use crate::stores::Stores;
@@ -295,6 +296,22 @@ pub trait Behaviour: Send + Sync + fmt::Debug {
     /// [`Tool::offered_to`]).
     fn tools(&self) -> Vec<Arc<dyn Tool>> {
         Vec::new()
+    }
+
+    /// The top-level configuration section this behaviour reads (`notes` for `[[notes]]` tables),
+    /// if any: [`OrganizationBuilder::build`](crate::OrganizationBuilder::build) refuses a section
+    /// of the configuration that no behaviour claims, so a misspelt table fails. The behaviour
+    /// finds it in [`OrgConfig::section`] and checks it itself (in
+    /// [`on_build`](Self::on_build)).
+    fn config_section(&self) -> Option<&'static str> {
+        None
+    }
+
+    /// Called once at the end of [`OrganizationBuilder::build`](crate::OrganizationBuilder::build),
+    /// before any agent starts: the behaviour checks its configuration section, loads or seeds its
+    /// state, and keeps `ctx` if it serves calls from the application. An error fails the build.
+    async fn on_build(&self, _ctx: &BehaviourContext) -> Result<(), OrgError> {
+        Ok(())
     }
 
     /// Called by [`Organization::start_all`](crate::Organization::start_all) before any agent

@@ -56,6 +56,7 @@ pub struct OrgHarnessBuilder {
     llm: Option<Arc<dyn LlmProvider>>,
     clock: Option<ManualClock>,
     tools: Vec<Arc<dyn Tool>>,
+    behaviours: Vec<Arc<dyn crate::Behaviour>>,
     executors: Vec<(AgentId, Arc<dyn TaskExecutor>)>,
     outbound: Option<Arc<dyn crate::runtime::Outbound>>,
 }
@@ -87,6 +88,7 @@ impl OrgHarness {
             llm: None,
             clock: None,
             tools: Vec::new(),
+            behaviours: Vec::new(),
             executors: Vec::new(),
             outbound: None,
         }
@@ -330,6 +332,12 @@ impl OrgHarnessBuilder {
         self
     }
 
+    /// A behaviour of the test's own (see [`OrganizationBuilder::behaviour`](crate::OrganizationBuilder::behaviour)).
+    pub fn behaviour(mut self, behaviour: Arc<dyn crate::Behaviour>) -> Self {
+        self.behaviours.push(behaviour);
+        self
+    }
+
     /// Root agents answer to `outbound` instead of the harness's reply stream (which then stays
     /// empty).
     pub fn outbound(mut self, outbound: Arc<dyn crate::runtime::Outbound>) -> Self {
@@ -361,6 +369,9 @@ impl OrgHarnessBuilder {
             .events(events.clone());
         for tool in self.tools {
             builder = builder.tool(tool);
+        }
+        for behaviour in self.behaviours {
+            builder = builder.behaviour(behaviour);
         }
         for (agent, executor) in self.executors {
             builder = builder.task_executor(agent, executor);

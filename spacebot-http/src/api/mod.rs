@@ -33,6 +33,8 @@ pub(crate) struct AppState {
     pub(crate) token: Option<String>,
     /// True once [`crate::Api::shutdown`] was called: every event stream ends.
     pub(crate) closing: watch::Sender<bool>,
+    /// The shared notes, when the API was given them ([`crate::Api::with_notes`]).
+    pub(crate) notes: std::sync::RwLock<Option<spacebot_notes::Notes>>,
 }
 
 pub(crate) type St = State<Arc<AppState>>;

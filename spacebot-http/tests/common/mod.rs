@@ -52,6 +52,8 @@ pub struct Server {
     pub llm: ScriptedLlm,
     pub http: reqwest::Client,
     pub token: Option<String>,
+    /// The shared notes, when served with [`Options::notes`].
+    pub notes: Option<spacebot_notes::Notes>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -66,6 +68,8 @@ pub struct Options {
     pub replay_window: usize,
     pub toml: String,
     pub llm: Option<ScriptedLlm>,
+    /// Serve shared notes (the organization gets the behaviour, the API its routes).
+    pub notes: bool,
 }
 
 impl Default for Options {
@@ -75,6 +79,7 @@ impl Default for Options {
             replay_window: 1024,
             toml: ORG.to_string(),
             llm: None,
+            notes: false,
         }
     }
 }
@@ -92,16 +97,22 @@ pub async fn serve_with(options: Options) -> Server {
     });
     let chat = WebChat::with_replay_window(options.replay_window);
     let config = OrgConfig::from_toml_str(&options.toml).unwrap();
-    let org = Organization::builder(config)
+    let notes = options.notes.then(spacebot_notes::Notes::new);
+    let mut builder = Organization::builder(config)
         .stores(Stores::memory())
         .llm(Arc::new(llm.clone()))
-        .outbound(Arc::new(chat.clone()))
-        .build()
-        .await
-        .unwrap();
+        .outbound(Arc::new(chat.clone()));
+    if let Some(notes) = &notes {
+        builder = builder.behaviour(Arc::new(notes.clone()));
+    }
+    let org = builder.build().await.unwrap();
     org.start_all().await.unwrap();
     let token = options.http.token().map(str::to_string);
-    let app = Api::new(org.clone(), chat, options.http).unwrap().router();
+    let mut api = Api::new(org.clone(), chat, options.http).unwrap();
+    if let Some(notes) = &notes {
+        api = api.with_notes(notes.clone());
+    }
+    let app = api.router();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let task = tokio::spawn(async move {
@@ -113,6 +124,7 @@ pub async fn serve_with(options: Options) -> Server {
         llm,
         http: reqwest::Client::new(),
         token,
+        notes,
         task,
     }
 }
