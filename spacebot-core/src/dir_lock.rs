@@ -136,8 +136,8 @@ impl DirLock {
                         Some(releasing) => Holder::Here { releasing },
                         None => holder(&mut file),
                     };
-                    let inherited = here.is_none()
-                        && matches!(holder, Holder::Here { releasing: false });
+                    let inherited =
+                        here.is_none() && matches!(holder, Holder::Here { releasing: false });
                     if inherited && Instant::now() < inherited_deadline {
                         std::thread::sleep(Duration::from_millis(5));
                         continue;

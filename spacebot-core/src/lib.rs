@@ -116,7 +116,7 @@ pub use records::{
 pub use runtime::behaviour::{
     AgentWorker, Answer, Behaviour, BehaviourContext, Doorbell, WorkerRound,
 };
-pub use runtime::{AgentQueue, ChannelOutbound, Outbound, Replies, Reply, ReplyKind};
+pub use runtime::{ChannelOutbound, Outbound, Replies, Reply, ReplyKind};
 pub use stores::Stores;
 pub use task::{NewTask, Task, TaskStatus, TaskStore};
 pub use text::Text;

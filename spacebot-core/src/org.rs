@@ -23,7 +23,6 @@ use crate::ids::{AgentId, ChannelId, EnvelopeId};
 use crate::link::AgentLink;
 use crate::policy::{self, LinkGraph};
 use crate::prompts::Prompts;
-use crate::runtime::queue::AgentQueue;
 use crate::stores::Stores;
 use crate::time::Clock;
 use crate::topology::{Topology, TopologyAgent};

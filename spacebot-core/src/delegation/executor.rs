@@ -132,25 +132,16 @@ pub(super) fn spawn_attempt(
     // Gives the slot back however the executor ends, a panic included; the lease
     // of a crashed attempt then expires and the task is requeued.
     let slot = SlotGuard(agent.clone(), task.number, holder.clone());
-    let live = LiveClaim::new(inner, &holder);
+    let local = inner.state::<super::local::Local>();
+    let live = local.live(&holder);
     // Aborted (with its guards dropped) when the agent is handed over.
     let (attempt, registration) = futures::future::AbortHandle::new_pair();
-    agent
-        .rt
-        .executors
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(holder.clone(), attempt);
+    local.attempt_started(agent.id(), &holder, attempt);
     let run = async move {
         let number = task.number;
         let result = executor.execute(ctx, task).await;
         record_outcome(&org2, slot.0.id(), number, &holder2, result).await;
-        slot.0
-            .rt
-            .executors
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&holder2);
+        local.attempt_ended(slot.0.id(), &holder2);
         drop(slot);
         drop(live);
     };
@@ -159,30 +150,6 @@ pub(super) fn spawn_attempt(
         let _ = futures::future::Abortable::new(run, registration).await;
         drop(counted);
     }));
-}
-
-/// Marks a claim as worked on in this process while alive (a restarted task loop leaves it be).
-struct LiveClaim(Arc<crate::org::OrgInner>, String);
-
-impl LiveClaim {
-    fn new(inner: &Arc<crate::org::OrgInner>, holder: &str) -> Self {
-        inner
-            .live_claims
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(holder.to_string());
-        Self(inner.clone(), holder.to_string())
-    }
-}
-
-impl Drop for LiveClaim {
-    fn drop(&mut self) {
-        self.0
-            .live_claims
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&self.1);
-    }
 }
 
 /// Frees one task slot of an agent when dropped, and wakes its task loop.

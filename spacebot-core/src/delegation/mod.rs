@@ -22,6 +22,7 @@
 //! | file | concern |
 //! |------|---------|
 //! | `admission.rs` | the policy-checked creation of a task: [`Organization::delegate`](crate::Organization::delegate) (link, cycle, depth, rounds, idempotency key) |
+//! | `local.rs` | what delegation keeps in this process only (live claims, executor attempts, outbox gates) |
 //! | `worker.rs` | the per-agent task loop: claims, leases, outcomes, recovery of claims a stopped process left |
 //! | `outbox.rs` | completion notices: the transitions that end a task, the outbox flush, marking notices sent |
 //! | `executor.rs` | [`TaskExecutor`] and the attempts of custom executors |
@@ -32,6 +33,7 @@
 
 mod admission;
 mod executor;
+mod local;
 mod outbox;
 mod tools;
 mod worker;
@@ -111,6 +113,10 @@ impl Behaviour for Delegation {
             doorbell,
             executor,
         ));
+    }
+
+    fn on_agent_handed_over(&self, ctx: &BehaviourContext, agent: &AgentId) {
+        ctx.state::<local::Local>().abort_attempts(agent);
     }
 
     fn owns_answer(&self, _agent: &AgentId, envelope: &Envelope) -> bool {

@@ -73,7 +73,7 @@ impl Organization {
     /// [`flush_outbox`](Self::flush_outbox), with the task that just ended when the caller has it
     /// (a notice about it then does not read it again).
     async fn flush_outbox_knowing(&self, agent: &AgentId, ended: Option<&Task>) {
-        let gate = self.inner.flush_gate(agent);
+        let gate = self.inner.state::<super::local::Local>().flush_gate(agent);
         let _serialized = gate.lock().await;
         let pending = match self.inner.stores.tasks.outbox_pending(agent).await {
             Ok(p) => p,

@@ -208,7 +208,11 @@ async fn recover_orphaned_claims(org: &Organization, me: &AgentId) {
         let Some(lease) = task.lease.clone() else {
             continue;
         };
-        if org.inner.live_claim(&lease.holder) {
+        if org
+            .inner
+            .state::<super::local::Local>()
+            .is_live(&lease.holder)
+        {
             continue;
         }
         let event = TaskEvent::Recover {

@@ -19,6 +19,11 @@ use crate::runtime::agent::report_error;
 /// How many times a compare-and-swap is retried before giving up with the conflict.
 pub(super) const CAS_ATTEMPTS: usize = 16;
 
+/// Which exchanges (by cause) took turns from each conversation in this process: a conversation
+/// whose budget one exchange spent is not started afresh by that exchange.
+#[derive(Debug, Default)]
+struct Exchanges(std::sync::Mutex<std::collections::HashMap<ConversationId, Vec<EnvelopeId>>>);
+
 /// Notes that the exchange `cause` took a turn of `conversation`.
 ///
 /// The note is stored, as an applied key `exchange:{conversation}:{cause}` of the conversation's
@@ -32,11 +37,8 @@ async fn note_exchange(
     cause: &EnvelopeId,
 ) -> Result<(), StoreError> {
     let fresh = {
-        let mut exchanges = org
-            .inner
-            .exchanges
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let exchanges = org.inner.state::<Exchanges>();
+        let mut exchanges = exchanges.0.lock().unwrap_or_else(|e| e.into_inner());
         let causes = exchanges.entry(conversation.id.clone()).or_default();
         let fresh = !causes.contains(cause);
         if fresh {
@@ -75,7 +77,8 @@ pub(super) async fn used_by(
 ) -> Result<bool, StoreError> {
     let here = org
         .inner
-        .exchanges
+        .state::<Exchanges>()
+        .0
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .get(&conversation.id)

@@ -21,7 +21,6 @@ use crate::runtime::commit::*;
 pub(crate) use crate::runtime::commit::{report_error, retry_store};
 use crate::runtime::host::{AgentRuntime, Host};
 use crate::runtime::outbound::{Outbound, OutboundError, Reply, ReplyKind};
-use crate::runtime::queue::AgentQueue;
 use crate::runtime::steer::source_label;
 use crate::runtime::turn::*;
 

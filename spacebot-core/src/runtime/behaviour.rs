@@ -36,7 +36,6 @@ use crate::policy::LinkGraph;
 use crate::runtime::agent::TurnOutcome;
 use crate::runtime::errors::{DeliveryError, OrgError};
 use crate::runtime::host::{AgentRuntime, Host, Slot, lock};
-use crate::runtime::queue::AgentQueue;
 use crate::stores::Stores;
 use crate::time::Clock;
 use crate::tools::Tool;
@@ -141,6 +140,36 @@ impl BehaviourContext {
         self.host.graph_version.fetch_add(1, Ordering::AcqRel);
     }
 
+    /// The organization's one value of type `T` in this process, made with `T::default()` on
+    /// first use: where a behaviour keeps the state its hooks, tools and workers share (use a type
+    /// of your own, private to your behaviour; the host stores it and never reads it). State that
+    /// must survive a restart belongs in the stores.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::sync::atomic::{AtomicU64, Ordering};
+    /// use spacebot_core::testing::FnLlm;
+    /// use spacebot_core::{ChatResponse, OrgConfig, Organization, Stores};
+    ///
+    /// #[derive(Debug, Default)]
+    /// struct Ticks(AtomicU64);
+    ///
+    /// let config = OrgConfig::from_toml_str("[[agents]]\nid = \"a\"\nname = \"A\"\n")?;
+    /// let org = Organization::builder(config)
+    ///     .stores(Stores::memory())
+    ///     .llm(std::sync::Arc::new(FnLlm::new(|_| Ok(ChatResponse::text("ok")))))
+    ///     .build()
+    ///     .await?;
+    /// let ctx = org.behaviour_context();
+    /// ctx.state::<Ticks>().0.fetch_add(1, Ordering::Relaxed);
+    /// assert_eq!(ctx.state::<Ticks>().0.load(Ordering::Relaxed), 1);
+    /// # Ok(()) }
+    /// ```
+    pub fn state<T: std::any::Any + Send + Sync + Default>(&self) -> Arc<T> {
+        self.host.state::<T>()
+    }
+
     /// Runs `work` in the background on the organization's executor. A shutdown waits for it, so
     /// it must end when its agent stops (a worker ends with its doorbell).
     pub fn spawn(&self, work: impl Future<Output = ()> + Send + 'static) {
@@ -228,7 +257,7 @@ impl AgentWorker {
 
     /// Claims counted against the agent's concurrency.
     pub fn running(&self) -> usize {
-        self.rt.running_tasks()
+        self.rt.claim_count()
     }
 
     /// The claims counted against the agent's concurrency, as (task number, holder).
@@ -238,12 +267,12 @@ impl AgentWorker {
 
     /// Counts a claim against the agent's concurrency.
     pub fn claim_started(&self, number: u64, holder: &str) {
-        self.rt.task_started(number, holder);
+        self.rt.claim_started(number, holder);
     }
 
     /// Frees the slot of a claim.
     pub fn claim_ended(&self, number: u64, holder: &str) {
-        self.rt.task_finished(number, holder);
+        self.rt.claim_ended(number, holder);
     }
 
     /// Whether the agent's loop handles an envelope right now.
@@ -391,6 +420,11 @@ pub trait Behaviour: Send + Sync + fmt::Debug {
 
     /// Called when an agent's loop ended.
     async fn on_agent_stopped(&self, _ctx: &BehaviourContext, _agent: &AgentId) {}
+
+    /// Called when an agent stops here as a hand-over to another host (its placement lease was
+    /// lost or given up), before [`on_agent_stopped`](Self::on_agent_stopped): work this
+    /// behaviour runs for the agent in this process must stop now (its next host runs it again).
+    fn on_agent_handed_over(&self, _ctx: &BehaviourContext, _agent: &AgentId) {}
 }
 
 impl Host {

@@ -12,7 +12,6 @@ use crate::error::StoreError;
 use crate::event::EventKind;
 use crate::ids::{AgentId, ChannelId};
 use crate::runtime::host::{AgentRuntime, Host};
-use crate::runtime::queue::AgentQueue;
 use crate::text::Text;
 
 /// How many history records of a channel a turn sends to the model.

@@ -25,7 +25,7 @@ use crate::prompts::{Identity, Prompts};
 use crate::runtime::behaviour::{Behaviour, BehaviourContext};
 use crate::runtime::errors::DeliveryError;
 use crate::runtime::outbound::{Outbound, Reply};
-use crate::runtime::queue::{AgentQueue, BoundedQueue, QueueError};
+use crate::runtime::queue::{BoundedQueue, QueueError};
 use crate::stores::Stores;
 use crate::time::{Clock, Spawner};
 use crate::tools::ToolRegistry;
@@ -89,9 +89,6 @@ pub(crate) struct AgentRuntime {
     /// Aborts the whole loop at once, without committing the running turn (a placement lease
     /// lost: see `Host::fence_agent`).
     pub(crate) fence: Mutex<Option<AbortHandle>>,
-    /// Attempts of a custom task executor running here, by lease holder: aborted when the agent
-    /// is handed over under a placement (its next host runs them again at once).
-    pub(crate) executors: Mutex<HashMap<String, AbortHandle>>,
     pub(crate) stopped: Mutex<Option<oneshot::Receiver<()>>>,
     /// The doorbells of the behaviours' workers of this agent, by behaviour (capacity 1: a ring
     /// while one is pending is a no-op); `None` once the agent stops (the workers' bells end).
@@ -104,8 +101,10 @@ pub(crate) struct AgentRuntime {
     pub(crate) worker_rounds: AtomicUsize,
     /// Whether the loop is handling an envelope.
     pub(crate) busy: AtomicBool,
-    /// Tasks claimed and not finished yet: task number -> lease holder of the claim.
-    pub(crate) running_tasks: Mutex<HashMap<u64, String>>,
+    /// Work the behaviours claimed for this agent and have not finished: the claim's number (a
+    /// task number for delegation) -> its lease holder. Counted against the agent's concurrency
+    /// and in [`settled`](Self::settled); the host never reads what the numbers mean.
+    pub(crate) claims: Mutex<HashMap<u64, String>>,
     /// Envelopes in the queue or in the running turn: a store hand-over skips them.
     pub(crate) known: Mutex<crate::fasthash::FastSet<EnvelopeId>>,
     /// Envelopes handed over from the store when the agent started: a delivery racing the start
@@ -119,13 +118,6 @@ pub(crate) struct AgentRuntime {
 impl AgentRuntime {
     pub(crate) fn id(&self) -> &AgentId {
         &self.spec.id
-    }
-
-    /// Aborts every custom executor attempt running here (a hand-over under a placement).
-    pub(crate) fn abort_executors(&self) {
-        for (_, attempt) in lock(&self.executors).drain() {
-            attempt.abort();
-        }
     }
 
     /// Wakes every behaviour worker of the agent.
@@ -145,36 +137,36 @@ impl AgentRuntime {
         !self.busy.load(Ordering::Acquire)
     }
 
-    /// Whether nothing is left to do: the queue empty, no turn, no claimed task, no worker round
+    /// Whether nothing is left to do: the queue empty, no turn, no claimed work, no worker round
     /// running or due.
     pub(crate) fn settled(&self) -> bool {
         self.queue.is_empty()
             && self.idle()
-            && self.running_tasks() == 0
+            && self.claim_count() == 0
             && !self.worker_due.load(Ordering::Acquire)
             && self.worker_rounds.load(Ordering::Acquire) == 0
     }
 
-    pub(crate) fn running_tasks(&self) -> usize {
-        lock(&self.running_tasks).len()
+    pub(crate) fn claim_count(&self) -> usize {
+        lock(&self.claims).len()
     }
 
     /// The claims counted against the task concurrency, as (task number, holder).
     pub(crate) fn running_claims(&self) -> Vec<(u64, String)> {
-        lock(&self.running_tasks)
+        lock(&self.claims)
             .iter()
             .map(|(n, h)| (*n, h.clone()))
             .collect()
     }
 
-    pub(crate) fn task_started(&self, number: u64, holder: &str) {
-        lock(&self.running_tasks).insert(number, holder.to_string());
+    pub(crate) fn claim_started(&self, number: u64, holder: &str) {
+        lock(&self.claims).insert(number, holder.to_string());
     }
 
     /// Frees the slot of the claim `holder` on task `number` (a later claim of the same task keeps
     /// its own slot).
-    pub(crate) fn task_finished(&self, number: u64, holder: &str) {
-        let mut running = lock(&self.running_tasks);
+    pub(crate) fn claim_ended(&self, number: u64, holder: &str) {
+        let mut running = lock(&self.claims);
         if running.get(&number).is_some_and(|h| h == holder) {
             running.remove(&number);
         }
@@ -228,16 +220,14 @@ pub(crate) struct Host {
     pub(crate) config: OrgConfig,
     pub(crate) replies: Mutex<Option<mpsc::UnboundedReceiver<Reply>>>,
     pub(crate) child_counter: AtomicU64,
-    /// Which exchanges (by cause) took turns from each conversation: a conversation whose budget
-    /// one exchange spent is not started afresh by that exchange.
-    pub(crate) exchanges: Mutex<HashMap<crate::ids::ConversationId, Vec<EnvelopeId>>>,
     /// Internal tasks sent and not yet answered, per (sender, receiver): each lets the receiver
     /// announce back once, even over a one-way link.
     pub(crate) internal_open: Mutex<HashMap<(AgentId, AgentId), u32>>,
     /// Every event, for [`Organization::subscribe`](crate::Organization::subscribe) and the waits.
     pub(crate) bus: crate::bus::EventBus,
-    /// Lease holders of claims a custom executor of this process still works on.
-    pub(crate) live_claims: Mutex<HashSet<String>>,
+    /// The behaviours' own state in this process, one value per type (see
+    /// [`BehaviourContext::state`]): the host stores it and never reads it.
+    pub(crate) states: Mutex<HashMap<std::any::TypeId, Arc<dyn std::any::Any + Send + Sync>>>,
     /// Agents whose loop here is being stopped without ending their session (a shutdown; under a
     /// placement, a lease lost): their session goes on at the next start or in the next host, so
     /// their conversations are not severed.
@@ -255,8 +245,6 @@ pub(crate) struct Host {
     pub(crate) graph_version: AtomicU64,
     /// A short random tag of this organization instance (child ids carry it).
     pub(crate) instance_tag: String,
-    /// One gate per agent serializing its outbox flushes (a notice is delivered by one at a time).
-    pub(crate) flush_gates: Mutex<HashMap<AgentId, Arc<futures::lock::Mutex<()>>>>,
     /// This process's part in placement, when the organization spans several processes.
     pub(crate) hosting: Option<Arc<crate::runtime::hosting::Hosting>>,
 }
@@ -530,12 +518,15 @@ impl Host {
 }
 
 impl Host {
-    /// The gate serializing `agent`'s outbox flushes.
-    pub(crate) fn flush_gate(&self, agent: &AgentId) -> Arc<futures::lock::Mutex<()>> {
-        lock(&self.flush_gates)
-            .entry(agent.clone())
-            .or_default()
-            .clone()
+    /// The behaviours' value of type `T` (see [`BehaviourContext::state`]).
+    pub(crate) fn state<T: std::any::Any + Send + Sync + Default>(&self) -> Arc<T> {
+        let any = lock(&self.states)
+            .entry(std::any::TypeId::of::<T>())
+            .or_insert_with(|| Arc::new(T::default()))
+            .clone();
+        // Keyed by the type's id: the value is a `T`.
+        any.downcast::<T>()
+            .unwrap_or_else(|_| Arc::new(T::default()))
     }
 
     /// Adds to an agent's token count.
@@ -545,11 +536,6 @@ impl Host {
         *entry = entry.plus(usage);
     }
 
-    /// Whether a custom executor of this process still works on the claim of `holder`.
-    pub(crate) fn live_claim(&self, holder: &str) -> bool {
-        lock(&self.live_claims).contains(holder)
-    }
-
     /// Whether `agent`'s loop here is stopping as a hand-over to its next host (see
     /// [`OrgInner::handing_over`]).
     pub(crate) fn is_handing_over(&self, agent: &AgentId) -> bool {
@@ -557,6 +543,14 @@ impl Host {
     }
 
     /// Called when an agent's loop ended: the behaviours let go of what the agent held.
+    /// Called when an agent stops here as a hand-over: the behaviours stop what they run for it.
+    pub(crate) fn behaviours_handed_over(self: &Arc<Self>, agent: &AgentId) {
+        let ctx = BehaviourContext::new(self.clone());
+        for behaviour in &self.behaviours {
+            behaviour.on_agent_handed_over(&ctx, agent);
+        }
+    }
+
     pub(crate) async fn behaviours_agent_stopped(self: &Arc<Self>, agent: &AgentId) {
         let ctx = BehaviourContext::new(self.clone());
         for behaviour in &self.behaviours {

@@ -39,7 +39,6 @@ use crate::ids::AgentId;
 use crate::placement::{Placement, PlacementLease, PlacementOptions};
 use crate::runtime::agent::report_error;
 use crate::runtime::host::{AgentRuntime, Host, Slot};
-use crate::runtime::queue::AgentQueue;
 use crate::time::Timestamp;
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {

@@ -17,7 +17,7 @@ use crate::prompts::Identity;
 use crate::runtime::behaviour::BehaviourContext;
 use crate::runtime::errors::{DeliveryError, OrgError};
 use crate::runtime::host::{AgentRuntime, AgentSpec, ChildSpec, Host, ParentLink, Slot, lock};
-use crate::runtime::queue::{AgentQueue, BoundedQueue};
+use crate::runtime::queue::BoundedQueue;
 
 impl Host {
     /// Starts every configured agent that is not running.
@@ -78,14 +78,13 @@ impl Host {
             pending: AtomicBool::new(false),
             abort: Mutex::new(None),
             fence: Mutex::new(None),
-            executors: Mutex::new(HashMap::new()),
             stopped: Mutex::new(Some(done_rx)),
             bells: Mutex::new(Some(Vec::new())),
             bell_taken: AtomicBool::new(false),
             worker_due: AtomicBool::new(false),
             worker_rounds: AtomicUsize::new(0),
             busy: AtomicBool::new(false),
-            running_tasks: Mutex::new(HashMap::new()),
+            claims: Mutex::new(HashMap::new()),
             known: Mutex::default(),
             loaded: Mutex::default(),
             reply_sources: Mutex::new(HashMap::new()),
@@ -197,8 +196,8 @@ impl Host {
             _ => None,
         };
         let stopped = self.stop_agent(agent).await;
-        if let Some(runtime) = runtime.filter(|_| abort_executors) {
-            runtime.abort_executors();
+        if runtime.is_some() && abort_executors {
+            self.behaviours_handed_over(agent);
         }
         lock(&self.handing_over).remove(agent);
         stopped
@@ -221,7 +220,7 @@ impl Host {
         if let Some(fence) = lock(&runtime.fence).take() {
             fence.abort();
         }
-        runtime.abort_executors();
+        self.behaviours_handed_over(agent);
         let done = lock(&runtime.stopped).take();
         if let Some(done) = done {
             let _ = done.await;

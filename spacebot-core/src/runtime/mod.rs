@@ -20,12 +20,13 @@ pub mod queue;
 pub mod redact;
 pub mod replies;
 pub mod steer;
+pub(crate) mod steps;
 pub(crate) mod turn;
 
 pub use outbound::{
     ChannelOutbound, Outbound, OutboundError, OutboundItem, Reply, ReplyDelta, ReplyKind,
     StreamingOutbound,
 };
-pub use queue::{AgentQueue, BoundedQueue, QueueError, Recv};
+pub use queue::{BoundedQueue, QueueError, Recv};
 pub use replies::Replies;
 pub use turn::{TurnError, TurnOutcome};

@@ -36,57 +36,10 @@ pub enum QueueError {
     },
 }
 
-/// One agent's inbound queue.
-///
-/// # Contract
-/// - `try_push` appends at the back, or hands the envelope back with [`QueueError::Full`] when `len() == capacity()` and
-///   [`QueueError::Closed`] after `close`; a refused envelope is not kept.
-/// - `push_front` puts an envelope the consumer already took back at the front (the interrupted
-///   message of a steer); it ignores the capacity, since that envelope was admitted once already,
-///   and fails only when the queue is closed.
-/// - `drain` takes everything in order; `recv` waits for the next envelope and yields `None` once
-///   the queue is closed and empty.
-/// - Envelopes come out in the order they were admitted: two pushes from one producer keep their order.
-/// - There is one consumer. Calling `recv` from two tasks at once is a misuse (the second waiter may
-///   not be woken).
-pub trait AgentQueue: Send + Sync + fmt::Debug {
-    /// The owning agent.
-    fn agent(&self) -> &AgentId;
-    /// Appends an envelope, or hands it back with the reason it was refused.
-    fn try_push(&self, envelope: Envelope) -> Result<(), (QueueError, Box<Envelope>)>;
-    /// Appends an envelope (a refused one is dropped by the caller: see [`AgentQueue::try_push`]
-    /// to keep it).
-    fn push(&self, envelope: Envelope) -> Result<(), QueueError> {
-        self.try_push(envelope).map_err(|(e, _)| e)
-    }
-    /// Puts a taken envelope back at the front.
-    fn push_front(&self, envelope: Envelope) -> Result<(), QueueError>;
-    /// Takes the next envelope, if any, without waiting.
-    fn try_recv(&self) -> Option<Envelope>;
-    /// Takes every waiting envelope, oldest first.
-    fn drain(&self) -> Vec<Envelope>;
-    /// Waits for the next envelope; `None` once closed and empty.
-    fn recv(&self) -> Recv<'_>;
-    /// Envelopes waiting.
-    fn len(&self) -> usize;
-    /// Whether nothing is waiting.
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-    /// The bound.
-    fn capacity(&self) -> usize;
-    /// Stops taking envelopes; returns those still waiting so the caller can keep them elsewhere.
-    fn close(&self) -> Vec<Envelope>;
-    /// Whether `close` was called.
-    fn is_closed(&self) -> bool;
-    /// Registers the consumer's waker (used by [`Recv`]).
-    fn register(&self, cx: &mut Context<'_>);
-}
-
-/// The future returned by [`AgentQueue::recv`].
+/// The future returned by [`BoundedQueue::recv`].
 #[must_use = "futures do nothing unless awaited"]
 pub struct Recv<'a> {
-    queue: &'a dyn AgentQueue,
+    queue: &'a BoundedQueue,
 }
 
 impl fmt::Debug for Recv<'_> {
@@ -94,13 +47,6 @@ impl fmt::Debug for Recv<'_> {
         f.debug_struct("Recv")
             .field("agent", self.queue.agent())
             .finish()
-    }
-}
-
-impl<'a> Recv<'a> {
-    /// A receive future over `queue` (for implementors of [`AgentQueue`]).
-    pub fn new(queue: &'a dyn AgentQueue) -> Self {
-        Self { queue }
     }
 }
 
@@ -132,12 +78,24 @@ struct State {
     closed: bool,
 }
 
-/// The in-memory [`AgentQueue`]: a mutex-guarded deque and a waker.
+/// One agent's inbound queue: a mutex-guarded deque and a waker.
+///
+/// # Contract
+/// - `try_push` appends at the back, or hands the envelope back with [`QueueError::Full`] when `len() == capacity()` and
+///   [`QueueError::Closed`] after `close`; a refused envelope is not kept.
+/// - `push_front` puts an envelope the consumer already took back at the front (the interrupted
+///   message of a steer); it ignores the capacity, since that envelope was admitted once already,
+///   and fails only when the queue is closed.
+/// - `drain` takes everything in order; `recv` waits for the next envelope and yields `None` once
+///   the queue is closed and empty.
+/// - Envelopes come out in the order they were admitted: two pushes from one producer keep their order.
+/// - There is one consumer. Calling `recv` from two tasks at once is a misuse (the second waiter may
+///   not be woken).
 ///
 /// Storage is allocated on first use, so an idle agent's queue costs a few dozen bytes.
 ///
 /// ```
-/// use spacebot_core::runtime::{AgentQueue, BoundedQueue, QueueError};
+/// use spacebot_core::runtime::{BoundedQueue, QueueError};
 /// use spacebot_core::{AgentId, ChannelId, Envelope, EnvelopeKind, Source, Timestamp};
 /// let agent = AgentId::parse("support").unwrap();
 /// let queue = BoundedQueue::new(agent.clone(), 1);
@@ -169,14 +127,14 @@ impl BoundedQueue {
         // The state is a plain deque: a panic elsewhere cannot leave it half-updated.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
-}
 
-impl AgentQueue for BoundedQueue {
-    fn agent(&self) -> &AgentId {
+    /// The owning agent.
+    pub fn agent(&self) -> &AgentId {
         &self.agent
     }
 
-    fn try_push(&self, envelope: Envelope) -> Result<(), (QueueError, Box<Envelope>)> {
+    /// Appends an envelope, or hands it back with the reason it was refused.
+    pub fn try_push(&self, envelope: Envelope) -> Result<(), (QueueError, Box<Envelope>)> {
         {
             let mut st = self.lock();
             if st.closed {
@@ -198,7 +156,14 @@ impl AgentQueue for BoundedQueue {
         Ok(())
     }
 
-    fn push_front(&self, envelope: Envelope) -> Result<(), QueueError> {
+    /// Appends an envelope (a refused one is dropped: see [`try_push`](Self::try_push) to keep
+    /// it).
+    pub fn push(&self, envelope: Envelope) -> Result<(), QueueError> {
+        self.try_push(envelope).map_err(|(e, _)| e)
+    }
+
+    /// Puts a taken envelope back at the front.
+    pub fn push_front(&self, envelope: Envelope) -> Result<(), QueueError> {
         {
             let mut st = self.lock();
             if st.closed {
@@ -212,27 +177,38 @@ impl AgentQueue for BoundedQueue {
         Ok(())
     }
 
-    fn try_recv(&self) -> Option<Envelope> {
+    /// Takes the next envelope, if any, without waiting.
+    pub fn try_recv(&self) -> Option<Envelope> {
         self.lock().items.pop_front()
     }
 
-    fn drain(&self) -> Vec<Envelope> {
+    /// Takes every waiting envelope, oldest first.
+    pub fn drain(&self) -> Vec<Envelope> {
         self.lock().items.drain(..).collect()
     }
 
-    fn recv(&self) -> Recv<'_> {
-        Recv::new(self)
+    /// Waits for the next envelope; `None` once closed and empty.
+    pub fn recv(&self) -> Recv<'_> {
+        Recv { queue: self }
     }
 
-    fn len(&self) -> usize {
+    /// Envelopes waiting.
+    pub fn len(&self) -> usize {
         self.lock().items.len()
     }
 
-    fn capacity(&self) -> usize {
+    /// Whether nothing is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The bound.
+    pub fn capacity(&self) -> usize {
         self.capacity
     }
 
-    fn close(&self) -> Vec<Envelope> {
+    /// Stops taking envelopes; returns those still waiting so the caller can keep them elsewhere.
+    pub fn close(&self) -> Vec<Envelope> {
         let rest = {
             let mut st = self.lock();
             st.closed = true;
@@ -242,11 +218,13 @@ impl AgentQueue for BoundedQueue {
         rest
     }
 
-    fn is_closed(&self) -> bool {
+    /// Whether `close` was called.
+    pub fn is_closed(&self) -> bool {
         self.lock().closed
     }
 
-    fn register(&self, cx: &mut Context<'_>) {
+    /// Registers the consumer's waker (used by [`Recv`]).
+    pub(crate) fn register(&self, cx: &mut Context<'_>) {
         self.waker.register(cx.waker());
     }
 }

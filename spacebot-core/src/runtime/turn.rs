@@ -8,18 +8,15 @@ use crate::envelope::{Envelope, EnvelopeKind};
 use crate::error::{LlmError, StoreError};
 use crate::event::EventKind;
 use crate::ids::{AgentId, ChannelId, EnvelopeId, TaskRef};
-use crate::llm::{ChatMessage, ChatRequest, ToolCall};
+use crate::llm::{ChatRequest, ToolCall};
 use crate::prompts::PromptError;
 use crate::runtime::agent::keep_for_later;
 use crate::runtime::behaviour::BehaviourContext;
 use crate::runtime::commit::*;
-use crate::runtime::history;
 use crate::runtime::host::{AgentRuntime, Host};
 use crate::runtime::outbound::{Outbound, Reply, ReplyKind};
-use crate::runtime::prompt::*;
-use crate::runtime::queue::AgentQueue;
 use crate::runtime::steer::merge_backlog;
-use crate::tools::{ToolCapability, ToolContext};
+use crate::runtime::steps::{Step, Turn};
 
 /// Why a turn ended without a reply.
 #[derive(Debug, thiserror::Error)]
@@ -58,7 +55,7 @@ impl TurnError {
 }
 
 /// How many times a turn asks the model again after an empty answer before it fails.
-const EMPTY_ANSWER_RETRIES: u32 = 1;
+pub(crate) const EMPTY_ANSWER_RETRIES: u32 = 1;
 
 /// What a finished turn produced.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -104,15 +101,15 @@ pub(crate) struct TurnFailure {
 /// its answer goes to the steering envelopes' destinations, then the turn resumes the frame below.
 #[derive(Debug)]
 pub(crate) struct Frame {
-    envelopes: Vec<Envelope>,
-    rounds: u32,
+    pub(crate) envelopes: Vec<Envelope>,
+    pub(crate) rounds: u32,
 }
 
 impl Frame {
-    fn kind(&self) -> Option<EnvelopeKind> {
+    pub(crate) fn kind(&self) -> Option<EnvelopeKind> {
         self.envelopes.first().map(|e| e.kind)
     }
-    fn channel(&self) -> Option<&ChannelId> {
+    pub(crate) fn channel(&self) -> Option<&ChannelId> {
         self.envelopes.first().map(|e| &e.channel)
     }
 }
@@ -150,301 +147,28 @@ pub(crate) async fn run_turn(
     options: TurnOptions,
     log: &mut TurnLog,
 ) -> Result<TurnOutcome, TurnFailure> {
-    let me = agent.id().clone();
-    let channel = first.channel.clone();
-    let cause = first.cause().clone();
-    let base_round = first.round;
-    let mut frames = vec![Frame {
-        envelopes: vec![first],
-        rounds: 0,
-    }];
-    // A store that fails here is retried (the envelope stays where it is), never a failed turn.
-    let history = retry_store(inner, agent, "reading the channel's history", || {
-        inner
-            .stores
-            .channels
-            .history_texts(&me, &channel, Some(HISTORY_LIMIT))
-    })
-    .await
-    .map_err(|e| failure(e, &frames))?;
-    for envelope in &frames[0].envelopes {
-        log.record(user_record(envelope));
-        log.consume(envelope);
-    }
-    recall_source(inner, agent, &channel, &frames[0].envelopes[0]).await;
-    remember_sources(agent, &frames[0].envelopes);
-    log.flush_records(inner, &me).await;
-    let system = cached_system_prompt(inner, agent, &channel).map_err(|e| failure(e, &frames))?;
-    let mut messages = Vec::with_capacity(history.len() + 4);
-    messages.push(ChatMessage::system(system));
-    history::extend_messages(&mut messages, history);
-    messages.push(ChatMessage::user(merge_backlog(&frames[0].envelopes)));
-
-    let tools = &inner.tools;
-    let scope = ToolCapability::new(inner.clone(), me.clone());
-    let ctx = BehaviourContext::new(inner.clone());
-    let owner = options
-        .work
-        .as_ref()
-        .and_then(|w| inner.behaviour(&w.owner).cloned());
-    let definitions = cached_definitions(inner, &scope);
-    let limit = inner.settings.max_tool_rounds;
-    let call_cap =
-        usize::try_from(inner.settings.max_tool_calls_per_response.max(1)).unwrap_or(usize::MAX);
-    let mut started = inner.event(&me, EventKind::TurnStarted);
-    started.channel = Some(channel.clone());
-    started.task = options.task.clone();
-    inner.emit(started);
-
-    let mut total_rounds: u32 = 0;
-    let mut last_text = String::new();
-    // Empty answers in a row (no text, no tool call) where an answer is owed: a failed attempt,
-    // asked again once.
-    let mut empty_answers: u32 = 0;
+    let mut turn = Turn::begin(inner, agent, first, options, log).await?;
     loop {
-        let Some(top) = frames.last() else {
-            return Ok(TurnOutcome::Answer(last_text));
+        let Some(request) = turn.next_request()? else {
+            return Ok(TurnOutcome::Answer(std::mem::take(&mut turn.last_text)));
         };
-        if top.rounds >= limit || total_rounds >= limit.saturating_mul(STEER_ROUND_FACTOR) {
-            let mut event = inner.event(&me, EventKind::RoundLimitReached { limit });
-            event.channel = top.channel().cloned();
-            event.task = options.task.clone();
-            inner.emit(event);
-            return Err(failure(TurnError::RoundLimit { limit }, &frames));
-        }
-        let reply_channel = top.channel().cloned().unwrap_or_else(|| channel.clone());
-        let request = ChatRequest {
-            agent: Some(me.clone()),
-            messages: messages.clone(),
-            tools: definitions.clone(),
-            channel: Some(reply_channel.clone()),
-            envelope_kind: top.kind(),
-            ..ChatRequest::default()
-        };
-        let streams_to = frames
-            .last()
-            .filter(|f| agent.spec.outbound.wants_deltas() && answers_outbound(inner, &me, f));
-        let response = match streams_to {
-            Some(frame) => stream_model(inner, agent, request, frame).await,
-            None => inner.llm.complete(request).await,
-        };
-        let response = match response {
-            Ok(r) => r,
-            Err(e) => return Err(failure(e, &frames)),
-        };
-        if let Some(usage) = response.usage {
-            log.usage = log.usage.plus(usage);
-        }
-        if response.tool_calls.is_empty()
-            && response
-                .content
-                .as_deref()
-                .is_none_or(|t| t.trim().is_empty())
-            && frames.last().is_some_and(|f| owes_an_answer(inner, &me, f))
-        {
-            empty_answers += 1;
-            if empty_answers > EMPTY_ANSWER_RETRIES {
-                return Err(failure(
-                    TurnError::EmptyAnswer {
-                        attempts: empty_answers,
-                    },
-                    &frames,
-                ));
-            }
-            tracing::warn!(agent = %me, "the model gave an empty answer; asking again");
+        let response = turn.ask_model(request, log).await?;
+        if turn.is_empty_answer_to_retry(&response)? {
             continue;
         }
-        empty_answers = 0;
-        if response.tool_calls.is_empty() {
-            let text = response.content.unwrap_or_default();
-            let Some(frame) = frames.pop() else {
-                return Ok(TurnOutcome::Answer(text));
-            };
-            log.record(NewRecord::new(
-                reply_channel.clone(),
-                RecordKind::Assistant,
-                &me,
-                text.clone(),
-                inner.clock.now(),
-            ));
-            log.flush_records(inner, &me).await;
-            deliver_answer(inner, agent, &frame, &text, &cause).await;
-            let mut event = inner.event(
-                &me,
-                EventKind::TurnFinished {
-                    rounds: total_rounds,
-                },
-            );
-            event.channel = Some(reply_channel);
-            event.task = options.task.clone();
-            event.usage = Some(log.usage);
-            inner.emit(event);
-            match frames.last() {
-                None => return Ok(TurnOutcome::Answer(text)),
-                Some(below) => {
-                    messages.push(ChatMessage::assistant(text.clone()));
-                    messages.push(ChatMessage::user(resume_text(below)));
-                    last_text = text;
-                    continue;
-                }
+        let step = if response.tool_calls.is_empty() {
+            turn.answer(response, log).await
+        } else {
+            turn.call_tools(response, log).await
+        };
+        match step {
+            Step::Done(outcome) => return Ok(outcome),
+            Step::Resumed => {}
+            Step::Checkpoint => {
+                turn.checkpoint().await?;
+                turn.steer(log).await;
             }
         }
-
-        if let Some(top) = frames.last_mut() {
-            top.rounds += 1;
-        }
-        total_rounds += 1;
-        // The frame's own round: a steer elsewhere in the turn does not shift the keys of the
-        // effects this frame asks for, so a turn run again after a crash asks under the same keys.
-        let round_index = frames.last().map_or(total_rounds, |f| f.rounds);
-        messages.push(response.to_message());
-        // The effects' keys come from what the frame answers: a task by its number and generation
-        // (stable across attempts: a task run again after a crash asks for the same effects under
-        // the same keys), anything else by its envelope id.
-        let key_base = frames
-            .last()
-            .and_then(|f| f.envelopes.first())
-            .map(|e| match &e.task {
-                Some(work) => match inner.behaviour(&work.owner) {
-                    Some(owner) => owner.work_key(work),
-                    None => format!("{}{}g{}", work.owner, work.number, work.generation),
-                },
-                None => e.id.to_string(),
-            })
-            .unwrap_or_default();
-        let mut ended: Option<String> = None;
-        for (index, call) in response.tool_calls.iter().enumerate() {
-            let ctx = ToolContext {
-                agent: me.clone(),
-                channel: reply_channel.clone(),
-                task: options.task.clone(),
-                round: base_round,
-                cause: cause.clone(),
-                key: format!("{me}:{key_base}:{round_index}:{index}"),
-                org: scope.clone(),
-            };
-            let (text, ok) = if index >= call_cap {
-                (
-                    format!(
-                        "error: not run: one response may call at most {call_cap} tools \
-                         (max_tool_calls_per_response); call fewer at a time"
-                    ),
-                    false,
-                )
-            } else {
-                match tools.call(&ctx, call).await {
-                    Ok(output) => {
-                        if output.end_turn {
-                            ended = Some(output.content.clone());
-                        }
-                        (output.content, true)
-                    }
-                    Err(e) => (e.to_model_text(), false),
-                }
-            };
-            tool_called(inner, &me, &reply_channel, &options, call, &text, ok, log);
-            messages.push(ChatMessage::tool(call.id.clone(), text));
-        }
-        log.flush_records(inner, &me).await;
-        if let Some(text) = ended {
-            let mut event = inner.event(
-                &me,
-                EventKind::TurnFinished {
-                    rounds: total_rounds,
-                },
-            );
-            event.channel = Some(reply_channel);
-            event.task = options.task.clone();
-            event.usage = Some(log.usage);
-            inner.emit(event);
-            // The frame that ended waits for a result (a retrigger answers it later).
-            frames.pop();
-            match frames.last() {
-                None => return Ok(TurnOutcome::Ended(text)),
-                Some(below) => {
-                    messages.push(ChatMessage::user(resume_text(below)));
-                    continue;
-                }
-            }
-        }
-
-        // Checkpoint: claimed work tells its behaviour (a task's lease is renewed, so a long turn
-        // keeps its claim) ...
-        if let (Some(work), Some(owner)) = (&options.work, &owner) {
-            owner
-                .checkpoint(&ctx, &me, work)
-                .await
-                .map_err(|e| failure(e, &frames))?;
-        }
-        // ... and anything that arrived meanwhile steers the turn.
-        let drained = agent.queue.drain();
-        if drained.is_empty() {
-            continue;
-        }
-        let mut wait = Vec::new();
-        let mut fresh: Vec<Envelope> = Vec::new();
-        for envelope in drained {
-            let seen = envelope.idempotency_key.as_ref().is_some_and(|k| {
-                log.has_key(k) || fresh.iter().any(|f| f.idempotency_key.as_ref() == Some(k))
-            });
-            if envelope.task.is_some() || envelope.kind == EnvelopeKind::TaskAssigned {
-                wait.push(envelope);
-            } else if seen {
-                log.commit.consumed.push(envelope.id.clone());
-            } else if !envelope.kind.wakes_model() {
-                log.record(user_record(&envelope));
-                log.consume(&envelope);
-            } else {
-                fresh.push(envelope);
-            }
-        }
-        if !fresh.is_empty() && total_rounds >= limit.saturating_mul(STEER_ROUND_FACTOR) {
-            // Steered too long: the fresh messages wait for their own turn.
-            wait.append(&mut fresh);
-        }
-        put_back(inner, agent, wait).await;
-        if fresh.is_empty() {
-            continue;
-        }
-        // A key applied before (a notice delivered twice) is not answered again.
-        let mut steering = Vec::with_capacity(fresh.len());
-        for envelope in fresh {
-            if let Some(key) = &envelope.idempotency_key
-                && inner
-                    .stores
-                    .deliveries
-                    .is_applied(&me, key)
-                    .await
-                    .unwrap_or(false)
-            {
-                log.commit.consumed.push(envelope.id.clone());
-                continue;
-            }
-            steering.push(envelope);
-        }
-        if steering.is_empty() {
-            continue;
-        }
-        for envelope in &steering {
-            log.record(user_record(envelope));
-            log.consume(envelope);
-        }
-        remember_sources(agent, &steering);
-        log.flush_records(inner, &me).await;
-        let mut event = inner.event(
-            &me,
-            EventKind::Steered {
-                merged: steering.len(),
-            },
-        );
-        event.channel = steering.first().map(|e| e.channel.clone());
-        event.task = options.task.clone();
-        inner.emit(event);
-        messages.push(ChatMessage::user(merge_backlog(&steering)));
-        frames.push(Frame {
-            envelopes: steering,
-            rounds: 0,
-        });
     }
 }
 
