@@ -391,3 +391,9 @@ mod reopen {
         rounds(Kind::Redb).await;
     }
 }
+
+on_every_backend!(governance #[tokio::test(flavor = "multi_thread", worker_threads = 2)]:
+    a_fanned_out_request_spends_at_most_its_token_limit,
+    without_limits_the_tree_runs_and_nothing_is_recorded,
+    a_message_limit_holds_across_a_restart,
+);

@@ -160,6 +160,15 @@ pub enum EventKind {
         /// The limit.
         limit: u32,
     },
+    /// A request reached a limit: a model or tool call was refused (see [`crate::limits`]).
+    LimitReached {
+        /// The request (the cause of the exchange).
+        request: crate::ids::EnvelopeId,
+        /// The limit and what the refused call would have reached.
+        over: crate::limits::Over,
+        /// What the request had spent.
+        spent: crate::limits::Spend,
+    },
     /// A turn was cancelled.
     TurnCancelled,
     /// A tool was called.

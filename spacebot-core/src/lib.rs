@@ -64,6 +64,7 @@ pub mod error;
 pub mod event;
 mod fasthash;
 pub mod ids;
+pub mod limits;
 pub mod link;
 pub mod llm;
 pub mod memory;

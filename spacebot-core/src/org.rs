@@ -47,6 +47,9 @@ pub struct InboundMessage {
     /// The application's own id of the message, when it has one (see
     /// [`with_idempotency_key`](Self::with_idempotency_key)).
     pub idempotency_key: Option<String>,
+    /// Limits on what this request may spend, with `[settings.limits]` (the tighter binds): see
+    /// [`with_limits`](Self::with_limits).
+    pub limits: Option<crate::limits::Limits>,
 }
 
 impl InboundMessage {
@@ -63,7 +66,24 @@ impl InboundMessage {
             content: content.into(),
             metadata: serde_json::Map::new(),
             idempotency_key: None,
+            limits: None,
         }
+    }
+
+    /// Limits what this request may spend: its turns, every task delegated from it at any depth,
+    /// every retrigger and conversation turn it leads to (see [`crate::limits`]). They are stored
+    /// with the request before it is queued, so they hold across a restart.
+    ///
+    /// ```
+    /// use spacebot_core::InboundMessage;
+    /// use spacebot_core::limits::Limits;
+    /// let message = InboundMessage::new("portal", "u1", "plan the launch")
+    ///     .with_limits(Limits { total_tokens: Some(20_000), ..Limits::NONE });
+    /// assert_eq!(message.limits.unwrap().total_tokens, Some(20_000));
+    /// ```
+    pub fn with_limits(mut self, limits: crate::limits::Limits) -> Self {
+        self.limits = Some(limits);
+        self
     }
 
     /// Sets the channel.
@@ -293,6 +313,9 @@ impl Organization {
         // Namespaced: an application's key never meets the runtime's own (notices, replies).
         envelope.idempotency_key = message.idempotency_key.map(|k| format!("inbound:{k}"));
         let id = envelope.id.clone();
+        if let Some(limits) = message.limits.filter(|l| !l.is_none()) {
+            self.inner.bind_limits(&id, limits).await?;
+        }
         self.inner.enqueue(&agent, envelope, false).await?;
         Ok(id)
     }

@@ -168,6 +168,7 @@ impl OrganizationBuilder {
             .or_else(default_clock)
             .ok_or(OrgError::Missing("a clock"))?;
         let config = self.config;
+        let limited = !config.settings.limits.is_none();
         config.validate()?;
         for agent in self.agent_outbounds.keys().chain(self.executors.keys()) {
             if !config.agents.iter().any(|a| &a.id == agent) {
@@ -244,6 +245,8 @@ impl OrganizationBuilder {
                 internal_open: Mutex::new(HashMap::new()),
                 bus: crate::bus::EventBus::new(1024),
                 states: Mutex::new(HashMap::new()),
+                limits_in_use: std::sync::atomic::AtomicBool::new(limited),
+                settle_waiters: Mutex::new(Vec::new()),
                 handing_over: Mutex::new(HashSet::new()),
                 idle_waiters: std::sync::atomic::AtomicUsize::new(0),
                 behaviours,
@@ -254,6 +257,7 @@ impl OrganizationBuilder {
                 instance_tag: uuid::Uuid::new_v4().simple().to_string()[..8].to_string(),
             }),
         };
+        org.inner.load_limits_marker().await?;
         let ctx = org.behaviour_context();
         for behaviour in &org.inner.behaviours {
             behaviour.on_build(&ctx).await?;

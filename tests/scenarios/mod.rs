@@ -6,5 +6,6 @@ pub mod conversation_mirrored;
 pub mod delegation_adversarial;
 pub mod delegation_policies;
 pub mod delegation_roundtrip;
+pub mod governance;
 pub mod junctions;
 pub mod support;

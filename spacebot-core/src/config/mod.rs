@@ -156,6 +156,10 @@ pub struct Settings {
     /// Tool calls run from one model response (default 32). Calls past it are not run: each is
     /// answered to the model as an error, so one response cannot fan out into thousands of effects.
     pub max_tool_calls_per_response: u32,
+    /// Limits on what every request may spend (`[settings.limits]`; none by default): see
+    /// [`crate::limits`].
+    #[serde(skip_serializing_if = "crate::limits::Limits::is_none")]
+    pub limits: crate::limits::Limits,
 }
 
 impl Default for Settings {
@@ -168,6 +172,7 @@ impl Default for Settings {
             conversation_turn_budget: 20,
             task_concurrency: 1,
             max_tool_calls_per_response: 32,
+            limits: crate::limits::Limits::NONE,
         }
     }
 }

@@ -404,6 +404,7 @@ impl OrgConfig {
             "conversation_turn_budget",
             "task_concurrency",
             "max_tool_calls_per_response",
+            "limits",
         ]);
         if let Ok(Some(approval)) = e.opt_enum::<ApprovalPolicy>("approval") {
             settings.approval = approval;
@@ -426,6 +427,43 @@ impl OrgConfig {
         }
         if let Ok(Some(n)) = e.opt_count("max_tool_calls_per_response", small) {
             settings.max_tool_calls_per_response = u32::try_from(n).unwrap_or(u32::MAX);
+        }
+        match e.table.get("limits") {
+            None => {}
+            Some(toml::Value::Table(limits)) => {
+                let mut l = Entry {
+                    name: "settings.limits".to_owned(),
+                    table: limits,
+                    issues: &mut *e.issues,
+                };
+                l.unknown_fields(&[
+                    "input_tokens",
+                    "output_tokens",
+                    "total_tokens",
+                    "model_calls",
+                    "tool_calls",
+                    "wall_time_ms",
+                ]);
+                let big = u64::MAX >> 1;
+                let limits = &mut settings.limits;
+                for (field, slot) in [
+                    ("input_tokens", &mut limits.input_tokens),
+                    ("output_tokens", &mut limits.output_tokens),
+                    ("total_tokens", &mut limits.total_tokens),
+                    ("model_calls", &mut limits.model_calls),
+                    ("tool_calls", &mut limits.tool_calls),
+                    ("wall_time_ms", &mut limits.wall_time_ms),
+                ] {
+                    if let Ok(Some(n)) = l.opt_count(field, big) {
+                        *slot = Some(n);
+                    }
+                }
+            }
+            Some(other) => e.issues.push(ConfigIssue {
+                entry: "settings".to_owned(),
+                field: Some("limits".to_owned()),
+                problem: format!("expected a table ([settings.limits]), found {}", describe(other)),
+            }),
         }
         settings
     }

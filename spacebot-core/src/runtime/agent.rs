@@ -199,6 +199,8 @@ pub(crate) async fn keep_for_later(org: &Host, agent: &AgentRuntime, envelope: E
 /// application for external messages, a report to the parent for a child agent.
 pub(crate) async fn tell_failure(inner: &Arc<Host>, agent: &AgentRuntime, failure: &TurnFailure) {
     let reason = failure.error.public_text();
+    // A request that reached a limit is told so once, however many of its turns were refused.
+    let limited = matches!(failure.error, crate::runtime::turn::TurnError::LimitReached(_));
     let mut by_source: Vec<(Source, ChannelId, Vec<EnvelopeId>)> = Vec::new();
     for envelope in failure.unanswered.iter().filter(|e| e.task.is_none()) {
         let source = reply_source(agent, std::slice::from_ref(envelope));
@@ -212,6 +214,13 @@ pub(crate) async fn tell_failure(inner: &Arc<Host>, agent: &AgentRuntime, failur
             Some((_, _, ids)) => ids.push(envelope.id.clone()),
             None => by_source.push((source, envelope.channel.clone(), vec![envelope.id.clone()])),
         }
+    }
+    if limited
+        && !by_source.is_empty()
+        && let Some(first) = failure.unanswered.first()
+        && !inner.tell_limit_once(first.cause()).await
+    {
+        by_source.clear();
     }
     for (source, channel, ids) in by_source {
         let reply = Reply {

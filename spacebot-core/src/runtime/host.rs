@@ -245,6 +245,12 @@ pub(crate) struct Host {
     pub(crate) graph_version: AtomicU64,
     /// A short random tag of this organization instance (child ids carry it).
     pub(crate) instance_tag: String,
+    /// Whether any request may be limited (`[settings.limits]`, or a message bound limits, now or
+    /// before a restart): turns read the request ledger only then.
+    pub(crate) limits_in_use: AtomicBool,
+    /// Calls waiting for a settlement of their request's reservations (see
+    /// `runtime/governance.rs`).
+    pub(crate) settle_waiters: Mutex<Vec<oneshot::Sender<()>>>,
     /// This process's part in placement, when the organization spans several processes.
     pub(crate) hosting: Option<Arc<crate::runtime::hosting::Hosting>>,
 }

@@ -10,6 +10,7 @@ pub mod behaviour;
 pub(crate) mod commit;
 pub(crate) mod errors;
 pub(crate) mod executor;
+pub(crate) mod governance;
 pub mod history;
 pub(crate) mod host;
 pub(crate) mod hosting;

@@ -8,6 +8,7 @@ use crate::channel::{NewRecord, RecordKind};
 use crate::envelope::{Envelope, EnvelopeKind};
 use crate::event::EventKind;
 use crate::ids::{AgentId, ChannelId, EnvelopeId};
+use crate::limits::{self, Spend};
 use crate::llm::{ChatMessage, ChatRequest, ChatResponse, ToolDefinition};
 use crate::runtime::behaviour::{Behaviour, BehaviourContext};
 use crate::runtime::commit::*;
@@ -171,13 +172,48 @@ impl<'a> Turn<'a> {
         }))
     }
 
+    /// Reserves the model call against the request's limits (see [`crate::limits`]), capping its
+    /// `max_tokens` to what they leave: the reservation's key and what it holds, or `None` when no
+    /// limit applies. Fails the turn, with an event, when the request reached a limit.
+    async fn reserve(
+        &self,
+        request: &mut ChatRequest,
+    ) -> Result<Option<(String, Spend)>, TurnFailure> {
+        if !self.host.limits_in_use() {
+            return Ok(None);
+        }
+        let key = format!("{}:{}", self.me, uuid::Uuid::new_v4().simple());
+        let input = limits::estimate_input(request);
+        let max_output = request
+            .max_tokens
+            .map_or(limits::DEFAULT_MAX_OUTPUT, u64::from);
+        match self
+            .host
+            .reserve_call(&self.cause, &key, input, max_output)
+            .await
+        {
+            Err(e) => Err(self.failure(e)),
+            Ok(Err(reached)) => {
+                self.host
+                    .limit_reached(&self.me, &self.reply_channel, &self.cause, &reached);
+                Err(self.failure(reached))
+            }
+            Ok(Ok(None)) => Ok(None),
+            Ok(Ok(Some(granted))) => {
+                request.max_tokens = Some(u32::try_from(granted.output_tokens).unwrap_or(u32::MAX));
+                Ok(Some((key, granted)))
+            }
+        }
+    }
+
     /// Asks the model, streaming the answer when the top frame answers an outbound that wants
-    /// deltas; counts the usage.
+    /// deltas; counts the usage, and settles the call's reservation with it.
     pub(crate) async fn ask_model(
         &mut self,
-        request: ChatRequest,
+        mut request: ChatRequest,
         log: &mut TurnLog,
     ) -> Result<ChatResponse, TurnFailure> {
+        let reservation = self.reserve(&mut request).await?;
         let (host, agent, me) = (self.host, self.agent, &self.me);
         let streams_to = self
             .frames
@@ -186,8 +222,23 @@ impl<'a> Turn<'a> {
         let response = match streams_to {
             Some(frame) => stream_model(host, agent, request, frame).await,
             None => host.llm.complete(request).await,
+        };
+        if let Some((key, granted)) = reservation {
+            // What the provider reported; the whole reservation when it reported nothing; one
+            // call and no tokens when the call failed.
+            let spent = match &response {
+                Ok(r) => r.usage.map_or(granted, Spend::of_call),
+                Err(_) => Spend {
+                    model_calls: 1,
+                    ..Spend::default()
+                },
+            };
+            if let Err(e) = host.settle_call(&self.cause, &key, spent).await {
+                // The reservation stays counted: the request is charged its worst case.
+                tracing::warn!(agent = %me, "a model call's spend was not settled: {e}");
+            }
         }
-        .map_err(|e| self.failure(e))?;
+        let response = response.map_err(|e| self.failure(e))?;
         if let Some(usage) = response.usage {
             log.usage = log.usage.plus(usage);
         }
@@ -284,7 +335,11 @@ impl<'a> Turn<'a> {
 
     /// A tool round: runs the calls in order (past the per-response cap, each is refused), records
     /// them; a tool that ends the turn ends the top frame (it waits for a result).
-    pub(crate) async fn call_tools(&mut self, response: ChatResponse, log: &mut TurnLog) -> Step {
+    pub(crate) async fn call_tools(
+        &mut self,
+        response: ChatResponse,
+        log: &mut TurnLog,
+    ) -> Result<Step, TurnFailure> {
         if let Some(top) = self.frames.last_mut() {
             top.rounds += 1;
         }
@@ -293,6 +348,17 @@ impl<'a> Turn<'a> {
         // effects this frame asks for, so a turn run again after a crash asks under the same keys.
         let round_index = self.frames.last().map_or(self.total_rounds, |f| f.rounds);
         self.messages.push(response.to_message());
+        // The calls that will run count against the request's tool-call limit, all or none.
+        let running = response.tool_calls.len().min(self.call_cap) as u64;
+        match self.host.charge_tools(&self.cause, running).await {
+            Err(e) => return Err(self.failure(e)),
+            Ok(Err(reached)) => {
+                self.host
+                    .limit_reached(&self.me, &self.reply_channel, &self.cause, &reached);
+                return Err(self.failure(reached));
+            }
+            Ok(Ok(())) => {}
+        }
         let key_base = self.key_base();
         let (host, me, call_cap) = (self.host, self.me.clone(), self.call_cap);
         let mut ended: Option<String> = None;
@@ -339,16 +405,16 @@ impl<'a> Turn<'a> {
         }
         log.flush_records(host, &me).await;
         let Some(text) = ended else {
-            return Step::Checkpoint;
+            return Ok(Step::Checkpoint);
         };
         self.finished(log);
         // The frame that ended waits for a result (a retrigger answers it later).
         self.frames.pop();
         match self.frames.last() {
-            None => Step::Done(TurnOutcome::Ended(text)),
+            None => Ok(Step::Done(TurnOutcome::Ended(text))),
             Some(below) => {
                 self.messages.push(ChatMessage::user(resume_text(below)));
-                Step::Resumed
+                Ok(Step::Resumed)
             }
         }
     }

@@ -37,6 +37,9 @@ pub enum TurnError {
         /// The limit.
         limit: u32,
     },
+    /// The request reached one of its limits; the call was not made (see [`crate::limits`]).
+    #[error(transparent)]
+    LimitReached(#[from] crate::limits::LimitReached),
     /// The model answered with no text and no tool call, again when asked once more.
     #[error("the model gave an empty answer {attempts} times in a row")]
     EmptyAnswer {
@@ -159,7 +162,7 @@ pub(crate) async fn run_turn(
         let step = if response.tool_calls.is_empty() {
             turn.answer(response, log).await
         } else {
-            turn.call_tools(response, log).await
+            turn.call_tools(response, log).await?
         };
         match step {
             Step::Done(outcome) => return Ok(outcome),

@@ -1,0 +1,416 @@
+//! The durable spend of each request, over the record store.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use super::{LimitReached, Limits, Spend};
+use crate::error::StoreError;
+use crate::ids::EnvelopeId;
+use crate::records::{Expect, RecordStore, RecordWrite, WriteOutcome};
+use crate::time::Timestamp;
+
+/// The record namespace of requests' spend.
+pub const NAMESPACE: &str = "limits.request";
+
+/// How many times a compare-and-set write is tried against concurrent writers before it gives up.
+const CAS_ATTEMPTS: usize = 64;
+
+/// Why a reservation was not made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// The request reached a limit: not even the smallest call fits against what it spent.
+    Reached(LimitReached),
+    /// The call would fit but for the request's other open reservations: try again once they
+    /// settle.
+    Busy(super::Over),
+}
+
+/// One request's spend, as stored (the value of its record, keyed by the request's id).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default)]
+#[non_exhaustive]
+pub struct LedgerEntry {
+    /// The limits binding the request.
+    pub limits: Limits,
+    /// When the request's first turn began (wall time is counted from it).
+    pub started_at: Timestamp,
+    /// What its settled model and tool calls spent.
+    pub settled: Spend,
+    /// Open reservations, by call key: counted until settled (a kill leaves them counted).
+    pub reserved: BTreeMap<String, Spend>,
+    /// The limit that refused a call, once one did.
+    pub reached: Option<LimitReached>,
+    /// Whether the user was told the request reached its limit.
+    pub told: bool,
+}
+
+impl LedgerEntry {
+    /// Settled spend plus open reservations.
+    pub fn committed(&self) -> Spend {
+        self.reserved
+            .values()
+            .fold(self.settled, |sum, r| sum.plus(r))
+    }
+}
+
+/// The spend of every request, durably in a [`RecordStore`] (namespace [`NAMESPACE`], key: the
+/// request's id). Every change is one compare-and-set write: writers on several agents, and on
+/// PostgreSQL in several processes, never overspend together. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct RequestLedger {
+    records: Arc<dyn RecordStore>,
+}
+
+impl RequestLedger {
+    /// A ledger over `records`.
+    pub fn new(records: Arc<dyn RecordStore>) -> Self {
+        Self { records }
+    }
+
+    /// The request's entry, if it spent or reserved anything or was given limits.
+    ///
+    /// # Errors
+    /// As the store.
+    pub async fn get(&self, request: &EnvelopeId) -> Result<Option<LedgerEntry>, StoreError> {
+        match self.records.get(NAMESPACE, request.as_str()).await? {
+            Some(record) => Ok(Some(record.decode::<LedgerEntry>()?.value)),
+            None => Ok(None),
+        }
+    }
+
+    /// Reads, changes and writes the request's entry with compare-and-set, again on a conflict.
+    /// `change` returns `Ok(None)` to leave the entry as it is, or `Err` to refuse (nothing
+    /// written).
+    async fn update<T, E>(
+        &self,
+        request: &EnvelopeId,
+        now: Timestamp,
+        mut change: impl FnMut(&mut LedgerEntry) -> Result<Option<T>, E>,
+    ) -> Result<Result<Option<T>, E>, StoreError> {
+        for _ in 0..CAS_ATTEMPTS {
+            let current = self.records.get(NAMESPACE, request.as_str()).await?;
+            let (mut entry, expect) = match current {
+                Some(record) => {
+                    let version = record.version;
+                    (record.decode::<LedgerEntry>()?.value, Expect::Version(version))
+                }
+                None => (
+                    LedgerEntry {
+                        started_at: now,
+                        ..LedgerEntry::default()
+                    },
+                    Expect::Absent,
+                ),
+            };
+            let before = entry.clone();
+            let result = change(&mut entry);
+            if entry == before {
+                return Ok(result);
+            }
+            let value = serde_json::to_value(&entry).map_err(|e| {
+                StoreError::backend("limits", format!("encoding a request's spend: {e}"), e)
+            })?;
+            let write = RecordWrite::new(NAMESPACE, request.as_str(), value, "limits")
+                .expect(expect)
+                .at(now);
+            match self.records.write(write).await? {
+                WriteOutcome::Written(_) | WriteOutcome::AlreadyApplied(_) => return Ok(result),
+                WriteOutcome::Conflict { .. } => continue,
+            }
+        }
+        Err(StoreError::Backend {
+            backend: "limits",
+            message: format!(
+                "the spend of request {request} changed under {CAS_ATTEMPTS} writes in a row"
+            ),
+            source: None,
+        })
+    }
+
+    /// Sets the limits of a request (the tighter of what it has and `limits`), before its
+    /// first turn or at run time (an operator raising a request's limit uses
+    /// [`RequestLedger::set_limits`]).
+    ///
+    /// # Errors
+    /// As the store.
+    pub async fn bind(
+        &self,
+        request: &EnvelopeId,
+        limits: Limits,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        self.update(request, now, |e| {
+            e.limits = e.limits.tighter(&limits);
+            Ok::<Option<()>, ()>(None)
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// Replaces a request's limits (an operator raising or lowering them); a request that reached
+    /// a limit it no longer passes may spend again.
+    ///
+    /// # Errors
+    /// As the store.
+    pub async fn set_limits(
+        &self,
+        request: &EnvelopeId,
+        limits: Limits,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        self.update(request, now, |e| {
+            e.limits = limits;
+            e.reached = None;
+            e.told = false;
+            Ok::<Option<()>, ()>(None)
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// Reserves a model call `key` of `request` whose prompt is estimated at `input` tokens and
+    /// which may answer up to `max_output` tokens, under `defaults` tightened by the request's own
+    /// limits. The output reserved is what fits: at most `max_output`, at most what the output and
+    /// total limits leave; the caller caps the call's `max_tokens` to it. Written only when the
+    /// settled spend, every open reservation and this one stay within every limit; answers the
+    /// reservation.
+    ///
+    /// # Errors
+    /// `Ok(Err(Refusal::Reached))` when not even one output token fits against the settled spend
+    /// (it is recorded on the request); `Ok(Err(Refusal::Busy))` when it would fit but for the
+    /// request's other open reservations (try again once they settle); `Err` as the store.
+    pub async fn reserve(
+        &self,
+        request: &EnvelopeId,
+        key: &str,
+        input: u64,
+        max_output: u64,
+        defaults: &Limits,
+        now: Timestamp,
+    ) -> Result<Result<Spend, Refusal>, StoreError> {
+        let outcome = self
+            .update(request, now, |e| {
+                if let Some(existing) = e.reserved.get(key) {
+                    return Ok(Some(*existing));
+                }
+                let limits = defaults.tighter(&e.limits);
+                let elapsed = u64::try_from(now.0.saturating_sub(e.started_at.0)).unwrap_or(0);
+                let committed = e.committed();
+                let call = |output: u64| Spend {
+                    input_tokens: input,
+                    output_tokens: output,
+                    total_tokens: input.saturating_add(output),
+                    model_calls: 1,
+                    tool_calls: 0,
+                };
+                if let Err(over) = limits.check(&e.settled.plus(&call(1)), elapsed) {
+                    let reached = LimitReached {
+                        over,
+                        spent: e.settled,
+                    };
+                    e.reached = Some(reached.clone());
+                    return Err(Refusal::Reached(reached));
+                }
+                if let Err(over) = limits.check(&committed.plus(&call(1)), elapsed) {
+                    return Err(Refusal::Busy(over));
+                }
+                let mut output = max_output.max(1);
+                if let Some(max) = limits.output_tokens {
+                    output = output.min(max.saturating_sub(committed.output_tokens));
+                }
+                if let Some(max) = limits.total_tokens {
+                    output = output.min(
+                        max.saturating_sub(committed.total_tokens)
+                            .saturating_sub(input),
+                    );
+                }
+                let reserved = call(output.max(1));
+                e.reserved.insert(key.to_string(), reserved);
+                Ok(Some(reserved))
+            })
+            .await?;
+        Ok(outcome.map(|granted| granted.unwrap_or_default()))
+    }
+
+    /// Settles the call `key`: its reservation is replaced by what it spent. A call with no open
+    /// reservation (settled already) changes nothing.
+    ///
+    /// # Errors
+    /// As the store.
+    pub async fn settle(
+        &self,
+        request: &EnvelopeId,
+        key: &str,
+        spent: Spend,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        self.update(request, now, |e| {
+            if e.reserved.remove(key).is_some() {
+                e.settled = e.settled.plus(&spent);
+            }
+            Ok::<Option<()>, ()>(None)
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// Charges `spent` at once (no reservation), checked against the limits first: what a tool
+    /// call costs.
+    ///
+    /// # Errors
+    /// `Ok(Err(LimitReached))` when a limit would be passed; `Err` as the store.
+    pub async fn charge(
+        &self,
+        request: &EnvelopeId,
+        spent: Spend,
+        defaults: &Limits,
+        now: Timestamp,
+    ) -> Result<Result<(), LimitReached>, StoreError> {
+        let outcome = self
+            .update(request, now, |e| {
+                let limits = defaults.tighter(&e.limits);
+                let elapsed = u64::try_from(now.0.saturating_sub(e.started_at.0)).unwrap_or(0);
+                match limits.check(&e.committed().plus(&spent), elapsed) {
+                    Ok(()) => {
+                        e.settled = e.settled.plus(&spent);
+                        Ok::<Option<()>, LimitReached>(None)
+                    }
+                    Err(over) => {
+                        let reached = LimitReached {
+                            over,
+                            spent: e.settled,
+                        };
+                        e.reached = Some(reached.clone());
+                        Err(reached)
+                    }
+                }
+            })
+            .await?;
+        Ok(outcome.map(|_: Option<()>| ()))
+    }
+
+    /// Whether this caller is the one to tell the user that the request reached its limit: `true`
+    /// once per request (and again after [`set_limits`](Self::set_limits)).
+    ///
+    /// # Errors
+    /// As the store.
+    pub async fn tell_once(&self, request: &EnvelopeId, now: Timestamp) -> Result<bool, StoreError> {
+        let outcome = self
+            .update(request, now, |e| {
+                if e.told {
+                    Ok::<Option<bool>, ()>(Some(false))
+                } else {
+                    e.told = true;
+                    Ok(Some(true))
+                }
+            })
+            .await?;
+        Ok(matches!(outcome, Ok(Some(true))))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::limits::Limit;
+    use crate::stores::Stores;
+
+    fn ledger() -> RequestLedger {
+        RequestLedger::new(Stores::memory().records.clone())
+    }
+
+    fn tokens(n: u64) -> Spend {
+        Spend {
+            input_tokens: n,
+            total_tokens: n,
+            model_calls: 1,
+            ..Spend::default()
+        }
+    }
+
+    #[test]
+    #[allow(clippy::panic)]
+    fn reservations_count_until_settled_and_a_refusal_is_recorded() {
+        futures::executor::block_on(async {
+            let l = ledger();
+            let r = EnvelopeId::new("req-1");
+            let limits = Limits {
+                total_tokens: Some(100),
+                ..Limits::NONE
+            };
+            let t = Timestamp(10);
+            let first = l.reserve(&r, "c1", 50, 10, &limits, t).await.unwrap().unwrap();
+            assert_eq!(first.total_tokens, 60);
+            // The output reserved is what the limit leaves: 100 - 60 - 30 = 10.
+            let second = l.reserve(&r, "c2", 30, 500, &limits, t).await.unwrap().unwrap();
+            assert_eq!((second.output_tokens, second.total_tokens), (10, 40));
+            // Not even one output token fits with both open.
+            let refused = l.reserve(&r, "c3", 1, 10, &limits, t).await.unwrap();
+            let Err(Refusal::Busy(over)) = refused else {
+                panic!("busy while two reservations hold the room: {refused:?}")
+            };
+            assert_eq!((over.limit, over.value), (Limit::TotalTokens, 102));
+            // Settled for less, the room comes back.
+            l.settle(&r, "c1", tokens(30), t).await.unwrap();
+            l.settle(&r, "c2", tokens(20), t).await.unwrap();
+            l.reserve(&r, "c3", 20, 10, &limits, t).await.unwrap().unwrap();
+            l.settle(&r, "c3", tokens(30), t).await.unwrap();
+            // 80 settled: a call of 30 input tokens cannot fit even alone.
+            let refused = l.reserve(&r, "c4", 30, 10, &limits, t).await.unwrap();
+            let Err(Refusal::Reached(reached)) = refused else {
+                panic!("reached: {refused:?}")
+            };
+            assert_eq!(reached.over.limit, Limit::TotalTokens);
+            assert_eq!(reached.spent.total_tokens, 80);
+            // Settling twice changes nothing.
+            l.settle(&r, "c3", tokens(30), t).await.unwrap();
+            let entry = l.get(&r).await.unwrap().unwrap();
+            assert_eq!(entry.settled.total_tokens, 80);
+            assert!(entry.reserved.is_empty());
+            assert!(entry.reached.is_some());
+            assert_eq!(entry.committed(), entry.settled);
+        });
+    }
+
+    #[test]
+    fn the_user_is_told_once_per_request_until_its_limits_change() {
+        futures::executor::block_on(async {
+            let l = ledger();
+            let r = EnvelopeId::new("req-2");
+            assert!(l.tell_once(&r, Timestamp(1)).await.unwrap());
+            assert!(!l.tell_once(&r, Timestamp(2)).await.unwrap());
+            l.set_limits(&r, Limits::NONE, Timestamp(3)).await.unwrap();
+            assert!(l.tell_once(&r, Timestamp(4)).await.unwrap());
+        });
+    }
+
+    #[test]
+    fn racing_reservations_never_pass_the_limit_together() {
+        futures::executor::block_on(async {
+            let l = ledger();
+            let r = EnvelopeId::new("req-3");
+            let limits = Limits {
+                total_tokens: Some(100),
+                ..Limits::NONE
+            };
+            let attempts = (0..10).map(|i| {
+                let (l, r) = (l.clone(), r.clone());
+                async move {
+                    l.reserve(&r, &format!("c{i}"), 20, 10, &limits, Timestamp(1))
+                        .await
+                        .unwrap()
+                        .is_ok()
+                }
+            });
+            let granted = futures::future::join_all(attempts)
+                .await
+                .into_iter()
+                .filter(|ok| *ok)
+                .count();
+            assert_eq!(granted, 3, "30 tokens each under 100: three fit");
+        });
+    }
+}

@@ -1,0 +1,319 @@
+//! Governance: limits on what one request may spend, binding across its whole tree.
+//!
+//! A **request** is everything one inbound message causes: the turns answering it, every task
+//! delegated from it at any depth, every retrigger and conversation turn it leads to. They all
+//! carry the message's id as their [`cause`](crate::Envelope::cause), and the request's spend is
+//! kept under that id in a [`RequestLedger`], durably, in [`Stores::records`](crate::Stores).
+//!
+//! [`Limits`] bound tokens (input, output, total), model calls, tool calls and wall time. They
+//! come from `[settings.limits]` (every request) and from the message itself
+//! ([`InboundMessage::with_limits`](crate::InboundMessage::with_limits): the tighter of the two
+//! binds).
+//!
+//! **Reservations.** Before each model call the turn reserves the call's worst case (an estimate
+//! of the prompt's tokens plus the most the model may answer) and one model call; the call is made
+//! only if the request's settled spend, plus every open reservation, plus this one stays within
+//! every limit. After the call the reservation is settled with what the provider reported. A
+//! reservation and a settlement are each one compare-and-set write of the request's record, so
+//! turns of the same request on several agents (and, on PostgreSQL, in several processes) can never
+//! overspend together. A process killed between a reservation and its settlement leaves the
+//! reservation counted: the request is charged its worst case, never less than it spent.
+//!
+//! **When a limit is reached** the model is not called: the turn fails with
+//! [`TurnError::LimitReached`](crate::TurnError::LimitReached) naming the limit and what was
+//! spent; a task's turn fails the task (its delegator is told as for any failure), and the user gets
+//! one failure reply for the request, however many of its turns were refused
+//! ([`RequestLedger::tell_once`]). An `EventKind::LimitReached` event says which limit, where.
+//!
+//! ```
+//! use spacebot_core::limits::{Limits, Spend};
+//! let limits = Limits { total_tokens: Some(1_000), model_calls: Some(3), ..Limits::default() };
+//! let spent = Spend { total_tokens: 900, model_calls: 1, ..Spend::default() };
+//! let call = Spend { total_tokens: 200, model_calls: 1, ..Spend::default() };
+//! let over = limits.check(&spent.plus(&call), 0).unwrap_err();
+//! assert_eq!(over.to_string(), "total tokens: 1100 would pass the limit of 1000");
+//! ```
+
+mod ledger;
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::llm::ChatMessage;
+
+pub use ledger::{LedgerEntry, NAMESPACE, Refusal, RequestLedger};
+
+/// Limits on what one request may spend; `None` is no limit on that measure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct Limits {
+    /// Prompt (input) tokens.
+    pub input_tokens: Option<u64>,
+    /// Completion (output) tokens.
+    pub output_tokens: Option<u64>,
+    /// Tokens in all.
+    pub total_tokens: Option<u64>,
+    /// Model calls.
+    pub model_calls: Option<u64>,
+    /// Tool calls.
+    pub tool_calls: Option<u64>,
+    /// Milliseconds from the request's first turn to the start of a model call.
+    pub wall_time_ms: Option<u64>,
+}
+
+impl Limits {
+    /// No limit at all.
+    pub const NONE: Limits = Limits {
+        input_tokens: None,
+        output_tokens: None,
+        total_tokens: None,
+        model_calls: None,
+        tool_calls: None,
+        wall_time_ms: None,
+    };
+
+    /// Whether no measure is limited.
+    pub fn is_none(&self) -> bool {
+        *self == Self::NONE
+    }
+
+    /// The tighter of two limits, measure by measure.
+    pub fn tighter(&self, other: &Limits) -> Limits {
+        fn min(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+            match (a, b) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            }
+        }
+        Limits {
+            input_tokens: min(self.input_tokens, other.input_tokens),
+            output_tokens: min(self.output_tokens, other.output_tokens),
+            total_tokens: min(self.total_tokens, other.total_tokens),
+            model_calls: min(self.model_calls, other.model_calls),
+            tool_calls: min(self.tool_calls, other.tool_calls),
+            wall_time_ms: min(self.wall_time_ms, other.wall_time_ms),
+        }
+    }
+
+    /// Checks a spend (settled plus reserved) `elapsed_ms` into the request.
+    ///
+    /// # Errors
+    /// The first limit `spend` passes.
+    pub fn check(&self, spend: &Spend, elapsed_ms: u64) -> Result<(), Over> {
+        let measures = [
+            (Limit::InputTokens, self.input_tokens, spend.input_tokens),
+            (Limit::OutputTokens, self.output_tokens, spend.output_tokens),
+            (Limit::TotalTokens, self.total_tokens, spend.total_tokens),
+            (Limit::ModelCalls, self.model_calls, spend.model_calls),
+            (Limit::ToolCalls, self.tool_calls, spend.tool_calls),
+            (Limit::WallTime, self.wall_time_ms, elapsed_ms),
+        ];
+        for (limit, max, value) in measures {
+            if let Some(max) = max
+                && value > max
+            {
+                return Err(Over { limit, max, value });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a request spent (or reserved).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default)]
+#[non_exhaustive]
+pub struct Spend {
+    /// Prompt (input) tokens.
+    pub input_tokens: u64,
+    /// Completion (output) tokens.
+    pub output_tokens: u64,
+    /// Tokens in all.
+    pub total_tokens: u64,
+    /// Model calls.
+    pub model_calls: u64,
+    /// Tool calls.
+    pub tool_calls: u64,
+}
+
+impl Spend {
+    /// The sum of two spends (saturating).
+    pub fn plus(&self, other: &Spend) -> Spend {
+        Spend {
+            input_tokens: self.input_tokens.saturating_add(other.input_tokens),
+            output_tokens: self.output_tokens.saturating_add(other.output_tokens),
+            total_tokens: self.total_tokens.saturating_add(other.total_tokens),
+            model_calls: self.model_calls.saturating_add(other.model_calls),
+            tool_calls: self.tool_calls.saturating_add(other.tool_calls),
+        }
+    }
+
+    /// One model call that reported `usage`.
+    pub fn of_call(usage: crate::llm::Usage) -> Spend {
+        let input = u64::from(usage.prompt_tokens);
+        let output = u64::from(usage.completion_tokens);
+        Spend {
+            input_tokens: input,
+            output_tokens: output,
+            total_tokens: u64::from(usage.total_tokens).max(input + output),
+            model_calls: 1,
+            tool_calls: 0,
+        }
+    }
+
+    /// `n` tool calls.
+    pub fn tool_calls(n: u64) -> Spend {
+        Spend {
+            tool_calls: n,
+            ..Spend::default()
+        }
+    }
+}
+
+impl fmt::Display for Spend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} tokens ({} in, {} out), {} model calls, {} tool calls",
+            self.total_tokens, self.input_tokens, self.output_tokens, self.model_calls, self.tool_calls
+        )
+    }
+}
+
+/// One limited measure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Limit {
+    /// [`Limits::input_tokens`].
+    InputTokens,
+    /// [`Limits::output_tokens`].
+    OutputTokens,
+    /// [`Limits::total_tokens`].
+    TotalTokens,
+    /// [`Limits::model_calls`].
+    ModelCalls,
+    /// [`Limits::tool_calls`].
+    ToolCalls,
+    /// [`Limits::wall_time_ms`].
+    WallTime,
+}
+
+impl fmt::Display for Limit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Limit::InputTokens => "input tokens",
+            Limit::OutputTokens => "output tokens",
+            Limit::TotalTokens => "total tokens",
+            Limit::ModelCalls => "model calls",
+            Limit::ToolCalls => "tool calls",
+            Limit::WallTime => "wall time (ms)",
+        })
+    }
+}
+
+/// A measure a spend would take past its limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{limit}: {value} would pass the limit of {max}")]
+pub struct Over {
+    /// The measure.
+    pub limit: Limit,
+    /// Its limit.
+    pub max: u64,
+    /// What it would reach.
+    pub value: u64,
+}
+
+/// A request reached a limit: what a refused turn fails with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("the request reached its limit on {} (limit {}); it spent {spent}", over.limit, over.max)]
+pub struct LimitReached {
+    /// The limit and what the refused call would have reached.
+    pub over: Over,
+    /// What the request had spent (settled) when it was refused.
+    pub spent: Spend,
+}
+
+/// The most a model call may answer when its request sets no `max_tokens` of its own and no
+/// limit leaves less.
+pub const DEFAULT_MAX_OUTPUT: u64 = 4_096;
+
+/// An estimate of the prompt tokens of `request`: a third of its text's bytes, rounded up, plus
+/// four per message and per tool call (English text averages about four bytes a token; the margin
+/// covers the message framing). A provider that counts more than this can take a call's spend past
+/// its reservation by the difference; settlement records what it reported.
+pub fn estimate_input(request: &crate::llm::ChatRequest) -> u64 {
+    let mut bytes = 0u64;
+    let mut pieces = 0u64;
+    for m in &request.messages {
+        pieces += 1;
+        match m {
+            ChatMessage::System { content }
+            | ChatMessage::User { content }
+            | ChatMessage::Tool { content, .. } => bytes += content.len() as u64,
+            ChatMessage::Assistant {
+                content,
+                tool_calls,
+            } => {
+                bytes += content.as_ref().map_or(0, |c| c.len() as u64);
+                for call in tool_calls {
+                    pieces += 1;
+                    bytes += (call.name.len() + call.arguments.len()) as u64;
+                }
+            }
+        }
+    }
+    for t in request.tools.iter() {
+        pieces += 1;
+        bytes += (t.name.len() + t.description.len() + t.parameters.to_string().len()) as u64;
+    }
+    bytes.div_ceil(3) + 4 * pieces
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tighter_limit_binds_measure_by_measure() {
+        let a = Limits {
+            total_tokens: Some(100),
+            model_calls: Some(5),
+            ..Limits::NONE
+        };
+        let b = Limits {
+            total_tokens: Some(50),
+            tool_calls: Some(2),
+            ..Limits::NONE
+        };
+        let t = a.tighter(&b);
+        assert_eq!(
+            (t.total_tokens, t.model_calls, t.tool_calls, t.input_tokens),
+            (Some(50), Some(5), Some(2), None)
+        );
+        assert!(Limits::NONE.is_none() && !t.is_none());
+    }
+
+    #[test]
+    fn a_spend_at_the_limit_passes_and_one_more_does_not() {
+        let limits = Limits {
+            model_calls: Some(2),
+            wall_time_ms: Some(1_000),
+            ..Limits::NONE
+        };
+        let two = Spend {
+            model_calls: 2,
+            ..Spend::default()
+        };
+        assert!(limits.check(&two, 1_000).is_ok());
+        let over = limits
+            .check(&two.plus(&Spend { model_calls: 1, ..Spend::default() }), 0)
+            .unwrap_err();
+        assert_eq!((over.limit, over.max, over.value), (Limit::ModelCalls, 2, 3));
+        let late = limits.check(&two, 1_001).unwrap_err();
+        assert_eq!(late.limit, Limit::WallTime);
+    }
+}
