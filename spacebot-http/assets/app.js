@@ -392,12 +392,12 @@
 
   function describe(e) {
     const k = e.kind || {};
-    const parts = [e.agent, k.type];
+    const parts = [e.agent, k.type === "behaviour" ? k.behaviour + ":" : k.type];
     if (k.to) parts.push("→ " + k.to);
     if (k.from) parts.push("← " + k.from);
     if (e.task) parts.push(e.task.agent + "#" + e.task.number);
     if (k.error) parts.push(k.error);
-    if (k.type === "behaviour") parts.push(k.behaviour + ": " + k.name + (k.detail && k.detail.name ? " " + k.detail.name : ""));
+    if (k.type === "behaviour") parts.push(k.name + (k.detail && k.detail.name ? " " + k.detail.name : ""));
     return parts.join(" ");
   }
 
