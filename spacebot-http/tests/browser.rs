@@ -161,7 +161,9 @@ fn browser_installed() -> bool {
         std::env::var_os("CI").is_none(),
         "{browser_bin} or {driver_bin} is missing; install them with: apt-get install -y chromium chromium-driver"
     );
-    eprintln!("skipped: {browser_bin} or {driver_bin} is missing (the test fails instead under CI)");
+    eprintln!(
+        "skipped: {browser_bin} or {driver_bin} is missing (the test fails instead under CI)"
+    );
     false
 }
 
@@ -205,7 +207,10 @@ async fn run(s: &Server, client: &Client) {
     .await;
     assert_eq!(
         client
-            .execute("return document.querySelector('#error').textContent;", vec![])
+            .execute(
+                "return document.querySelector('#error').textContent;",
+                vec![]
+            )
             .await
             .unwrap(),
         json!("")
@@ -288,7 +293,8 @@ fn notes_org() -> String {
 }
 
 /// A model-written text that would run script if it were ever taken as markup.
-const HOSTILE: &str = "Ship 0.1 on Friday.\n<img src=x onerror=\"window.noteMarkupRan = true\"><b>bold?</b>";
+const HOSTILE: &str =
+    "Ship 0.1 on Friday.\n<img src=x onerror=\"window.noteMarkupRan = true\"><b>bold?</b>";
 
 #[tokio::test]
 async fn the_dashboard_shows_shared_notes_live_and_as_text() {
@@ -455,7 +461,10 @@ async fn run_notes(s: &Server, client: &Client) {
     wait_js(client, "the revocation live", "const tr = document.querySelector('#notes tr[data-note=\"release-plan\"]'); return tr.querySelector('.writers').textContent === 'chief' && document.querySelector('#note-access tr[data-agent=\"lead\"] select').value === '';").await;
     assert_eq!(
         client
-            .execute("return document.querySelector('#error').textContent;", vec![])
+            .execute(
+                "return document.querySelector('#error').textContent;",
+                vec![]
+            )
             .await
             .unwrap(),
         json!("")
