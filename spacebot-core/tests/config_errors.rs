@@ -244,9 +244,14 @@ fn error_unknown_field() {
         single_issue("[settings]\nmax_depth = 3"),
         "settings: field \"max_depth\": unknown field; expected approval, max_delegation_depth, max_tool_rounds, queue_capacity, conversation_turn_budget, task_concurrency, max_tool_calls_per_response"
     );
+    // A top-level table other than agents, links, settings is a behaviour's section: kept by the
+    // parser, refused when no behaviour claims it (the build checks; so does `spacebot check`).
+    let config = OrgConfig::from_toml_str(&format!("{AGENTS}\n[agent]\nid = \"x\"")).unwrap();
+    let err = config.check_sections(&["notes"]).unwrap_err();
+    assert_eq!(err.issues().len(), 1, "{err}");
     assert_eq!(
-        single_issue("[agent]\nid = \"x\""),
-        "top level: field \"agent\": unknown key; expected agents, links, settings"
+        err.issues()[0].to_string(),
+        "top level: field \"agent\": no behaviour claims this section; expected agents, links, settings, notes"
     );
 }
 

@@ -1,11 +1,12 @@
 // The spacebot dashboard: the organization's graph, live activity from the event stream, task
-// boards, link timelines and a chat box. Talks only to the public API of spacebot-http.
+// boards, link timelines, shared notes and a chat box. Talks only to the public API of spacebot-http.
 (function () {
   "use strict";
 
   const $ = (sel) => document.querySelector(sel);
   const chatId = "dashboard-" + Math.random().toString(36).slice(2, 10);
-  const state = { agents: [], links: [], cy: null, source: null, pendingChat: new Set() };
+  const state = { agents: [], links: [], cy: null, source: null, pendingChat: new Set(),
+    notes: [], note: null, noteVersion: null, noteHistory: [], notesSeq: 0 };
 
   // The token: from the URL fragment (#token=...), kept for this tab only.
   (function readToken() {
@@ -32,7 +33,9 @@
     const data = text ? (response.headers.get("content-type") || "").includes("json") ? JSON.parse(text) : text : null;
     if (!response.ok) {
       const e = data && data.error ? data.error : { message: response.statusText };
-      throw new Error(e.message + (e.field ? " (" + e.field + ")" : ""));
+      const error = new Error(e.message + (e.field ? " (" + e.field + ")" : ""));
+      error.status = response.status;
+      throw error;
     }
     return data;
   }
@@ -213,6 +216,139 @@
 
   function selectTimeline(link) { $("#timeline-link").value = link; refreshTimeline().catch((e) => showError(e.message)); }
 
+  // ---- shared notes ----
+  // Note texts are written by models: every piece of a note reaches the page through textContent
+  // (el, createTextNode), never as markup.
+  const ACCESS_CHOICES = [["", "none"], ["read", "read"], ["read_write", "read / write"]];
+  const notePath = (name) => "/api/notes/" + encodeURIComponent(name);
+  const when = (ms) => (ms ? new Date(ms).toLocaleString() : "—");
+
+  function agentsWith(access, kind) {
+    return Object.keys(access || {}).filter((a) => access[a] === kind).sort().join(", ") || "—";
+  }
+
+  function notesStatus(text) {
+    $("#notes-status").textContent = text || "";
+    $("#notes-status").hidden = !text;
+    $("#notes").hidden = !!text;
+    if (text) $("#note-view").hidden = true;
+  }
+
+  async function refreshNotes() {
+    const seq = ++state.notesSeq;
+    let notes;
+    try { notes = await api("GET", "/api/notes"); }
+    catch (e) {
+      if (e.status !== 404) throw e;
+      // Served without shared notes: nothing is wrong, there is just nothing to show.
+      if (seq === state.notesSeq) { state.notes = []; state.note = null; notesStatus("Shared notes are not enabled in this organization."); }
+      return;
+    }
+    if (seq !== state.notesSeq) return;
+    state.notes = notes;
+    if (!notes.some((n) => n.name === state.note)) { state.note = notes.length ? notes[0].name : null; state.noteVersion = null; }
+    notesStatus(notes.length ? "" : "No shared notes yet.");
+    $("#notes tbody").replaceChildren(...notes.map((n) => {
+      const tr = el("tr", n.name === state.note ? "selected" : "");
+      tr.dataset.note = n.name;
+      tr.dataset.version = String(n.version);
+      if (n.description) tr.title = n.description;
+      tr.append(el("td", "name", n.name), el("td", "version", n.version ? String(n.version) : "0 (never written)"),
+        el("td", "author", n.author || "—"), el("td", "updated", when(n.written_at)),
+        el("td", "readers", agentsWith(n.access, "read")), el("td", "writers", agentsWith(n.access, "read_write")));
+      tr.addEventListener("click", () => selectNote(n.name));
+      return tr;
+    }));
+    await refreshNote(seq);
+  }
+
+  async function refreshNote(seq) {
+    const note = state.notes.find((n) => n.name === state.note);
+    if (!note) { $("#note-view").hidden = true; return; }
+    let history = [];
+    if (note.version) {
+      try { history = await api("GET", notePath(note.name) + "/history"); }
+      catch (e) { if (e.status !== 404) throw e; }
+    }
+    if (seq !== state.notesSeq || state.note !== note.name) return;
+    state.noteHistory = history;
+    renderNote();
+  }
+
+  function renderNote() {
+    const note = state.notes.find((n) => n.name === state.note);
+    if (!note) { $("#note-view").hidden = true; return; }
+    for (const tr of $("#notes tbody").children) tr.classList.toggle("selected", tr.dataset.note === note.name);
+    // An older version chosen in the history stays shown until another is chosen; otherwise the latest.
+    const older = state.noteVersion !== null ? state.noteHistory.find((v) => v.version === state.noteVersion) : null;
+    const shown = older || (note.version ? { version: note.version, text: note.text, author: note.author, written_at: note.written_at } : null);
+    $("#note-view").hidden = false;
+    $("#note-view").dataset.note = note.name;
+    $("#note-title").textContent = note.name;
+    $("#note-description").textContent = note.description;
+    const text = $("#note-text");
+    text.dataset.version = shown ? String(shown.version) : "0";
+    text.textContent = shown ? shown.text : "";
+    text.classList.toggle("old", !!older);
+    $("#note-meta").textContent = shown
+      ? "version " + shown.version + (older ? " (latest: " + note.version + ")" : " (latest)") + " · by " + shown.author + " · " + when(shown.written_at)
+      : "never written";
+    $("#note-history").replaceChildren(...state.noteHistory.slice().reverse().map((v) => {
+      const li = el("li", shown && v.version === shown.version ? "current" : "");
+      li.dataset.version = String(v.version);
+      const b = el("button", "", "version " + v.version);
+      b.type = "button";
+      b.addEventListener("click", () => { state.noteVersion = v.version === note.version ? null : v.version; renderNote(); });
+      li.append(b, el("span", "meta", " " + v.author + " · " + when(v.written_at)));
+      return li;
+    }));
+    if (!state.noteHistory.length) $("#note-history").replaceChildren(el("li", "empty", "nothing written yet"));
+    renderNoteAccess(note);
+  }
+
+  function renderNoteAccess(note) {
+    const agents = state.agents.map((a) => [a.id, a.name]);
+    for (const id of Object.keys(note.access || {})) if (!agents.some(([a]) => a === id)) agents.push([id, id]);
+    $("#note-access tbody").replaceChildren(...agents.map(([id, name]) => {
+      const tr = el("tr");
+      tr.dataset.agent = id;
+      tr.append(el("td", "", name === id ? id : name + " (" + id + ")"));
+      const select = el("select");
+      select.title = "what " + id + " may do with " + note.name;
+      fillSelect(select, ACCESS_CHOICES, false);
+      const current = (note.access || {})[id] || "";
+      select.value = current;
+      select.addEventListener("change", async () => {
+        const path = notePath(note.name) + "/access/" + encodeURIComponent(id);
+        try {
+          if (select.value) await api("PUT", path, { access: select.value });
+          else await api("DELETE", path);
+          await refreshNotes();
+        } catch (e) { showError(e.message); select.value = current; }
+      });
+      const td = el("td");
+      td.append(select);
+      tr.append(td);
+      return tr;
+    }));
+  }
+
+  function selectNote(name) {
+    state.note = name;
+    state.noteVersion = null;
+    state.noteHistory = [];
+    refreshNote(state.notesSeq).catch((e) => showError(e.message));
+  }
+
+  let notesTimer = null;
+  function scheduleNotesRefresh() {
+    if (notesTimer) return;
+    notesTimer = setTimeout(() => {
+      notesTimer = null;
+      refreshNotes().catch((e) => showError(e.message));
+    }, 100);
+  }
+
   // ---- chat ----
   function chatLine(kind, who, text) {
     const line = el("div", "msg " + kind);
@@ -256,11 +392,12 @@
 
   function describe(e) {
     const k = e.kind || {};
-    const parts = [e.agent, k.type];
+    const parts = [e.agent, k.type === "behaviour" ? k.behaviour + ":" : k.type];
     if (k.to) parts.push("→ " + k.to);
     if (k.from) parts.push("← " + k.from);
     if (e.task) parts.push(e.task.agent + "#" + e.task.number);
     if (k.error) parts.push(k.error);
+    if (k.type === "behaviour") parts.push(k.name + (k.detail && k.detail.name ? " " + k.detail.name : ""));
     return parts.join(" ");
   }
 
@@ -285,6 +422,7 @@
     }
     if (k.type === "turn_started" && state.cy) state.cy.getElementById("agent:" + e.agent).addClass("busy");
     if ((k.type === "turn_finished" || k.type === "agent_idle") && state.cy) state.cy.getElementById("agent:" + e.agent).removeClass("busy");
+    if (k.type === "behaviour" && k.behaviour === "notes") scheduleNotesRefresh();
     scheduleRefresh();
   }
 
@@ -306,7 +444,7 @@
     source.addEventListener("reply", (m) => onReply(JSON.parse(m.data)));
     source.addEventListener("missed", (m) => {
       activity("missed " + JSON.parse(m.data).missed + " events; reloading");
-      refreshTopology().then(scheduleRefresh).catch((e) => showError(e.message));
+      refreshTopology().then(() => { scheduleRefresh(); scheduleNotesRefresh(); }).catch((e) => showError(e.message));
     });
   }
 
@@ -316,7 +454,7 @@
       await refreshTopology();
       $("#token-form").hidden = true;
       connect();
-      await Promise.all([refreshTasks(), refreshTimeline()]);
+      await Promise.all([refreshTasks(), refreshTimeline(), refreshNotes()]);
     } catch (e) { showError(e.message); }
   }
 

@@ -151,17 +151,25 @@ fn model() -> ScriptedLlm {
     llm
 }
 
+/// Whether the browser and its driver are installed; under CI their absence fails the test.
+fn browser_installed() -> bool {
+    let (browser_bin, driver_bin) = (chromium(), chromedriver());
+    if Path::new(&browser_bin).exists() && Path::new(&driver_bin).exists() {
+        return true;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{browser_bin} or {driver_bin} is missing; install them with: apt-get install -y chromium chromium-driver"
+    );
+    eprintln!(
+        "skipped: {browser_bin} or {driver_bin} is missing (the test fails instead under CI)"
+    );
+    false
+}
+
 #[tokio::test]
 async fn the_dashboard_delegates_through_the_chat_and_shows_it_live() {
-    let (browser_bin, driver_bin) = (chromium(), chromedriver());
-    if !Path::new(&browser_bin).exists() || !Path::new(&driver_bin).exists() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "{browser_bin} or {driver_bin} is missing; install them with: apt-get install -y chromium chromium-driver"
-        );
-        eprintln!(
-            "skipped: {browser_bin} or {driver_bin} is missing (the test fails instead under CI)"
-        );
+    if !browser_installed() {
         return;
     }
     let s = serve_with(Options {
@@ -190,6 +198,23 @@ async fn run(s: &Server, client: &Client) {
         "return document.querySelector('#conn').textContent === 'live';",
     )
     .await;
+    // Served without shared notes, the notes panel says so and nothing is reported as an error.
+    wait_js(
+        client,
+        "notes not enabled",
+        "return !document.querySelector('#notes-status').hidden && document.querySelector('#notes-status').textContent.includes('not enabled') && document.querySelector('#notes').hidden;",
+    )
+    .await;
+    assert_eq!(
+        client
+            .execute(
+                "return document.querySelector('#error').textContent;",
+                vec![]
+            )
+            .await
+            .unwrap(),
+        json!("")
+    );
     screenshot(client, "dashboard-start.png").await;
 
     select(client, "#board-agent", "lead").await;
@@ -258,4 +283,191 @@ async fn run(s: &Server, client: &Client) {
     )
     .await;
     screenshot(client, "dashboard-link-disabled.png").await;
+}
+
+/// The notes panel's organization: the chief writes the release plan, the lead reads it.
+fn notes_org() -> String {
+    format!(
+        "{ORG}\n[[notes]]\nname = \"release-plan\"\ndescription = \"What ships when\"\nreaders = [\"lead\"]\nwriters = [\"chief\"]\n"
+    )
+}
+
+/// A model-written text that would run script if it were ever taken as markup.
+const HOSTILE: &str =
+    "Ship 0.1 on Friday.\n<img src=x onerror=\"window.noteMarkupRan = true\"><b>bold?</b>";
+
+#[tokio::test]
+async fn the_dashboard_shows_shared_notes_live_and_as_text() {
+    if !browser_installed() {
+        return;
+    }
+    let llm = ScriptedLlm::new().with_fallback(|request| {
+        let agent = request.agent.as_ref().map_or("?", |a| a.as_str());
+        Ok(ChatResponse::text(format!("{agent} says ok")))
+    });
+    // The chief's first turn writes the note through its tool, as a model would.
+    llm.push_tool_call(
+        &id("chief"),
+        "write_shared_note",
+        json!({"name": "release-plan", "text": HOSTILE, "base_version": 0}),
+    );
+    let s = serve_with(Options {
+        llm: Some(llm),
+        toml: notes_org(),
+        notes: true,
+        ..Options::default()
+    })
+    .await;
+    let driver = start_driver().await;
+    let profile = tempfile::tempdir().unwrap();
+    let client = browser(&driver, profile.path()).await;
+    let result = run_notes(&s, &client).await;
+    let _ = client.close().await;
+    result
+}
+
+/// The text of the first element matching `selector`.
+async fn text_of(client: &Client, selector: &str) -> String {
+    client
+        .execute(
+            &format!("return document.querySelector('{selector}').textContent;"),
+            vec![],
+        )
+        .await
+        .unwrap()
+        .as_str()
+        .unwrap_or_else(|| panic!("no {selector}"))
+        .to_string()
+}
+
+async fn run_notes(s: &Server, client: &Client) {
+    client
+        .goto(&format!("{}/#token={TOKEN}", s.base))
+        .await
+        .unwrap();
+    wait_js(
+        client,
+        "a live event stream",
+        "return document.querySelector('#conn').textContent === 'live';",
+    )
+    .await;
+    // The configured note, never written yet.
+    wait_js(client, "the note never written", "const tr = document.querySelector('#notes tr[data-note=\"release-plan\"]'); return tr !== null && tr.dataset.version === '0' && tr.querySelector('.readers').textContent === 'lead' && tr.querySelector('.writers').textContent === 'chief';").await;
+
+    // The chief writes it through write_shared_note: the panel follows from the event stream.
+    let (status, body) = s
+        .post(
+            "/api/agents/chief/messages",
+            json!({"content": "Write down the release plan."}),
+        )
+        .await;
+    assert_eq!(status, 202, "{body}");
+    wait_js(client, "version 1 by the chief", "const tr = document.querySelector('#notes tr[data-note=\"release-plan\"]'); return tr.dataset.version === '1' && tr.querySelector('.version').textContent === '1' && tr.querySelector('.author').textContent === 'chief' && tr.querySelector('.updated').textContent !== '—';").await;
+    client
+        .find(Locator::Css("#notes tr[data-note=\"release-plan\"]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_js(
+        client,
+        "the note's text",
+        "return document.querySelector('#note-text').dataset.version === '1';",
+    )
+    .await;
+    // Shown as text, exactly as written: no element made of it, no handler run.
+    assert_eq!(text_of(client, "#note-text").await, HOSTILE);
+    let markup = client
+        .execute(
+            "return [document.querySelectorAll('#notes-panel img, #notes-panel b').length, window.noteMarkupRan === true];",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(markup, json!([0, false]), "note text taken as markup");
+    assert_eq!(
+        text_of(client, "#note-description").await,
+        "What ships when"
+    );
+    screenshot(client, "dashboard-note-v1.png").await;
+
+    // A second write arrives (the operator's, through the API): the page shows it without reload.
+    let (status, body) = s
+        .send(
+            reqwest::Method::PUT,
+            "/api/notes/release-plan",
+            Some(json!({"text": "Ship 0.1 on Monday.", "base_version": 1})),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    wait_js(client, "version 2 live", "const tr = document.querySelector('#notes tr[data-note=\"release-plan\"]'); const text = document.querySelector('#note-text'); return tr.dataset.version === '2' && tr.querySelector('.author').textContent === 'operator' && text.dataset.version === '2' && text.textContent === 'Ship 0.1 on Monday.';").await;
+
+    // The history, newest first; choosing version 1 shows its text, still as text.
+    wait_js(client, "two versions in the history", "return [...document.querySelectorAll('#note-history li')].map(li => li.dataset.version).join(',') === '2,1';").await;
+    client
+        .find(Locator::Css("#note-history li[data-version=\"1\"] button"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_js(
+        client,
+        "version 1 from the history",
+        "return document.querySelector('#note-text').dataset.version === '1' && document.querySelector('#note-history li.current').dataset.version === '1';",
+    )
+    .await;
+    assert_eq!(text_of(client, "#note-text").await, HOSTILE);
+    let markup = client
+        .execute(
+            "return [document.querySelectorAll('#notes-panel img, #notes-panel b').length, window.noteMarkupRan === true];",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(markup, json!([0, false]), "an old version taken as markup");
+    screenshot(client, "dashboard-note-history.png").await;
+
+    // Granting from the panel: the lead may now write it, stored and shown.
+    client
+        .find(Locator::Css(
+            "#note-access tr[data-agent=\"lead\"] select option[value=\"read_write\"]",
+        ))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_js(client, "the lead among the writers", "const tr = document.querySelector('#notes tr[data-note=\"release-plan\"]'); return tr.querySelector('.writers').textContent === 'chief, lead' && tr.querySelector('.readers').textContent === '—';").await;
+    let access = s
+        .notes
+        .as_ref()
+        .unwrap()
+        .access("release-plan")
+        .await
+        .unwrap();
+    assert_eq!(
+        access.get(&id("lead")),
+        Some(&spacebot_notes::Access::ReadWrite)
+    );
+    // A grant changed elsewhere arrives live too.
+    s.notes
+        .as_ref()
+        .unwrap()
+        .revoke("release-plan", &id("lead"))
+        .await
+        .unwrap();
+    wait_js(client, "the revocation live", "const tr = document.querySelector('#notes tr[data-note=\"release-plan\"]'); return tr.querySelector('.writers').textContent === 'chief' && document.querySelector('#note-access tr[data-agent=\"lead\"] select').value === '';").await;
+    assert_eq!(
+        client
+            .execute(
+                "return document.querySelector('#error').textContent;",
+                vec![]
+            )
+            .await
+            .unwrap(),
+        json!("")
+    );
+    screenshot(client, "dashboard-notes.png").await;
 }
