@@ -462,7 +462,10 @@ impl OrgConfig {
             Some(other) => e.issues.push(ConfigIssue {
                 entry: "settings".to_owned(),
                 field: Some("limits".to_owned()),
-                problem: format!("expected a table ([settings.limits]), found {}", describe(other)),
+                problem: format!(
+                    "expected a table ([settings.limits]), found {}",
+                    describe(other)
+                ),
             }),
         }
         settings

@@ -94,7 +94,10 @@ impl RequestLedger {
             let (mut entry, expect) = match current {
                 Some(record) => {
                     let version = record.version;
-                    (record.decode::<LedgerEntry>()?.value, Expect::Version(version))
+                    (
+                        record.decode::<LedgerEntry>()?.value,
+                        Expect::Version(version),
+                    )
                 }
                 None => (
                     LedgerEntry {
@@ -296,7 +299,11 @@ impl RequestLedger {
     ///
     /// # Errors
     /// As the store.
-    pub async fn tell_once(&self, request: &EnvelopeId, now: Timestamp) -> Result<bool, StoreError> {
+    pub async fn tell_once(
+        &self,
+        request: &EnvelopeId,
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
         let outcome = self
             .update(request, now, |e| {
                 if e.told {
@@ -342,10 +349,18 @@ mod tests {
                 ..Limits::NONE
             };
             let t = Timestamp(10);
-            let first = l.reserve(&r, "c1", 50, 10, &limits, t).await.unwrap().unwrap();
+            let first = l
+                .reserve(&r, "c1", 50, 10, &limits, t)
+                .await
+                .unwrap()
+                .unwrap();
             assert_eq!(first.total_tokens, 60);
             // The output reserved is what the limit leaves: 100 - 60 - 30 = 10.
-            let second = l.reserve(&r, "c2", 30, 500, &limits, t).await.unwrap().unwrap();
+            let second = l
+                .reserve(&r, "c2", 30, 500, &limits, t)
+                .await
+                .unwrap()
+                .unwrap();
             assert_eq!((second.output_tokens, second.total_tokens), (10, 40));
             // Not even one output token fits with both open.
             let refused = l.reserve(&r, "c3", 1, 10, &limits, t).await.unwrap();
@@ -356,7 +371,10 @@ mod tests {
             // Settled for less, the room comes back.
             l.settle(&r, "c1", tokens(30), t).await.unwrap();
             l.settle(&r, "c2", tokens(20), t).await.unwrap();
-            l.reserve(&r, "c3", 20, 10, &limits, t).await.unwrap().unwrap();
+            l.reserve(&r, "c3", 20, 10, &limits, t)
+                .await
+                .unwrap()
+                .unwrap();
             l.settle(&r, "c3", tokens(30), t).await.unwrap();
             // 80 settled: a call of 30 input tokens cannot fit even alone.
             let refused = l.reserve(&r, "c4", 30, 10, &limits, t).await.unwrap();

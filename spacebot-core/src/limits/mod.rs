@@ -47,7 +47,6 @@ pub use ledger::{LedgerEntry, NAMESPACE, Refusal, RequestLedger};
 /// Limits on what one request may spend; `None` is no limit on that measure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
-#[non_exhaustive]
 pub struct Limits {
     /// Prompt (input) tokens.
     pub input_tokens: Option<u64>,
@@ -124,7 +123,6 @@ impl Limits {
 /// What a request spent (or reserved).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(default)]
-#[non_exhaustive]
 pub struct Spend {
     /// Prompt (input) tokens.
     pub input_tokens: u64,
@@ -177,7 +175,11 @@ impl fmt::Display for Spend {
         write!(
             f,
             "{} tokens ({} in, {} out), {} model calls, {} tool calls",
-            self.total_tokens, self.input_tokens, self.output_tokens, self.model_calls, self.tool_calls
+            self.total_tokens,
+            self.input_tokens,
+            self.output_tokens,
+            self.model_calls,
+            self.tool_calls
         )
     }
 }
@@ -310,9 +312,18 @@ mod tests {
         };
         assert!(limits.check(&two, 1_000).is_ok());
         let over = limits
-            .check(&two.plus(&Spend { model_calls: 1, ..Spend::default() }), 0)
+            .check(
+                &two.plus(&Spend {
+                    model_calls: 1,
+                    ..Spend::default()
+                }),
+                0,
+            )
             .unwrap_err();
-        assert_eq!((over.limit, over.max, over.value), (Limit::ModelCalls, 2, 3));
+        assert_eq!(
+            (over.limit, over.max, over.value),
+            (Limit::ModelCalls, 2, 3)
+        );
         let late = limits.check(&two, 1_001).unwrap_err();
         assert_eq!(late.limit, Limit::WallTime);
     }

@@ -200,7 +200,10 @@ pub(crate) async fn keep_for_later(org: &Host, agent: &AgentRuntime, envelope: E
 pub(crate) async fn tell_failure(inner: &Arc<Host>, agent: &AgentRuntime, failure: &TurnFailure) {
     let reason = failure.error.public_text();
     // A request that reached a limit is told so once, however many of its turns were refused.
-    let limited = matches!(failure.error, crate::runtime::turn::TurnError::LimitReached(_));
+    let limited = matches!(
+        failure.error,
+        crate::runtime::turn::TurnError::LimitReached(_)
+    );
     let mut by_source: Vec<(Source, ChannelId, Vec<EnvelopeId>)> = Vec::new();
     for envelope in failure.unanswered.iter().filter(|e| e.task.is_none()) {
         let source = reply_source(agent, std::slice::from_ref(envelope));
