@@ -42,7 +42,7 @@ use crash_support::workload::{
 };
 
 /// Random kills per backend, unless `SPACEBOT_CRASH_RANDOM` says otherwise.
-const RANDOM_KILLS: u64 = 50;
+const RANDOM_KILLS: u64 = 32;
 /// Random kills per backend of the budget workload.
 const RANDOM_KILLS_BUDGET: u64 = 16;
 /// Random kills per backend of the notes workload.
