@@ -112,7 +112,7 @@ fn limited(limits: &str) -> String {
 /// gets exactly one failure reply naming it and what was spent.
 pub async fn a_fanned_out_request_spends_at_most_its_token_limit(stores: Stores) {
     let llm = Arc::new(Tree::default());
-    let mut h = OrgHarness::builder(&limited("total_tokens = 5000"))
+    let mut h = OrgHarness::builder(limited("total_tokens = 5000"))
         .stores(stores.clone())
         .llm(llm.clone())
         .build()
