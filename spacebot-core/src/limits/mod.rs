@@ -20,7 +20,7 @@
 //! reservation counted: the request is charged its worst case, never less than it spent.
 //!
 //! **When a limit is reached** the model is not called: the turn fails with
-//! [`TurnError::LimitReached`](crate::TurnError::LimitReached) naming the limit and what was
+//! [`TurnError::LimitReached`](crate::runtime::TurnError::LimitReached) naming the limit and what was
 //! spent; a task's turn fails the task (its delegator is told as for any failure), and the user gets
 //! one failure reply for the request, however many of its turns were refused
 //! ([`RequestLedger::tell_once`]). An `EventKind::LimitReached` event says which limit, where.
