@@ -557,21 +557,11 @@ impl Organization {
     }
 }
 
-impl crate::runtime::behaviour::BehaviourContext {
-    /// The organization, for the built-in behaviours.
-    pub(crate) fn organization(&self) -> Organization {
-        Organization {
-            inner: self.host.clone(),
-        }
-    }
-}
-
-impl crate::tools::ToolCapability {
-    /// The organization, for the built-in behaviours' tools.
-    pub(crate) fn organization(&self) -> Organization {
-        Organization {
-            inner: self.host.clone(),
-        }
+impl Organization {
+    /// Wakes an agent's behaviour workers (its task loop): here, or with a hint to the process
+    /// hosting it (see [`BehaviourContext::ring`](crate::BehaviourContext::ring)).
+    pub(crate) fn ring(&self, agent: &AgentId) {
+        self.behaviour_context().ring(agent);
     }
 }
 
