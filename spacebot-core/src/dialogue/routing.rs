@@ -377,8 +377,8 @@ impl crate::org::Organization {
     }
 
     /// Registers both link channels of every link, so each side's history exists before the first
-    /// message. [`Organization::start_all`] does it; call it after starting agents one by one or
-    /// after [`Organization::reload_links`].
+    /// message. [`Organization::start_all`](Self::start_all) does it; call it after starting
+    /// agents one by one or after [`Organization::reload_links`](Self::reload_links).
     pub async fn ensure_link_channels(&self) -> Result<(), StoreError> {
         ensure_link_channels(&self.behaviour_context()).await
     }
