@@ -115,7 +115,7 @@ pub use records::{
     DynRecordStore, Expect, Record, RecordStore, RecordWrite, Records, WriteOutcome,
 };
 pub use runtime::behaviour::{
-    AgentWorker, Answer, Behaviour, BehaviourContext, Doorbell, WorkerRound,
+    AgentWorker, Answer, Behaviour, BehaviourContext, Doorbell, WeakBehaviourContext, WorkerRound,
 };
 pub use runtime::{ChannelOutbound, Outbound, Replies, Reply, ReplyKind};
 pub use stores::Stores;

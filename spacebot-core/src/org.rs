@@ -322,25 +322,7 @@ impl Organization {
 
     /// Resolves an agent by id, or by display name (case-insensitive).
     pub fn resolve(&self, agent: &str) -> Result<AgentId, DeliveryError> {
-        let agents = self.inner.read_agents();
-        if let Some((id, _)) = agents.get_key_value(agent) {
-            return Ok(id.clone());
-        }
-        let lower = agent.to_lowercase();
-        let mut found = agents.iter().filter_map(|(id, slot)| {
-            let name = match slot {
-                Slot::Running(rt) => &rt.spec.name,
-                Slot::Stopped(spec) => &spec.name,
-                Slot::Ended => return None,
-            };
-            (name.to_lowercase() == lower || id.as_str().to_lowercase() == lower).then_some(id)
-        });
-        match (found.next(), found.next()) {
-            (Some(id), None) => Ok(id.clone()),
-            _ => Err(DeliveryError::UnknownAgent {
-                agent: agent.to_string(),
-            }),
-        }
+        self.behaviour_context().resolve(agent)
     }
 
     /// Sends a typed envelope from `from` to `to` over the internal channel. The sender is stamped
@@ -575,26 +557,37 @@ impl Organization {
     }
 }
 
-impl crate::runtime::behaviour::BehaviourContext {
-    /// The organization, for the built-in behaviours.
-    pub(crate) fn organization(&self) -> Organization {
-        Organization {
-            inner: self.host.clone(),
+impl Organization {
+    /// Wakes an agent's behaviour workers (its task loop): here, or with a hint to the process
+    /// hosting it (see [`BehaviourContext::ring`](crate::BehaviourContext::ring)).
+    pub(crate) fn ring(&self, agent: &AgentId) {
+        self.behaviour_context().ring(agent);
+    }
+}
+
+impl crate::delegation::TaskContext {
+    /// What a custom executor gets for the claim `holder` of `task`: the organization's public
+    /// API (the executor is the application's code), made here so that delegation itself reaches
+    /// the host only through its [`BehaviourContext`](crate::BehaviourContext).
+    pub(crate) fn new(
+        ctx: &crate::runtime::behaviour::BehaviourContext,
+        holder: String,
+        task: crate::ids::TaskRef,
+    ) -> Self {
+        Self {
+            org: Organization {
+                inner: ctx.host.clone(),
+            },
+            holder,
+            task,
         }
     }
 }
 
 impl crate::tools::ToolCapability {
-    /// The organization, for the built-in behaviours' tools.
-    pub(crate) fn organization(&self) -> Organization {
-        Organization {
-            inner: self.host.clone(),
-        }
-    }
-
     /// Resolves an agent by id or display name (case-insensitive).
     pub fn resolve(&self, agent: &str) -> Result<AgentId, DeliveryError> {
-        self.organization().resolve(agent)
+        self.behaviour_context().resolve(agent)
     }
 
     /// Sends a typed envelope to `to`, from this tool's agent (`from` must be that agent: a tool
@@ -614,6 +607,9 @@ impl crate::tools::ToolCapability {
                 ),
             )));
         }
-        self.organization().send_internal(from, to, message).await
+        let org = Organization {
+            inner: self.host.clone(),
+        };
+        org.send_internal(from, to, message).await
     }
 }

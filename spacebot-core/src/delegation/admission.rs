@@ -11,6 +11,7 @@ use crate::event::EventKind;
 use crate::ids::{AgentId, ChannelId, EnvelopeId, TaskRef};
 use crate::org::Organization;
 use crate::policy;
+use crate::runtime::behaviour::BehaviourContext;
 use crate::task::{
     Expect, NewTask, Priority, Task, TaskEvent, TaskMetadata, TaskStatus, truncate_chars,
 };
@@ -113,238 +114,234 @@ impl Organization {
         message: &str,
         origin: DelegationOrigin,
     ) -> Result<Task, DelegationError> {
-        let inner = &self.inner;
-        let graph = inner.graph();
-        let Ok(target_id) = self.resolve(target) else {
-            return Err(DelegationError::UnknownAgent {
-                target: target.to_string(),
-                reachable: self.reachable_from(from),
-            });
-        };
-        if message.trim().is_empty() {
-            return Err(
-                InvalidInput::new("message", "a delegated task needs a description").into(),
-            );
-        }
-        let limit = inner.settings.max_delegation_depth.max(1) as u32 * 2;
-        if origin.round >= limit {
-            return Err(DelegationError::RoundLimit {
-                agent: from.clone(),
-                limit,
-            });
-        }
-        let (chain, parent_task) = match &origin.task {
-            Some(task_ref) => {
-                let task = inner
-                    .stores
-                    .tasks
-                    .get(&task_ref.agent, task_ref.number)
-                    .await?
-                    .ok_or_else(|| StoreError::not_found(format!("task {task_ref}")))?;
-                // Only the worker on a running task delegates from it; a stale worker whose task
-                // moved on must not leave a child nobody waits for.
-                if task.status != TaskStatus::InProgress {
-                    return Err(InvalidInput::new(
-                        "origin task",
-                        format!(
-                            "task {task_ref} is {}, not in_progress; only its current worker may delegate from it",
-                            task.status
-                        ),
-                    )
-                    .into());
-                }
-                (
-                    task.metadata.delegation_chain.clone(),
-                    Some(task_ref.clone()),
+        delegate(&self.behaviour_context(), from, target, message, origin).await
+    }
+}
+
+/// [`Organization::delegate`], as the behaviour and its tools reach it: through the context.
+pub(crate) async fn delegate(
+    org: &BehaviourContext,
+    from: &AgentId,
+    target: &str,
+    message: &str,
+    origin: DelegationOrigin,
+) -> Result<Task, DelegationError> {
+    let graph = org.graph();
+    let Ok(target_id) = org.resolve(target) else {
+        return Err(DelegationError::UnknownAgent {
+            target: target.to_string(),
+            reachable: reachable_from(org, from),
+        });
+    };
+    if message.trim().is_empty() {
+        return Err(InvalidInput::new("message", "a delegated task needs a description").into());
+    }
+    let limit = org.settings().max_delegation_depth.max(1) as u32 * 2;
+    if origin.round >= limit {
+        return Err(DelegationError::RoundLimit {
+            agent: from.clone(),
+            limit,
+        });
+    }
+    let (chain, parent_task) = match &origin.task {
+        Some(task_ref) => {
+            let task = org
+                .stores()
+                .tasks
+                .get(&task_ref.agent, task_ref.number)
+                .await?
+                .ok_or_else(|| StoreError::not_found(format!("task {task_ref}")))?;
+            // Only the worker on a running task delegates from it; a stale worker whose task
+            // moved on must not leave a child nobody waits for.
+            if task.status != TaskStatus::InProgress {
+                return Err(InvalidInput::new(
+                    "origin task",
+                    format!(
+                        "task {task_ref} is {}, not in_progress; only its current worker may delegate from it",
+                        task.status
+                    ),
                 )
+                .into());
             }
-            None => (Vec::new(), None),
-        };
-        let link = policy::check_delegate(
-            &graph,
-            from,
-            &target_id,
-            &chain,
-            inner.settings.max_delegation_depth,
-        )?
-        .clone();
-        let approval = policy::needs_approval(inner.settings.approval, &graph, from, &target_id);
-        let mut full_chain = chain;
-        full_chain.push(from.clone());
-        let metadata = TaskMetadata {
-            delegated_by: Some(from.clone()),
-            originating_channel: Some(origin.channel.clone()),
-            link_id: Some(link.id.clone()),
-            delegation_chain: full_chain,
-            parent_task: parent_task.clone(),
-            round: origin.round,
-            cause: origin.cause.clone(),
-            ..TaskMetadata::default()
-        };
-        let new = NewTask {
-            title: title_from(message),
-            description: message.to_string(),
-            status: if approval {
-                TaskStatus::PendingApproval
-            } else {
-                TaskStatus::Ready
-            },
-            priority: Priority::Medium,
-            created_by: format!("agent:{from}"),
-            metadata,
-            max_attempts: 3,
-            idempotency_key: origin.key.clone(),
-        };
-        let now = inner.clock.now();
-        let applied_key = origin.key.as_ref().map(|k| format!("delegated:{k}"));
-        let already = match &applied_key {
-            Some(key) => inner.stores.deliveries.is_applied(from, key).await?,
-            None => false,
-        };
-        // With a key, a second create returns the task made the first time.
-        let task = inner.stores.tasks.create(&target_id, new, now).await?;
-        if !already {
-            // Told before anything else is awaited: the target's task loop may claim the task as soon
-            // as it is stored, and its claim must not be told first.
-            let mut event = inner.event(
-                &target_id,
-                EventKind::TaskCreated {
-                    created_by: task.created_by.clone(),
-                    status: task.status,
-                },
-            );
-            event.task = Some(task.task_ref());
-            event.link = Some(link.id.clone());
-            event.parent = parent_task.clone();
-            inner.emit(event);
+            (
+                task.metadata.delegation_chain.clone(),
+                Some(task_ref.clone()),
+            )
         }
-        if let Some(parent) = &parent_task {
-            let added = inner
-                .stores
+        None => (Vec::new(), None),
+    };
+    let link = policy::check_delegate(
+        &graph,
+        from,
+        &target_id,
+        &chain,
+        org.settings().max_delegation_depth,
+    )?
+    .clone();
+    let approval = policy::needs_approval(org.settings().approval, &graph, from, &target_id);
+    let mut full_chain = chain;
+    full_chain.push(from.clone());
+    let metadata = TaskMetadata {
+        delegated_by: Some(from.clone()),
+        originating_channel: Some(origin.channel.clone()),
+        link_id: Some(link.id.clone()),
+        delegation_chain: full_chain,
+        parent_task: parent_task.clone(),
+        round: origin.round,
+        cause: origin.cause.clone(),
+        ..TaskMetadata::default()
+    };
+    let new = NewTask {
+        title: title_from(message),
+        description: message.to_string(),
+        status: if approval {
+            TaskStatus::PendingApproval
+        } else {
+            TaskStatus::Ready
+        },
+        priority: Priority::Medium,
+        created_by: format!("agent:{from}"),
+        metadata,
+        max_attempts: 3,
+        idempotency_key: origin.key.clone(),
+    };
+    let now = org.clock().now();
+    let applied_key = origin.key.as_ref().map(|k| format!("delegated:{k}"));
+    let already = match &applied_key {
+        Some(key) => org.stores().deliveries.is_applied(from, key).await?,
+        None => false,
+    };
+    // With a key, a second create returns the task made the first time.
+    let task = org.stores().tasks.create(&target_id, new, now).await?;
+    if !already {
+        // Told before anything else is awaited: the target's task loop may claim the task as soon
+        // as it is stored, and its claim must not be told first.
+        let mut event = org.event(
+            &target_id,
+            EventKind::TaskCreated {
+                created_by: task.created_by.clone(),
+                status: task.status,
+            },
+        );
+        event.task = Some(task.task_ref());
+        event.link = Some(link.id.clone());
+        event.parent = parent_task.clone();
+        org.emit_event(event);
+    }
+    if let Some(parent) = &parent_task {
+        let added = org
+            .stores()
+            .tasks
+            .transition(
+                &parent.agent,
+                parent.number,
+                Expect::any(),
+                TaskEvent::AddChild {
+                    child: task.task_ref(),
+                },
+                now,
+            )
+            .await;
+        if let Err(e) = added {
+            // The parent ended meanwhile: withdraw the child so it does not run for nobody.
+            let reason = format!("withdrawn: task {parent} no longer waits for it ({e})");
+            let _ = org
+                .stores()
                 .tasks
                 .transition(
-                    &parent.agent,
-                    parent.number,
+                    &target_id,
+                    task.number,
                     Expect::any(),
-                    TaskEvent::AddChild {
-                        child: task.task_ref(),
-                    },
+                    TaskEvent::Cancel { reason },
                     now,
                 )
                 .await;
-            if let Err(e) = added {
-                // The parent ended meanwhile: withdraw the child so it does not run for nobody.
-                let reason = format!("withdrawn: task {parent} no longer waits for it ({e})");
-                let _ = inner
-                    .stores
-                    .tasks
-                    .transition(
-                        &target_id,
-                        task.number,
-                        Expect::any(),
-                        TaskEvent::Cancel { reason },
-                        now,
-                    )
-                    .await;
-                return Err(e.into());
-            }
+            return Err(e.into());
         }
-        if already {
-            // Delegated before under this key (the turn ran again after a crash): nothing to repeat.
-            self.ring(&target_id);
-            return Ok(task);
-        }
-        let text = format!(
-            "{} assigned task #{} to {}: {}",
-            from, task.number, target_id, task.title
+    }
+    if already {
+        // Delegated before under this key (the turn ran again after a crash): nothing to repeat.
+        org.ring(&target_id);
+        return Ok(task);
+    }
+    let text = format!(
+        "{} assigned task #{} to {}: {}",
+        from, task.number, target_id, task.title
+    );
+    audit_pair(org, from, &target_id, &text, &task, applied_key).await?;
+    org.ring(&target_id);
+    Ok(task)
+}
+
+/// Agents `from` may delegate to, as `id (name)`.
+pub(crate) fn reachable_from(org: &BehaviourContext, from: &AgentId) -> Vec<String> {
+    reachable_agents(org, from)
+        .into_iter()
+        .map(|(a, name)| format!("{a} ({name})"))
+        .collect()
+}
+
+/// Agents `from` may delegate to, with their display names.
+pub(crate) fn reachable_agents(org: &BehaviourContext, from: &AgentId) -> Vec<(AgentId, String)> {
+    let graph = org.graph();
+    let max = org.settings().max_delegation_depth;
+    // Only the agent's own links can reach anyone: the cost is its degree, not the size of
+    // the organization.
+    let mut candidates: Vec<&AgentId> = graph
+        .links_of(from.as_str())
+        .filter_map(|l| l.other(from))
+        .collect();
+    candidates.sort();
+    candidates.dedup();
+    candidates
+        .into_iter()
+        .filter(|a| policy::check_delegate(&graph, from, *a, &[], max).is_ok())
+        .map(|a| (a.clone(), org.display_name(a)))
+        .collect()
+}
+
+/// Writes a system record to both sides of the link channel between `a` (the delegator) and
+/// `b`: `b`'s side first, then `a`'s side together with `a`'s applied key (one commit), so the
+/// key is marked only once both records are written. A failure to write `b`'s side is
+/// reported; a failure of `a`'s commit is returned when it carried a key (the delegation is
+/// then not marked done), reported otherwise.
+async fn audit_pair(
+    org: &BehaviourContext,
+    a: &AgentId,
+    b: &AgentId,
+    text: &str,
+    task: &Task,
+    applied_key: Option<String>,
+) -> Result<(), StoreError> {
+    let now = org.clock().now();
+    let text = crate::text::Text::from(text);
+    let task_ref = serde_json::Value::String(task.task_ref().to_string());
+    let record = |owner: &AgentId, peer: &AgentId| {
+        let mut record = NewRecord::new(
+            ChannelId::link(owner, peer),
+            RecordKind::System,
+            "system",
+            text.clone(),
+            now,
         );
-        self.audit_pair(from, &target_id, &text, &task, applied_key)
-            .await?;
-        self.ring(&target_id);
-        Ok(task)
+        record.metadata.insert("task".into(), task_ref.clone());
+        record
+    };
+    if let Err(e) = org.stores().channels.append(b, record(b, a)).await {
+        org.report_error(b, None, format!("link record not written: {e}"));
     }
-
-    /// Agents `from` may delegate to, as `id (name)`.
-    pub(crate) fn reachable_from(&self, from: &AgentId) -> Vec<String> {
-        self.reachable_agents(from)
-            .into_iter()
-            .map(|(a, name)| format!("{a} ({name})"))
-            .collect()
-    }
-
-    /// Agents `from` may delegate to, with their display names.
-    pub(crate) fn reachable_agents(&self, from: &AgentId) -> Vec<(AgentId, String)> {
-        let graph = self.inner.graph();
-        let max = self.inner.settings.max_delegation_depth;
-        // Only the agent's own links can reach anyone: the cost is its degree, not the size of
-        // the organization.
-        let mut candidates: Vec<&AgentId> = graph
-            .links_of(from.as_str())
-            .filter_map(|l| l.other(from))
-            .collect();
-        candidates.sort();
-        candidates.dedup();
-        candidates
-            .into_iter()
-            .filter(|a| policy::check_delegate(&graph, from, *a, &[], max).is_ok())
-            .map(|a| (a.clone(), self.display_name(a)))
-            .collect()
-    }
-
-    /// Writes a system record to both sides of the link channel between `a` (the delegator) and
-    /// `b`: `b`'s side first, then `a`'s side together with `a`'s applied key (one commit), so the
-    /// key is marked only once both records are written. A failure to write `b`'s side is
-    /// reported; a failure of `a`'s commit is returned when it carried a key (the delegation is
-    /// then not marked done), reported otherwise.
-    async fn audit_pair(
-        &self,
-        a: &AgentId,
-        b: &AgentId,
-        text: &str,
-        task: &Task,
-        applied_key: Option<String>,
-    ) -> Result<(), StoreError> {
-        let inner = &self.inner;
-        let now = inner.clock.now();
-        let text = crate::text::Text::from(text);
-        let task_ref = serde_json::Value::String(task.task_ref().to_string());
-        let record = |owner: &AgentId, peer: &AgentId| {
-            let mut record = NewRecord::new(
-                ChannelId::link(owner, peer),
-                RecordKind::System,
-                "system",
-                text.clone(),
-                now,
-            );
-            record.metadata.insert("task".into(), task_ref.clone());
-            record
-        };
-        if let Err(e) = inner.stores.channels.append(b, record(b, a)).await {
-            crate::runtime::agent::report_error(
-                inner,
-                b,
-                None,
-                format!("link record not written: {e}"),
-            );
-        }
-        let keyed = applied_key.is_some();
-        let commit = crate::envelope::TurnCommit {
-            records: vec![record(a, b)],
-            applied: applied_key.into_iter().collect(),
-            ..Default::default()
-        };
-        match inner.stores.deliveries.commit_owned(a, commit, now).await {
-            Ok(()) => Ok(()),
-            Err((e, _)) if keyed => Err(e),
-            Err((e, _)) => {
-                crate::runtime::agent::report_error(
-                    inner,
-                    a,
-                    None,
-                    format!("link record not written: {e}"),
-                );
-                Ok(())
-            }
+    let keyed = applied_key.is_some();
+    let commit = crate::envelope::TurnCommit {
+        records: vec![record(a, b)],
+        applied: applied_key.into_iter().collect(),
+        ..Default::default()
+    };
+    match org.stores().deliveries.commit_owned(a, commit, now).await {
+        Ok(()) => Ok(()),
+        Err((e, _)) if keyed => Err(e),
+        Err((e, _)) => {
+            org.report_error(a, None, format!("link record not written: {e}"));
+            Ok(())
         }
     }
 }

@@ -11,7 +11,7 @@ use super::worker::record_outcome;
 use crate::error::StoreError;
 use crate::ids::TaskRef;
 use crate::org::Organization;
-use crate::runtime::behaviour::AgentWorker;
+use crate::runtime::behaviour::{AgentWorker, BehaviourContext};
 use crate::task::{Expect, Task, TaskEvent};
 
 /// What a [`TaskExecutor`] reports.
@@ -40,24 +40,32 @@ impl TaskContext {
     /// than the lease calls it now and then so its task is not requeued under it. Fails with
     /// [`StoreError::InvalidTransition`] once the claim is over.
     pub async fn renew(&self) -> Result<(), StoreError> {
-        let inner = &self.org.inner;
-        let now = inner.clock.now();
-        inner
-            .stores
-            .tasks
-            .transition(
-                &self.task.agent,
-                self.task.number,
-                Expect::any(),
-                TaskEvent::Renew {
-                    holder: self.holder.clone(),
-                    lease_until: now.plus(DEFAULT_LEASE),
-                },
-                now,
-            )
-            .await
-            .map(|_| ())
+        renew(&self.org.behaviour_context(), &self.task, &self.holder).await
     }
+}
+
+/// Renews the claim `holder` of `task` for another [`DEFAULT_LEASE`] (see
+/// [`TaskContext::renew`]).
+pub(super) async fn renew(
+    org: &BehaviourContext,
+    task: &TaskRef,
+    holder: &str,
+) -> Result<(), StoreError> {
+    let now = org.clock().now();
+    org.stores()
+        .tasks
+        .transition(
+            &task.agent,
+            task.number,
+            Expect::any(),
+            TaskEvent::Renew {
+                holder: holder.to_string(),
+                lease_until: now.plus(DEFAULT_LEASE),
+            },
+            now,
+        )
+        .await
+        .map(|_| ())
 }
 
 /// Runs a claimed task. The default is the agent's own tool loop (the task goes through the agent's
@@ -113,26 +121,21 @@ impl From<&str> for TaskError {
 /// outcome, then frees the agent's slot. The attempt is registered with the agent so a hand-over
 /// aborts it (its guards dropped).
 pub(super) fn spawn_attempt(
-    org: &Organization,
+    org: &BehaviourContext,
     agent: &AgentWorker,
     executor: &Arc<dyn TaskExecutor>,
     task: Task,
     holder: &str,
 ) {
-    let inner = &org.inner;
     let holder = holder.to_string();
-    let ctx = TaskContext {
-        org: org.clone(),
-        holder: holder.clone(),
-        task: task.task_ref(),
-    };
+    let ctx = TaskContext::new(org, holder.clone(), task.task_ref());
     let executor = executor.clone();
     let org2 = org.clone();
     let holder2 = holder.clone();
     // Gives the slot back however the executor ends, a panic included; the lease
     // of a crashed attempt then expires and the task is requeued.
     let slot = SlotGuard(agent.clone(), task.number, holder.clone());
-    let local = inner.state::<super::local::Local>();
+    let local = org.state::<super::local::Local>();
     let live = local.live(&holder);
     // Aborted (with its guards dropped) when the agent is handed over.
     let (attempt, registration) = futures::future::AbortHandle::new_pair();
@@ -145,11 +148,9 @@ pub(super) fn spawn_attempt(
         drop(slot);
         drop(live);
     };
-    let counted = inner.background.enter();
-    inner.spawner.spawn(Box::pin(async move {
+    org.spawn_on_runtime(async move {
         let _ = futures::future::Abortable::new(run, registration).await;
-        drop(counted);
-    }));
+    });
 }
 
 /// Frees one task slot of an agent when dropped, and wakes its task loop.
@@ -223,7 +224,7 @@ mod tests {
         ctx.renew().await.unwrap();
         let renewed = h.stores.tasks.get(&id("b"), 1).await.unwrap().unwrap();
         let until = renewed.lease.expect("still claimed").expires_at;
-        assert_eq!(until, h.org.inner.clock.now().plus(DEFAULT_LEASE));
+        assert_eq!(until, h.org.clock().now().plus(DEFAULT_LEASE));
         // Another holder cannot renew it.
         let stranger = TaskContext {
             holder: "b:worker:t:2".into(),

@@ -108,7 +108,7 @@ impl Behaviour for Delegation {
         };
         let executor = self.executors.get(agent.id()).cloned();
         ctx.spawn(worker::run_task_loop(
-            ctx.organization(),
+            ctx.clone(),
             agent,
             doorbell,
             executor,
@@ -165,22 +165,19 @@ impl Behaviour for Delegation {
         if !worker::owns_claim(agent, &work.holder) {
             return Ok(false);
         }
-        let org = &ctx.organization();
         // Only a claim this process's task loop made is worked on: the envelope of a claim made
         // before a restart is handed over again, but that attempt is over (the task loop fails it
         // and claims the task anew), and a turn run for it would race the new attempt.
-        let ours = match org.inner.slot(agent) {
-            Some(crate::org::Slot::Running(rt)) => rt
-                .running_claims()
+        let ours = ctx.worker(agent).is_some_and(|worker| {
+            worker
+                .claims()
                 .iter()
-                .any(|(number, holder)| *number == work.number && holder == &work.holder),
-            _ => false,
-        };
+                .any(|(number, holder)| *number == work.number && holder == &work.holder)
+        });
         if !ours {
             return Ok(false);
         }
-        org.inner
-            .stores
+        ctx.stores()
             .tasks
             .get(agent, work.number)
             .await
@@ -198,12 +195,7 @@ impl Behaviour for Delegation {
         agent: &AgentId,
         work: &TaskWork,
     ) -> Result<(), StoreError> {
-        let ctx = TaskContext {
-            org: ctx.organization(),
-            holder: work.holder.clone(),
-            task: TaskRef::new(agent.clone(), work.number),
-        };
-        ctx.renew().await
+        executor::renew(ctx, &TaskRef::new(agent.clone(), work.number), &work.holder).await
     }
 
     async fn work_ended(
@@ -214,15 +206,13 @@ impl Behaviour for Delegation {
         outcome: &Result<TurnOutcome, String>,
         usage: crate::llm::Usage,
     ) {
-        let org = &ctx.organization();
         if !usage.is_zero() {
             let event = TaskEvent::RecordUsage {
                 holder: work.holder.clone(),
                 usage,
             };
-            if let Err(e) = org.task_transition(agent.id(), work.number, event).await {
-                crate::runtime::agent::report_error(
-                    &org.inner,
+            if let Err(e) = outbox::task_transition(ctx, agent.id(), work.number, event).await {
+                ctx.report_error(
                     agent.id(),
                     None,
                     format!(
@@ -238,6 +228,6 @@ impl Behaviour for Delegation {
             Ok(TurnOutcome::Ended(_)) => Ok(TaskOutcome::Waiting),
             Err(e) => Err(TaskError::Retry(e.clone())),
         };
-        worker::finish_task(org, agent, work.number, &work.holder, result).await;
+        worker::finish_task(ctx, agent, work.number, &work.holder, result).await;
     }
 }

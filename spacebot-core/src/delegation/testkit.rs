@@ -10,7 +10,7 @@ use crate::ids::{AgentId, ChannelId, EnvelopeId};
 use crate::task::{Task, TaskFilter};
 use crate::testing::{OrgHarness, ScriptedLlm};
 use crate::time::ManualClock;
-use crate::tools::{ToolCapability, ToolContext};
+use crate::tools::ToolContext;
 
 /// Four agents: `a` (Alpha) is the superior of `b` (Beta), `b` the superior of `c` (Gamma); `c`
 /// and `a` are peers, so a chain a -> b -> c -> a can be tried; `x` (Xeno) has no link at all.
@@ -101,7 +101,7 @@ pub(super) fn origin_in(task: &Task) -> DelegationOrigin {
 
 /// Claims `agent`'s next ready task for `holder` in the store, as a worker would.
 pub(super) async fn claim(h: &OrgHarness, agent: &str, holder: &str) -> Task {
-    let now = h.org.inner.clock.now();
+    let now = h.org.clock().now();
     h.stores
         .tasks
         .claim_next(&id(agent), holder, super::DEFAULT_LEASE, now)
@@ -122,13 +122,9 @@ pub(super) async fn board(h: &OrgHarness, agent: &str) -> Vec<Task> {
 /// The context a tool of `agent` runs in, answering a message in [`portal`].
 pub(super) fn tool_context(h: &OrgHarness, agent: &str) -> ToolContext {
     ToolContext {
-        agent: id(agent),
-        channel: portal(),
-        task: None,
-        round: 0,
         cause: EnvelopeId::new("cause-1"),
         key: "cause-1:0:0".into(),
-        org: ToolCapability::new(h.org.inner.clone(), id(agent)),
+        ..h.org.tool_context(&id(agent), portal())
     }
 }
 

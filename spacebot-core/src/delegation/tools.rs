@@ -8,7 +8,8 @@ use async_trait::async_trait;
 use serde::Deserialize;
 
 use super::DelegationError;
-use super::admission::DelegationOrigin;
+use super::admission::{DelegationOrigin, delegate, reachable_agents};
+use super::outbox::task_transition;
 use crate::error::InvalidInput;
 use crate::policy;
 use crate::task::{NewTask, Priority, TaskEvent, TaskFilter, TaskStatus};
@@ -55,21 +56,18 @@ impl TypedTool for SendAgentMessage {
     }
 
     fn description_for(&self, scope: &ToolCapability) -> String {
-        let org = scope.organization();
-        let targets = org
-            .reachable_agents(scope.agent())
+        let org = scope.behaviour_context();
+        let targets = reachable_agents(&org, scope.agent())
             .into_iter()
             .map(|(id, name)| crate::prompts::AgentSummary { id, name })
             .collect();
         match org
-            .inner
-            .prompts
+            .prompts()
             .render_send_agent_message(&crate::prompts::SendAgentMessageContext { targets })
         {
             Ok(text) => text,
             Err(e) => {
-                crate::runtime::agent::report_error(
-                    &org.inner,
+                org.report_error(
                     scope.agent(),
                     None,
                     format!("send_agent_message description not rendered: {e}"),
@@ -91,12 +89,8 @@ impl TypedTool for SendAgentMessage {
             cause: Some(ctx.cause.clone()),
             key: Some(ctx.key.clone()),
         };
-        match ctx
-            .org
-            .organization()
-            .delegate(&ctx.agent, &args.target, &args.message, origin)
-            .await
-        {
+        let org = ctx.org.behaviour_context();
+        match delegate(&org, &ctx.agent, &args.target, &args.message, origin).await {
             Ok(task) => {
                 let name = ctx.org.display_name(&task.agent);
                 let stop = if task.title.ends_with(['.', '!', '?']) {
@@ -180,15 +174,14 @@ impl TypedTool for TaskCreate {
         if args.backlog {
             new.status = TaskStatus::Backlog;
         }
-        let task = ctx
-            .org
-            .organization()
+        let org = ctx.org.behaviour_context();
+        let task = org
             .stores()
             .tasks
-            .create(&ctx.agent, new, ctx.org.clock().now())
+            .create(&ctx.agent, new, org.clock().now())
             .await
             .map_err(|e| ToolError::failed("task_create", e.to_string()))?;
-        ctx.org.organization().ring(&ctx.agent);
+        org.ring(&ctx.agent);
         Ok(ToolOutput::text(format!(
             "Created task #{} ({}): {}",
             task.number, task.status, task.title
@@ -267,7 +260,7 @@ impl TypedTool for TaskList {
         }
         let tasks = ctx
             .org
-            .organization()
+            .behaviour_context()
             .stores()
             .tasks
             .list(&board, &filter)
@@ -349,13 +342,11 @@ impl TypedTool for TaskUpdate {
                 ));
             }
         };
-        let t = ctx
-            .org
-            .organization()
-            .task_transition(&ctx.agent, args.number, event)
+        let org = ctx.org.behaviour_context();
+        let t = task_transition(&org, &ctx.agent, args.number, event)
             .await
             .map_err(|e| ToolError::failed("task_update", e.to_string()))?;
-        ctx.org.organization().ring(&ctx.agent);
+        org.ring(&ctx.agent);
         Ok(ToolOutput::text(format!(
             "Task #{} is now {}.",
             t.task.number, t.task.status

@@ -7,13 +7,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::executor::spawn_attempt;
+use super::outbox::{flush_outbox, report_transition, task_transition};
 use super::{DEFAULT_LEASE, LEASE_CHECK_INTERVAL, TaskError, TaskExecutor, TaskOutcome};
 use crate::envelope::{Envelope, EnvelopeKind, Source};
 use crate::error::StoreError;
 use crate::event::EventKind;
 use crate::ids::{AgentId, ChannelId};
-use crate::org::Organization;
 use crate::runtime::behaviour::AgentWorker;
+use crate::runtime::behaviour::BehaviourContext;
 use crate::task::{Task, TaskEvent, TaskStatus};
 
 /// The text a task is worked on with: its description, and the results of its children once they
@@ -47,24 +48,6 @@ pub fn task_input(task: &Task) -> String {
     text
 }
 
-impl Organization {
-    /// Wakes an agent's task loop.
-    pub(crate) fn ring(&self, agent: &AgentId) {
-        if let Some(crate::org::Slot::Running(rt)) = self.inner.slot(agent) {
-            rt.ring();
-        } else if self.inner.hosting.is_some() {
-            // Hosted in another process (under a placement): a hint wakes its task loop there.
-            let inner = self.inner.clone();
-            let agent = agent.clone();
-            let counted = self.inner.background.enter();
-            self.inner.spawner.spawn(Box::pin(async move {
-                inner.wake_elsewhere(&agent).await;
-                drop(counted);
-            }));
-        }
-    }
-}
-
 /// Whether `holder` names a claim of `agent`'s task loop (`{agent}:worker:{loop}:{n}[@process]`,
 /// the holder ids the loop gives its claims).
 pub(super) fn owns_claim(agent: &AgentId, holder: &str) -> bool {
@@ -79,82 +62,66 @@ pub(super) fn owns_claim(agent: &AgentId, holder: &str) -> bool {
 /// The steps it awaits are boxed, so the loop of an idle agent holds a small future instead of the
 /// state of a notice delivery (about 5 KB), for every agent.
 pub(super) async fn run_task_loop(
-    org: Organization,
+    org: BehaviourContext,
     agent: AgentWorker,
     mut doorbell: crate::runtime::behaviour::Doorbell,
     executor: Option<Arc<dyn TaskExecutor>>,
 ) {
     use futures::StreamExt;
-    let inner = org.inner.clone();
     let me = agent.id().clone();
     let loop_id = uuid::Uuid::new_v4().simple().to_string();
     // Under a placement a claim names its process (after an `@`): the start-up recovery of the
     // agent's next host tells its own claims from others'.
-    let process = inner
-        .hosting
-        .as_ref()
-        .map(|h| format!("@{}", h.options.process))
-        .unwrap_or_default();
+    let process = org.process().map(|p| format!("@{p}")).unwrap_or_default();
     let mut claims: u64 = 0;
     // Holder ids are `{agent}:worker:...`: `owns_claim` tells them from other behaviours' claims.
-    let limit = inner.settings.task_concurrency.max(1);
+    let limit = org.settings().task_concurrency.max(1);
     // The agent is not idle while a round runs: the start-up recovery is the first.
-    let ctx = org.behaviour_context();
-    let mut round = Some(agent.round(&ctx));
+    let mut round = Some(agent.round(&org));
     Box::pin(recover_orphaned_claims(&org, &me)).await;
     loop {
         if agent.is_stopping() {
             break;
         }
-        let this_round = round.take().unwrap_or_else(|| agent.round(&ctx));
-        match inner
-            .stores
+        let this_round = round.take().unwrap_or_else(|| agent.round(&org));
+        match org
+            .stores()
             .tasks
-            .requeue_expired(&me, inner.clock.now())
+            .requeue_expired(&me, org.clock().now())
             .await
         {
             Ok(transitions) => {
                 let ended = transitions.iter().any(|t| t.notice.is_some());
                 for t in &transitions {
-                    org.report_transition(t);
+                    report_transition(&org, t);
                 }
                 if ended {
-                    Box::pin(org.flush_outbox(&me)).await;
+                    Box::pin(flush_outbox(&org, &me)).await;
                 }
             }
-            Err(e) => crate::runtime::agent::report_error(
-                &inner,
-                &me,
-                None,
-                format!("expired leases not requeued: {e}"),
-            ),
+            Err(e) => org.report_error(&me, None, format!("expired leases not requeued: {e}")),
         }
-        Box::pin(org.flush_outbox(&me)).await;
+        Box::pin(flush_outbox(&org, &me)).await;
         Box::pin(free_stale_claims(&org, &agent)).await;
         while agent.running() < limit && !agent.is_stopping() {
             // Every claim gets its own holder id: a worker that outlived its lease cannot complete
             // the task once another attempt claimed it.
             claims += 1;
             let holder = format!("{me}:worker:{loop_id}:{claims}{process}");
-            let claimed = inner
-                .stores
+            let claimed = org
+                .stores()
                 .tasks
-                .claim_next(&me, &holder, DEFAULT_LEASE, inner.clock.now())
+                .claim_next(&me, &holder, DEFAULT_LEASE, org.clock().now())
                 .await;
             let task = match claimed {
                 Ok(Some(task)) => task,
                 Ok(None) => break,
                 Err(e) => {
-                    crate::runtime::agent::report_error(
-                        &inner,
-                        &me,
-                        None,
-                        format!("claim failed: {e}"),
-                    );
+                    org.report_error(&me, None, format!("claim failed: {e}"));
                     break;
                 }
             };
-            let mut event = inner.event(
+            let mut event = org.event(
                 &me,
                 EventKind::TaskClaimed {
                     holder: holder.clone(),
@@ -162,7 +129,7 @@ pub(super) async fn run_task_loop(
             );
             event.task = Some(task.task_ref());
             event.parent = task.metadata.parent_task.clone();
-            inner.emit(event);
+            org.emit_event(event);
             agent.claim_started(task.number, &holder);
             match &executor {
                 None => Box::pin(dispatch_to_queue(&org, &agent, &task, &holder)).await,
@@ -170,7 +137,7 @@ pub(super) async fn run_task_loop(
             }
         }
         drop(this_round);
-        let sleep = inner.clock.sleep(LEASE_CHECK_INTERVAL);
+        let sleep = org.clock().sleep(LEASE_CHECK_INTERVAL);
         let rung = doorbell.next();
         futures::pin_mut!(rung);
         if let futures::future::Either::Left((None, _)) = futures::future::select(rung, sleep).await
@@ -187,16 +154,15 @@ pub(super) async fn run_task_loop(
 /// Under a placement, a claim another process made (its holder names the process) is recovered
 /// too: that process stopped the agent's loop and aborted its custom executor attempts before this
 /// process could take the agent (the fencing rule of [`Placement`](crate::Placement)).
-async fn recover_orphaned_claims(org: &Organization, me: &AgentId) {
+async fn recover_orphaned_claims(org: &BehaviourContext, me: &AgentId) {
     let filter = crate::task::TaskFilter {
         statuses: vec![TaskStatus::InProgress],
         ..Default::default()
     };
-    let tasks = match org.inner.stores.tasks.list(me, &filter).await {
+    let tasks = match org.stores().tasks.list(me, &filter).await {
         Ok(tasks) => tasks,
         Err(e) => {
-            crate::runtime::agent::report_error(
-                &org.inner,
+            org.report_error(
                 me,
                 None,
                 format!("claims left by a stopped process not checked: {e}"),
@@ -208,19 +174,14 @@ async fn recover_orphaned_claims(org: &Organization, me: &AgentId) {
         let Some(lease) = task.lease.clone() else {
             continue;
         };
-        if org
-            .inner
-            .state::<super::local::Local>()
-            .is_live(&lease.holder)
-        {
+        if org.state::<super::local::Local>().is_live(&lease.holder) {
             continue;
         }
         let event = TaskEvent::Recover {
             holder: lease.holder,
         };
-        if let Err(e) = org.task_transition(me, task.number, event).await {
-            crate::runtime::agent::report_error(
-                &org.inner,
+        if let Err(e) = task_transition(org, me, task.number, event).await {
+            org.report_error(
                 me,
                 None,
                 format!("claim of task {me}#{} not recovered: {e}", task.number),
@@ -232,20 +193,17 @@ async fn recover_orphaned_claims(org: &Organization, me: &AgentId) {
 /// Frees the slots of claims that are over: a worker that never returns keeps running, but once
 /// its lease expired and the task moved on, its claim no longer counts against the concurrency,
 /// so the requeued task can run again.
-async fn free_stale_claims(org: &Organization, agent: &AgentWorker) {
+async fn free_stale_claims(org: &BehaviourContext, agent: &AgentWorker) {
     let me = agent.id();
     for (number, holder) in agent.claims() {
-        match org.inner.stores.tasks.get(me, number).await {
+        match org.stores().tasks.get(me, number).await {
             Ok(Some(task))
                 if task.status == TaskStatus::InProgress
                     && task.lease.as_ref().is_some_and(|l| l.holder == holder) => {}
             Ok(_) => agent.claim_ended(number, &holder),
-            Err(e) => crate::runtime::agent::report_error(
-                &org.inner,
-                me,
-                None,
-                format!("claim of task {number} not checked: {e}"),
-            ),
+            Err(e) => {
+                org.report_error(me, None, format!("claim of task {number} not checked: {e}"))
+            }
         }
     }
 }
@@ -259,13 +217,13 @@ fn task_round(task: &Task) -> u32 {
 }
 
 /// Hands a claimed task to the agent's own loop, as a task envelope in its queue.
-async fn dispatch_to_queue(org: &Organization, agent: &AgentWorker, task: &Task, holder: &str) {
+async fn dispatch_to_queue(org: &BehaviourContext, agent: &AgentWorker, task: &Task, holder: &str) {
     let mut envelope = Envelope::new(
         Source::System,
         ChannelId::new(format!("task:{}", task.task_ref())),
         EnvelopeKind::TaskAssigned,
         task_input(task),
-        org.inner.clock.now(),
+        org.clock().now(),
     )
     .with_round(task_round(task));
     envelope.task = Some(crate::envelope::TaskWork {
@@ -282,7 +240,7 @@ async fn dispatch_to_queue(org: &Organization, agent: &AgentWorker, task: &Task,
         .unwrap_or(u32::MAX),
     });
     envelope.cause = task.metadata.cause.clone();
-    if let Err(e) = org.inner.enqueue(agent.id(), envelope, true).await {
+    if let Err(e) = org.enqueue(agent.id(), envelope).await {
         // The agent is gone: give the attempt back.
         finish_task(org, agent, task.number, holder, Err(e.to_string().into())).await;
     }
@@ -290,7 +248,7 @@ async fn dispatch_to_queue(org: &Organization, agent: &AgentWorker, task: &Task,
 
 /// Records the outcome of one attempt run through the agent's queue and frees its slot.
 pub(super) async fn finish_task(
-    org: &Organization,
+    org: &BehaviourContext,
     agent: &AgentWorker,
     number: u64,
     holder: &str,
@@ -306,7 +264,7 @@ const OUTCOME_ATTEMPTS: u32 = 20;
 
 /// Records the outcome of one attempt: complete, wait or fail (requeue or fail for good).
 pub(super) async fn record_outcome(
-    org: &Organization,
+    org: &BehaviourContext,
     me: &AgentId,
     number: u64,
     holder: &str,
@@ -334,24 +292,18 @@ pub(super) async fn record_outcome(
     // is not retried.
     let mut attempt = 0u32;
     loop {
-        match org.task_transition(me, number, event.clone()).await {
+        match task_transition(org, me, number, event.clone()).await {
             Ok(_) => return,
             Err(
                 e @ (StoreError::InvalidTransition(_)
                 | StoreError::NotFound { .. }
                 | StoreError::NotLeaseHolder { .. }),
             ) => {
-                crate::runtime::agent::report_error(
-                    &org.inner,
-                    me,
-                    None,
-                    format!("task {me}#{number} not updated: {e}"),
-                );
+                org.report_error(me, None, format!("task {me}#{number} not updated: {e}"));
                 return;
             }
             Err(e) => {
-                crate::runtime::agent::report_error(
-                    &org.inner,
+                org.report_error(
                     me,
                     None,
                     format!(
@@ -365,7 +317,7 @@ pub(super) async fn record_outcome(
                 let wait = Duration::from_millis(50)
                     .saturating_mul(1u32 << attempt.min(7))
                     .min(Duration::from_secs(5));
-                org.inner.clock.sleep(wait).await;
+                org.clock().sleep(wait).await;
                 attempt += 1;
             }
         }

@@ -10,12 +10,12 @@ use crate::conversation::{
 };
 use crate::error::{InvalidInput, PolicyDenied, StoreError};
 use crate::ids::{AgentId, ChannelId, ConversationId, EnvelopeId};
-use crate::org::Organization;
 use crate::policy;
+use crate::runtime::behaviour::BehaviourContext;
 
 /// The conversations of `status` holding `key` among those `agent` is a member of, latest first.
 async fn holding(
-    org: &Organization,
+    org: &BehaviourContext,
     agent: &AgentId,
     key: &str,
     status: ConversationStatus,
@@ -24,7 +24,7 @@ async fn holding(
         member: Some(agent.clone()),
         statuses: vec![status],
     };
-    let list = org.inner.stores.conversations.list(&filter).await?;
+    let list = org.stores().conversations.list(&filter).await?;
     let key = key.to_string();
     Ok(list
         .into_iter()
@@ -35,7 +35,7 @@ async fn holding(
 /// A conversation holding `key` whose budget the exchange `cause` spent (severed with no turn
 /// left after `cause` took turns of it).
 async fn spent_by(
-    org: &Organization,
+    org: &BehaviourContext,
     agent: &AgentId,
     key: &str,
     cause: &EnvelopeId,
@@ -62,7 +62,7 @@ struct Start<'a> {
 /// channel only an open conversation may be joined: an ended one is not started again from inside
 /// (otherwise two models answering each other would start over whenever the budget severs them).
 async fn open_or_join(
-    org: &Organization,
+    org: &BehaviourContext,
     start: Start<'_>,
     may_start: impl Fn() -> Result<(), PolicyDenied>,
     fresh: impl Fn() -> Conversation,
@@ -74,7 +74,7 @@ async fn open_or_join(
         from_own_channel,
         exchange,
     } = start;
-    let store = &org.inner.stores.conversations;
+    let store = &org.stores().conversations;
     let mut last = None;
     for _ in 0..CAS_ATTEMPTS {
         if let Some(open) = store.find_open(key).await? {
@@ -100,7 +100,7 @@ async fn open_or_join(
             let reopen = ConversationEvent::Reopen {
                 by: opener.clone(),
                 origin: origin.clone(),
-                at: org.inner.clock.now(),
+                at: org.clock().now(),
             };
             let transition = concluded.apply(reopen)?;
             match store
@@ -136,7 +136,7 @@ async fn open_or_join(
 
 /// Opens or continues the mirrored conversation of `from` with `target` and sends `message`.
 pub(crate) async fn send_mirrored(
-    org: &Organization,
+    org: &BehaviourContext,
     from: &AgentId,
     target: &str,
     origin: &ChannelId,
@@ -144,7 +144,7 @@ pub(crate) async fn send_mirrored(
     exchange: Exchange<'_>,
 ) -> Result<(Conversation, Opening), DialogueError> {
     let to = org.resolve(target)?;
-    let graph = org.inner.graph();
+    let graph = org.graph();
     if &to == from {
         return Err(policy::check_start(&graph, from, &to)
             .err()
@@ -161,8 +161,8 @@ pub(crate) async fn send_mirrored(
     let key = mirrored_key(from, &to);
     let own_channel = ChannelId::link(from, &to);
     let origin = (origin != &own_channel).then(|| origin.clone());
-    let budget = org.inner.settings.conversation_turn_budget;
-    let now = org.inner.clock.now();
+    let budget = org.settings().conversation_turn_budget;
+    let now = org.clock().now();
     let fresh = || Conversation {
         id: ConversationId::new_random(),
         mode: ConversationMode::Mirrored,
@@ -209,7 +209,7 @@ pub(crate) async fn send_mirrored(
 
 /// Opens (or continues, or reopens) the group of `from` and `members` and sends `message`.
 pub(crate) async fn open_group(
-    org: &Organization,
+    org: &BehaviourContext,
     from: &AgentId,
     members: &[String],
     origin: &ChannelId,
@@ -219,7 +219,7 @@ pub(crate) async fn open_group(
     if members.is_empty() {
         return Err(InvalidInput::new("members", "name at least one other agent").into());
     }
-    let graph = org.inner.graph();
+    let graph = org.graph();
     let mut others: Vec<AgentId> = Vec::new();
     for name in members {
         let agent = org.resolve(name)?;
@@ -238,12 +238,11 @@ pub(crate) async fn open_group(
     let mut all = vec![from.clone()];
     all.extend(others.iter().cloned());
     let key = group_key(&all);
-    let budget = org.inner.settings.conversation_turn_budget;
-    let now = org.inner.clock.now();
+    let budget = org.settings().conversation_turn_budget;
+    let now = org.clock().now();
     let from_own_channel = match origin.as_str().strip_prefix("conversation:") {
         Some(id) => org
-            .inner
-            .stores
+            .stores()
             .conversations
             .get(&ConversationId::new(id))
             .await?

@@ -9,15 +9,13 @@ use crate::conversation::{Conversation, ConversationFilter, ConversationStatus};
 use crate::envelope::{Envelope, EnvelopeKind};
 use crate::error::StoreError;
 use crate::ids::{AgentId, ChannelId, ConversationId, EnvelopeId};
-use crate::org::Organization;
-use crate::runtime::agent::report_error;
 use crate::runtime::behaviour::{Answer, Behaviour, BehaviourContext};
 
 /// The conversation `agent` means: the one named by `target` (a conversation id, or another
 /// member's id or name), else the one whose channel `channel` is. Only open conversations with
 /// `agent` as a member match.
 pub(crate) async fn find_for(
-    org: &Organization,
+    org: &BehaviourContext,
     agent: &AgentId,
     channel: &ChannelId,
     target: Option<&str>,
@@ -29,7 +27,7 @@ pub(crate) async fn find_for(
 /// [`find_for`] finds it, or, when the call under `key` concluded one already (its turn runs
 /// again after a crash), that one, to finish what the first run left (see [`conclude`]).
 pub(crate) async fn find_to_conclude(
-    org: &Organization,
+    org: &BehaviourContext,
     agent: &AgentId,
     channel: &ChannelId,
     target: Option<&str>,
@@ -38,8 +36,7 @@ pub(crate) async fn find_to_conclude(
     match find_for(org, agent, channel, target).await {
         Err(DialogueError::NotFound(why)) => {
             let applied = org
-                .inner
-                .stores
+                .stores()
                 .deliveries
                 .is_applied(agent, &format!("conclude:{key}"))
                 .await?;
@@ -59,7 +56,7 @@ pub(crate) async fn find_to_conclude(
 /// [`find_for`] among `agent`'s conversations of `statuses` (the latest when several match on
 /// the channel).
 async fn find_among(
-    org: &Organization,
+    org: &BehaviourContext,
     agent: &AgentId,
     channel: &ChannelId,
     target: Option<&str>,
@@ -69,7 +66,7 @@ async fn find_among(
         member: Some(agent.clone()),
         statuses,
     };
-    let mut open = org.inner.stores.conversations.list(&filter).await?;
+    let mut open = org.stores().conversations.list(&filter).await?;
     // Oldest first from the store: the latest match wins.
     open.reverse();
     match target {
@@ -105,12 +102,12 @@ async fn find_among(
 
 /// The conversation a final answer of `agent` in `channel` belongs to, if any.
 async fn conversation_for_reply(
-    org: &Organization,
+    org: &BehaviourContext,
     agent: &AgentId,
     channel: &ChannelId,
     answered: &[Envelope],
 ) -> Result<Option<Conversation>, StoreError> {
-    let store = &org.inner.stores.conversations;
+    let store = &org.stores().conversations;
     let in_channel = |c: &Conversation| c.member(agent).is_some_and(|m| &m.channel == channel);
     let mut closed = None;
     for id in answered.iter().filter_map(|e| e.conversation.clone()) {
@@ -160,7 +157,7 @@ fn belongs_to_conversation(agent: &AgentId, envelope: &Envelope) -> bool {
 /// costs one turn; empty output and checkpoint content cost nothing. An answer in a conversation
 /// that has ended is kept in the author's history only, with a note saying so.
 pub(crate) async fn route_reply(
-    org: &Organization,
+    org: &BehaviourContext,
     agent: &AgentId,
     channel: &ChannelId,
     text: &str,
@@ -171,8 +168,7 @@ pub(crate) async fn route_reply(
         Ok(Some(c)) => c,
         Ok(None) => return orphan_result_answer(org, agent, channel, answered).await,
         Err(e) => {
-            report_error(
-                &org.inner,
+            org.report_error(
                 agent,
                 Some(channel),
                 format!("conversation lookup failed: {e}"),
@@ -221,7 +217,7 @@ pub(crate) async fn route_reply(
 /// (a middle hop of a chain): it belongs to no conversation and to no external user, so it stays in
 /// the author's history with a note. Returns whether that was the case.
 async fn orphan_result_answer(
-    org: &Organization,
+    org: &BehaviourContext,
     agent: &AgentId,
     channel: &ChannelId,
     answered: &[Envelope],
@@ -267,7 +263,7 @@ impl Behaviour for Conversations {
     }
 
     async fn on_start_all(&self, ctx: &BehaviourContext) -> Result<(), StoreError> {
-        ensure_link_channels(&ctx.organization()).await
+        ensure_link_channels(ctx).await
     }
 
     async fn exchange_open(
@@ -291,7 +287,7 @@ impl Behaviour for Conversations {
     async fn route_answer(&self, ctx: &BehaviourContext, answer: &Answer<'_>) -> bool {
         // The routing's state (a few kilobytes) is boxed: this hook's future stays small.
         Box::pin(route_reply(
-            &ctx.organization(),
+            ctx,
             answer.agent,
             answer.channel,
             answer.text,
@@ -302,26 +298,25 @@ impl Behaviour for Conversations {
     }
 
     async fn on_agent_stopped(&self, ctx: &BehaviourContext, agent: &AgentId) {
-        on_agent_stopped(&ctx.organization(), agent).await;
+        on_agent_stopped(ctx, agent).await;
     }
 }
 
 /// Called when an agent's session ends (it is stopped or ends): its open conversations are severed.
 /// A loop stopped without ending the session ends none: a shutdown (the agent goes on at its next
 /// start, as after a crash) or a hand-over to another process under a placement.
-pub(crate) async fn on_agent_stopped(org: &Organization, agent: &AgentId) {
-    if org.inner.is_handing_over(agent) {
+pub(crate) async fn on_agent_stopped(org: &BehaviourContext, agent: &AgentId) {
+    if org.is_handing_over(agent) {
         return;
     }
     let filter = ConversationFilter {
         member: Some(agent.clone()),
         statuses: vec![ConversationStatus::Open],
     };
-    let open = match org.inner.stores.conversations.list(&filter).await {
+    let open = match org.stores().conversations.list(&filter).await {
         Ok(open) => open,
         Err(e) => {
-            report_error(
-                &org.inner,
+            org.report_error(
                 agent,
                 None,
                 format!("conversations of a stopped agent not severed: {e}"),
@@ -332,8 +327,7 @@ pub(crate) async fn on_agent_stopped(org: &Organization, agent: &AgentId) {
     let reason = format!("the session of {} ended", org.display_name(agent));
     for conversation in open {
         if let Err(e) = sever(org, &conversation.id, Some(agent), &reason).await {
-            report_error(
-                &org.inner,
+            org.report_error(
                 agent,
                 None,
                 format!("conversation {} not severed: {e}", conversation.id),
@@ -343,9 +337,9 @@ pub(crate) async fn on_agent_stopped(org: &Organization, agent: &AgentId) {
 }
 
 /// Registers both link channels (`link:A:B` for A and `link:B:A` for B) of every link.
-pub(crate) async fn ensure_link_channels(org: &Organization) -> Result<(), StoreError> {
-    let graph = org.inner.graph();
-    let channels = &org.inner.stores.channels;
+pub(crate) async fn ensure_link_channels(org: &BehaviourContext) -> Result<(), StoreError> {
+    let graph = org.graph();
+    let channels = &org.stores().channels;
     for link in graph.links() {
         channels
             .ensure_channel(&link.from, &ChannelId::link(&link.from, &link.to))
@@ -357,13 +351,17 @@ pub(crate) async fn ensure_link_channels(org: &Organization) -> Result<(), Store
     Ok(())
 }
 
-impl Organization {
+impl crate::org::Organization {
     /// The conversations matching `filter` (by member and status), oldest first.
     pub async fn conversations(
         &self,
         filter: &ConversationFilter,
     ) -> Result<Vec<Conversation>, StoreError> {
-        self.inner.stores.conversations.list(filter).await
+        self.behaviour_context()
+            .stores()
+            .conversations
+            .list(filter)
+            .await
     }
 
     /// One conversation.
@@ -371,14 +369,18 @@ impl Organization {
         &self,
         id: &ConversationId,
     ) -> Result<Option<Conversation>, StoreError> {
-        self.inner.stores.conversations.get(id).await
+        self.behaviour_context()
+            .stores()
+            .conversations
+            .get(id)
+            .await
     }
 
     /// Registers both link channels of every link, so each side's history exists before the first
-    /// message. [`Organization::start_all`] does it; call it after starting agents one by one or
-    /// after [`Organization::reload_links`].
+    /// message. [`Organization::start_all`](Self::start_all) does it; call it after starting
+    /// agents one by one or after [`Organization::reload_links`](Self::reload_links).
     pub async fn ensure_link_channels(&self) -> Result<(), StoreError> {
-        ensure_link_channels(self).await
+        ensure_link_channels(&self.behaviour_context()).await
     }
 
     /// Severs a conversation from outside (an application ending it): every membership ends at once
@@ -389,7 +391,7 @@ impl Organization {
         id: &ConversationId,
         reason: &str,
     ) -> Result<Conversation, DialogueError> {
-        sever(self, id, None, reason).await
+        sever(&self.behaviour_context(), id, None, reason).await
     }
 }
 

@@ -11,10 +11,9 @@ use crate::envelope::{Envelope, EnvelopeKind, META_CONVERSATION, Source};
 use crate::error::StoreError;
 use crate::event::EventKind;
 use crate::ids::{AgentId, ChannelId, ConversationId, EnvelopeId, LinkId};
-use crate::org::Organization;
 use crate::policy;
 use crate::prompts::ConversationRulesContext;
-use crate::runtime::agent::report_error;
+use crate::runtime::behaviour::BehaviourContext;
 
 /// How many times a compare-and-swap is retried before giving up with the conflict.
 pub(super) const CAS_ATTEMPTS: usize = 16;
@@ -32,12 +31,12 @@ struct Exchanges(std::sync::Mutex<std::collections::HashMap<ConversationId, Vec<
 /// backstop that neither a restart nor a move resets. This process keeps the latest notes in memory
 /// too, so a conversation's later turns in the same exchange write nothing more.
 async fn note_exchange(
-    org: &Organization,
+    org: &BehaviourContext,
     conversation: &Conversation,
     cause: &EnvelopeId,
 ) -> Result<(), StoreError> {
     let fresh = {
-        let exchanges = org.inner.state::<Exchanges>();
+        let exchanges = org.state::<Exchanges>();
         let mut exchanges = exchanges.0.lock().unwrap_or_else(|e| e.into_inner());
         let causes = exchanges.entry(conversation.id.clone()).or_default();
         let fresh = !causes.contains(cause);
@@ -50,13 +49,12 @@ async fn note_exchange(
         fresh
     };
     if fresh {
-        org.inner
-            .stores
+        org.stores()
             .deliveries
             .mark_applied(
                 &conversation.initiator,
                 &exchange_key(&conversation.id, cause),
-                org.inner.clock.now(),
+                org.clock().now(),
             )
             .await?;
     }
@@ -71,12 +69,11 @@ fn exchange_key(conversation: &ConversationId, cause: &EnvelopeId) -> String {
 /// Whether the exchange `cause` took turns of `conversation` (in this process, before a restart, or
 /// under a placement in any process).
 pub(super) async fn used_by(
-    org: &Organization,
+    org: &BehaviourContext,
     conversation: &Conversation,
     cause: &EnvelopeId,
 ) -> Result<bool, StoreError> {
     let here = org
-        .inner
         .state::<Exchanges>()
         .0
         .lock()
@@ -86,8 +83,7 @@ pub(super) async fn used_by(
     if here {
         return Ok(true);
     }
-    org.inner
-        .stores
+    org.stores()
         .deliveries
         .is_applied(
             &conversation.initiator,
@@ -98,7 +94,7 @@ pub(super) async fn used_by(
 
 /// Appends a record to `agent`'s channel; a failure becomes an error event.
 pub(super) async fn append(
-    org: &Organization,
+    org: &BehaviourContext,
     agent: &AgentId,
     channel: &ChannelId,
     kind: RecordKind,
@@ -106,51 +102,40 @@ pub(super) async fn append(
     content: String,
     conversation: &ConversationId,
 ) {
-    let mut record = NewRecord::new(
-        channel.clone(),
-        kind,
-        author,
-        content,
-        org.inner.clock.now(),
-    );
+    let mut record = NewRecord::new(channel.clone(), kind, author, content, org.clock().now());
     record.metadata.insert(
         META_CONVERSATION.into(),
         serde_json::Value::String(conversation.to_string()),
     );
-    if let Err(e) = org.inner.stores.channels.append(agent, record).await {
-        report_error(
-            &org.inner,
-            agent,
-            Some(channel),
-            format!("history not written: {e}"),
-        );
+    if let Err(e) = org.stores().channels.append(agent, record).await {
+        org.report_error(agent, Some(channel), format!("history not written: {e}"));
     }
 }
 
 /// The enabled link between two agents, either direction (for stamping envelopes).
-fn link_between(org: &Organization, a: &AgentId, b: &AgentId) -> Option<LinkId> {
-    let graph = org.inner.graph();
+fn link_between(org: &BehaviourContext, a: &AgentId, b: &AgentId) -> Option<LinkId> {
+    let graph = org.graph();
     graph
         .between(a.as_str(), b.as_str())
         .or_else(|| graph.between(b.as_str(), a.as_str()))
         .map(|l| l.id.clone())
 }
 
-fn emit(org: &Organization, agent: &AgentId, channel: Option<&ChannelId>, kind: EventKind) {
-    let mut event = org.inner.event(agent, kind);
+fn emit(org: &BehaviourContext, agent: &AgentId, channel: Option<&ChannelId>, kind: EventKind) {
+    let mut event = org.event(agent, kind);
     event.channel = channel.cloned();
-    org.inner.emit(event);
+    org.emit_event(event);
 }
 
 /// Applies `event` to the stored conversation with compare-and-swap, retrying on conflicts: read,
 /// [`Conversation::apply`], write if it changed. The outer error is the store's; the inner one the
 /// lifecycle's refusal (nothing was written then).
 async fn commit(
-    org: &Organization,
+    org: &BehaviourContext,
     id: &ConversationId,
     event: ConversationEvent,
 ) -> Result<Result<Transition, TransitionError>, DialogueError> {
-    let store = &org.inner.stores.conversations;
+    let store = &org.stores().conversations;
     let mut last = None;
     for _ in 0..CAS_ATTEMPTS {
         let current = store
@@ -192,7 +177,7 @@ pub(super) struct Context<'a> {
 /// members a delivery reached, and who spent the budget when the conversation must now be severed
 /// for it.
 pub(super) async fn carry_out(
-    org: &Organization,
+    org: &BehaviourContext,
     conversation: &Conversation,
     effects: &[Effect],
     ctx: &Context<'_>,
@@ -282,7 +267,7 @@ pub(super) async fn carry_out(
 /// Hands `content` from `from` to each of `to` (a user message that wakes it). Returns how many
 /// received it; a failed delivery to one member does not stop the others.
 async fn deliver(
-    org: &Organization,
+    org: &BehaviourContext,
     conversation: &Conversation,
     from: &Member,
     to: &[Member],
@@ -290,7 +275,7 @@ async fn deliver(
     ctx: &Context<'_>,
 ) -> usize {
     let mut delivered = 0;
-    let now = org.inner.clock.now();
+    let now = org.clock().now();
     for member in to {
         let mut envelope = Envelope::new(
             Source::Internal {
@@ -309,7 +294,7 @@ async fn deliver(
                 envelope.idempotency_key = Some(format!("{key}:to:{}", member.agent));
             }
         }
-        match org.inner.enqueue(&member.agent, envelope, true).await {
+        match org.enqueue(&member.agent, envelope).await {
             Ok(()) => {
                 delivered += 1;
                 emit(
@@ -321,8 +306,7 @@ async fn deliver(
                     },
                 );
             }
-            Err(e) => report_error(
-                &org.inner,
+            Err(e) => org.report_error(
                 &from.agent,
                 Some(&from.channel),
                 format!(
@@ -336,14 +320,14 @@ async fn deliver(
 }
 
 /// Gives every member the anti-chattiness rules, once (called at creation only).
-async fn give_rules(org: &Organization, conversation: &Conversation) {
+async fn give_rules(org: &BehaviourContext, conversation: &Conversation) {
     for member in &conversation.members {
         let ctx = ConversationRulesContext {
             members: other_names(conversation, &member.agent),
             is_initiator: member.agent == conversation.initiator,
             turn_budget: Some(conversation.budget_remaining),
         };
-        match org.inner.prompts.render_conversation_rules(&ctx) {
+        match org.prompts().render_conversation_rules(&ctx) {
             Ok(rules) => {
                 append(
                     org,
@@ -356,8 +340,7 @@ async fn give_rules(org: &Organization, conversation: &Conversation) {
                 )
                 .await;
             }
-            Err(e) => report_error(
-                &org.inner,
+            Err(e) => org.report_error(
                 &member.agent,
                 Some(&member.channel),
                 format!("conversation rules not rendered: {e}"),
@@ -369,14 +352,14 @@ async fn give_rules(org: &Organization, conversation: &Conversation) {
 /// A conversation between two agents lives on their link: once no enabled link joins them, it
 /// carries nothing more and is severed.
 async fn check_links(
-    org: &Organization,
+    org: &BehaviourContext,
     conversation: &Conversation,
     from: &AgentId,
 ) -> Result<(), DialogueError> {
     if conversation.mode != ConversationMode::Mirrored {
         return Ok(());
     }
-    let graph = org.inner.graph();
+    let graph = org.graph();
     for member in conversation.members.iter().filter(|m| &m.agent != from) {
         if let Err(denied) = policy::check_answer(&graph, from, &member.agent, true) {
             sever(org, &conversation.id, Some(from), &denied.to_string()).await?;
@@ -395,7 +378,7 @@ const BUDGET_SPENT: &str = "its turn budget is spent";
 /// does not stop the others. The turn that spends the budget is delivered, then the conversation is
 /// severed; a turn with none left severs it and delivers nothing.
 pub(crate) async fn deliver_turn(
-    org: &Organization,
+    org: &BehaviourContext,
     conversation: &Conversation,
     from: &AgentId,
     text: &str,
@@ -414,7 +397,7 @@ pub(crate) async fn deliver_turn(
         by: from.clone(),
         text: text.to_string(),
         sent_record,
-        at: org.inner.clock.now(),
+        at: org.clock().now(),
     };
     let taken = match commit(org, &conversation.id, turn).await? {
         Ok(taken) => taken,
@@ -438,7 +421,7 @@ pub(crate) async fn deliver_turn(
 /// Severs a conversation: every membership ends at once. Severing a severed conversation changes
 /// nothing. Members and the `initiated_from` channel get a history-only notice.
 pub(crate) async fn sever(
-    org: &Organization,
+    org: &BehaviourContext,
     id: &ConversationId,
     by: Option<&AgentId>,
     reason: &str,
@@ -446,7 +429,7 @@ pub(crate) async fn sever(
     let event = ConversationEvent::Sever {
         by: by.cloned(),
         reason: reason.to_string(),
-        at: org.inner.clock.now(),
+        at: org.clock().now(),
     };
     let severed = commit(org, id, event).await??;
     carry_out(
@@ -461,7 +444,7 @@ pub(crate) async fn sever(
 
 /// The notices of a sever: one in every member's channel, one in `initiated_from`.
 async fn record_severed(
-    org: &Organization,
+    org: &BehaviourContext,
     severed: &Conversation,
     by: Option<&AgentId>,
     reason: &str,
@@ -512,20 +495,19 @@ async fn record_severed(
 /// sends its result again (under the same key: the receiver applies it once), so a conversation
 /// reopened since is not concluded by a stale call.
 pub(crate) async fn conclude(
-    org: &Organization,
+    org: &BehaviourContext,
     id: &ConversationId,
     by: &AgentId,
     summary: &str,
     exchange: Exchange<'_>,
 ) -> Result<Conversation, DialogueError> {
-    let deliveries = &org.inner.stores.deliveries;
-    let now = org.inner.clock.now();
+    let deliveries = &org.stores().deliveries;
+    let now = org.clock().now();
     let marks = exchange
         .key
         .map(|k| (format!("conclude:{k}"), format!("concluded:{k}")));
     let current = org
-        .inner
-        .stores
+        .stores()
         .conversations
         .get(id)
         .await?
@@ -579,7 +561,7 @@ pub(crate) async fn conclude(
 /// The conclusion in every member's channel, without waking anyone: a sent record for its author,
 /// a user record for the others.
 async fn record_conclusion(
-    org: &Organization,
+    org: &BehaviourContext,
     concluded: &Conversation,
     by: &AgentId,
     summary: &str,
@@ -607,7 +589,7 @@ async fn record_conclusion(
 /// Wakes the initiator's `initiated_from` channel (`origin`) with a conversation's conclusion by
 /// `by`, under `key` (the receiver applies it once).
 async fn retrigger_conclusion(
-    org: &Organization,
+    org: &BehaviourContext,
     conversation: &Conversation,
     (initiator, origin, by, summary): (&AgentId, &ChannelId, &AgentId, &str),
     key: String,
@@ -621,16 +603,15 @@ async fn retrigger_conclusion(
         origin.clone(),
         EnvelopeKind::Retrigger,
         format!("The conversation with {others} concluded ({name}): {summary}"),
-        org.inner.clock.now(),
+        org.clock().now(),
     )
     .with_conversation(id.clone());
     if let Some(cause) = cause {
         envelope = envelope.with_cause(cause.clone());
     }
     envelope.idempotency_key = Some(key);
-    if let Err(e) = org.inner.enqueue(initiator, envelope, true).await {
-        report_error(
-            &org.inner,
+    if let Err(e) = org.enqueue(initiator, envelope).await {
+        org.report_error(
             initiator,
             Some(origin),
             format!("result of conversation {id} not delivered: {e}"),

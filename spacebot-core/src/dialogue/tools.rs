@@ -88,7 +88,7 @@ impl TypedTool for SendLinkMessage {
     async fn run(&self, ctx: &ToolContext, args: SendArgs) -> Result<ToolOutput, ToolError> {
         non_empty(SEND_LINK_MESSAGE, "message", &args.message)?;
         let (conversation, opening) = super::send_mirrored(
-            &ctx.org.organization(),
+            &ctx.org.behaviour_context(),
             &ctx.agent,
             &args.target,
             &ctx.channel,
@@ -159,7 +159,7 @@ impl TypedTool for ConcludeLink {
     async fn run(&self, ctx: &ToolContext, args: ConcludeArgs) -> Result<ToolOutput, ToolError> {
         non_empty(CONCLUDE_LINK, "summary", &args.summary)?;
         let conversation = super::find_to_conclude(
-            &ctx.org.organization(),
+            &ctx.org.behaviour_context(),
             &ctx.agent,
             &ctx.channel,
             args.target.as_deref(),
@@ -178,7 +178,7 @@ impl TypedTool for ConcludeLink {
             ));
         }
         let concluded = super::conclude(
-            &ctx.org.organization(),
+            &ctx.org.behaviour_context(),
             &conversation.id,
             &ctx.agent,
             &args.summary,
@@ -235,7 +235,7 @@ impl TypedTool for OpenGroup {
     async fn run(&self, ctx: &ToolContext, args: OpenGroupArgs) -> Result<ToolOutput, ToolError> {
         non_empty(OPEN_GROUP, "message", &args.message)?;
         let (conversation, opening) = super::open_group(
-            &ctx.org.organization(),
+            &ctx.org.behaviour_context(),
             &ctx.agent,
             &args.members,
             &ctx.channel,
@@ -302,7 +302,7 @@ impl TypedTool for CloseLink {
     async fn run(&self, ctx: &ToolContext, args: CloseArgs) -> Result<ToolOutput, ToolError> {
         non_empty(CLOSE_LINK, "message", &args.message)?;
         let conversation = super::find_to_conclude(
-            &ctx.org.organization(),
+            &ctx.org.behaviour_context(),
             &ctx.agent,
             &ctx.channel,
             args.target.as_deref(),
@@ -326,7 +326,7 @@ impl TypedTool for CloseLink {
             ));
         }
         let closed = super::conclude(
-            &ctx.org.organization(),
+            &ctx.org.behaviour_context(),
             &conversation.id,
             &ctx.agent,
             &args.message,
@@ -378,7 +378,7 @@ impl TypedTool for SeverLink {
 
     async fn run(&self, ctx: &ToolContext, args: SeverArgs) -> Result<ToolOutput, ToolError> {
         let conversation = super::find_for(
-            &ctx.org.organization(),
+            &ctx.org.behaviour_context(),
             &ctx.agent,
             &ctx.channel,
             args.target.as_deref(),
@@ -387,7 +387,7 @@ impl TypedTool for SeverLink {
         .map_err(|e| tool_error(SEVER_LINK, e))?;
         let reason = format!("{} severed it", ctx.org.display_name(&ctx.agent));
         let severed = super::sever(
-            &ctx.org.organization(),
+            &ctx.org.behaviour_context(),
             &conversation.id,
             Some(&ctx.agent),
             &reason,

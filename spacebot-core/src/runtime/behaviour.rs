@@ -21,8 +21,8 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
 
 use async_trait::async_trait;
 use futures::channel::mpsc;
@@ -32,7 +32,9 @@ use crate::envelope::{Envelope, TaskWork};
 use crate::error::StoreError;
 use crate::event::{Event, EventKind};
 use crate::ids::{AgentId, ChannelId, EnvelopeId};
+use crate::placement::ProcessId;
 use crate::policy::LinkGraph;
+use crate::prompts::Prompts;
 use crate::runtime::agent::TurnOutcome;
 use crate::runtime::errors::{DeliveryError, OrgError};
 use crate::runtime::host::{AgentRuntime, Host, Slot, lock};
@@ -114,9 +116,32 @@ impl BehaviourContext {
         ));
     }
 
-    /// Emits an event.
+    /// Emits an event (made with [`event`](Self::event), its optional fields filled in).
     pub fn emit_event(&self, event: Event) {
         self.host.emit(event);
+    }
+
+    /// A new event of `kind` about `agent`, stamped with the organization's clock; its optional
+    /// fields (task, link, channel, parent) are empty. [`emit_event`](Self::emit_event) emits it.
+    pub fn event(&self, agent: &AgentId, kind: EventKind) -> Event {
+        self.host.event(agent, kind)
+    }
+
+    /// Reports a failure that has no caller to return to (a background step, a hook): a warning
+    /// in the log and an [`EventKind::Error`] about `agent`, in `channel` when given.
+    pub fn report_error(
+        &self,
+        agent: &AgentId,
+        channel: Option<&ChannelId>,
+        message: impl Into<String>,
+    ) {
+        crate::runtime::agent::report_error(&self.host, agent, channel, message.into());
+    }
+
+    /// The organization's prompt templates (a behaviour renders its tools' texts and its
+    /// messages to agents with them).
+    pub fn prompts(&self) -> &Prompts {
+        &self.host.prompts
     }
 
     /// Hands `envelope` to `agent` as every internal producer does: stored first on a durable
@@ -126,10 +151,81 @@ impl BehaviourContext {
         self.host.enqueue(agent, envelope, true).await
     }
 
-    /// Rings every behaviour worker of `agent` (a no-op when it does not run here).
+    /// [`enqueue`](Self::enqueue), running `kept` once the envelope is kept (stored, or about to
+    /// be queued) and before the agent can take it: what the sender records about the hand-over
+    /// (a completion notice marked sent, say) is then done before the receiver's turn can answer
+    /// it. `kept` does not run when the envelope is refused (an unknown or ended agent, a store
+    /// error).
+    pub async fn enqueue_then(
+        &self,
+        agent: &AgentId,
+        envelope: Envelope,
+        kept: impl Future<Output = ()> + Send,
+    ) -> Result<(), DeliveryError> {
+        self.host
+            .enqueue_then(agent, envelope, true, Some(Box::pin(kept)))
+            .await
+    }
+
+    /// Rings every behaviour worker of `agent`. When it does not run here but, under a
+    /// placement, in another process, a wake-up hint goes to that process (in the background; a
+    /// failed hint is an error event, and that process's periodic check finds the work anyway).
     pub fn ring(&self, agent: &AgentId) {
         if let Some(Slot::Running(rt)) = self.host.slot(agent) {
             rt.ring();
+        } else if self.host.hosting.is_some() {
+            let host = self.host.clone();
+            let agent = agent.clone();
+            let counted = self.host.background.enter();
+            self.host.spawner.spawn(Box::pin(async move {
+                host.wake_elsewhere(&agent).await;
+                drop(counted);
+            }));
+        }
+    }
+
+    /// The agent, as a behaviour's worker sees it, when its loop runs in this process.
+    pub fn worker(&self, agent: &AgentId) -> Option<AgentWorker> {
+        match self.host.slot(agent) {
+            Some(Slot::Running(rt)) => Some(AgentWorker { rt }),
+            _ => None,
+        }
+    }
+
+    /// Whether `agent`'s loop here is stopping as a hand-over to its next host (a placement lease
+    /// lost or given up), not because its session ends: what the agent holds goes on there.
+    pub fn is_handing_over(&self, agent: &AgentId) -> bool {
+        self.host.is_handing_over(agent)
+    }
+
+    /// This process's id under a placement (see
+    /// [`OrganizationBuilder::placement`](crate::OrganizationBuilder::placement)), `None` without
+    /// one.
+    pub fn process(&self) -> Option<&ProcessId> {
+        self.host.hosting.as_ref().map(|h| &h.options.process)
+    }
+
+    /// Resolves an agent by id, or by display name (case-insensitive); an ended agent is not
+    /// found.
+    pub fn resolve(&self, agent: &str) -> Result<AgentId, DeliveryError> {
+        let agents = self.host.read_agents();
+        if let Some((id, _)) = agents.get_key_value(agent) {
+            return Ok(id.clone());
+        }
+        let lower = agent.to_lowercase();
+        let mut found = agents.iter().filter_map(|(id, slot)| {
+            let name = match slot {
+                Slot::Running(rt) => &rt.spec.name,
+                Slot::Stopped(spec) => &spec.name,
+                Slot::Ended => return None,
+            };
+            (name.to_lowercase() == lower || id.as_str().to_lowercase() == lower).then_some(id)
+        });
+        match (found.next(), found.next()) {
+            (Some(id), None) => Ok(id.clone()),
+            _ => Err(DeliveryError::UnknownAgent {
+                agent: agent.to_string(),
+            }),
         }
     }
 
@@ -178,6 +274,54 @@ impl BehaviourContext {
             work.await;
             drop(counted);
         }));
+    }
+
+    /// Runs `work` in the background as a task of the application's runtime (through the
+    /// organization's [`Spawner`](crate::time::Spawner)), not on the organization's executor:
+    /// for the application's own code, which may keep a thread busy (a custom task executor). A
+    /// shutdown waits for it, as for [`spawn`](Self::spawn).
+    pub fn spawn_on_runtime(&self, work: impl Future<Output = ()> + Send + 'static) {
+        let counted = self.host.background.enter();
+        self.host.spawner.spawn(Box::pin(async move {
+            work.await;
+            drop(counted);
+        }));
+    }
+
+    /// Runs `work` as a task of the application's runtime that a shutdown does not wait for: a
+    /// retry in the background that must neither delay a shutdown nor keep the organization alive
+    /// (it holds a [`WeakBehaviourContext`], see [`downgrade`](Self::downgrade), and ends when
+    /// that no longer upgrades).
+    pub fn spawn_detached(&self, work: impl Future<Output = ()> + Send + 'static) {
+        self.host.spawner.spawn(Box::pin(work));
+    }
+
+    /// A handle on this context that does not keep the organization alive.
+    pub fn downgrade(&self) -> WeakBehaviourContext {
+        WeakBehaviourContext {
+            host: Arc::downgrade(&self.host),
+        }
+    }
+}
+
+/// A [`BehaviourContext`] that does not keep the organization alive (see
+/// [`BehaviourContext::downgrade`]).
+#[derive(Clone)]
+pub struct WeakBehaviourContext {
+    host: Weak<Host>,
+}
+
+impl fmt::Debug for WeakBehaviourContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WeakBehaviourContext")
+            .finish_non_exhaustive()
+    }
+}
+
+impl WeakBehaviourContext {
+    /// The context, while the organization lives.
+    pub fn upgrade(&self) -> Option<BehaviourContext> {
+        self.host.upgrade().map(BehaviourContext::new)
     }
 }
 

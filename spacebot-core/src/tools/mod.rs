@@ -16,6 +16,7 @@ use crate::error::{InvalidInput, PolicyDenied, StoreError};
 use crate::ids::{AgentId, ChannelId, EnvelopeId, TaskRef};
 use crate::llm::{ToolCall, ToolDefinition};
 use crate::policy::LinkGraph;
+use crate::runtime::behaviour::BehaviourContext;
 use crate::runtime::host::Host;
 use crate::task::{Task, TaskFilter};
 use crate::time::Clock;
@@ -147,6 +148,16 @@ impl ToolCapability {
     /// The agent the tool runs for.
     pub fn agent(&self) -> &AgentId {
         &self.agent
+    }
+
+    /// The host as the built-in behaviours' tools reach it: through the same
+    /// [`BehaviourContext`] their behaviour gets. Those tools are stateless values an application
+    /// may make itself ([`Organization::tool_context`](crate::Organization::tool_context) calls
+    /// them directly), so they find the context here; a tool of a behaviour of your own keeps the
+    /// context its behaviour got in [`on_build`](crate::Behaviour::on_build) instead. Not public:
+    /// the capability stays narrow for every other tool.
+    pub(crate) fn behaviour_context(&self) -> BehaviourContext {
+        BehaviourContext::new(self.host.clone())
     }
 
     /// An agent's display name.
