@@ -180,16 +180,21 @@ pub async fn without_limits_the_tree_runs_and_nothing_is_recorded(stores: Stores
     assert!(ledger.get(&request).await.unwrap().is_none());
 }
 
-/// A message's own limit binds its whole tree (here: 3 model calls, the tighter of it and none);
-/// after a restart on the same stores, what the request spent before still counts.
+/// A message's own limit binds its whole tree across a restart: the first run spends one of its
+/// 3 model calls (the chief delegates; the lead is not running), the second run, on the same
+/// stores and with no limit in its configuration, may make only the 2 left (the lead's fan-out and
+/// one worker's answer; forgotten, the tree would make 6 more), and the user is told once.
 pub async fn a_message_limit_holds_across_a_restart(stores: Stores) {
     let llm = Arc::new(Tree::default());
-    let mut h = OrgHarness::builder(TREE)
+    let h = OrgHarness::builder(TREE)
         .stores(stores.clone())
         .llm(llm.clone())
         .build()
         .await;
-    h.org.start_all().await.unwrap();
+    h.org
+        .start_agent(&AgentId::parse("chief").unwrap())
+        .await
+        .unwrap();
     let limits = Limits {
         model_calls: Some(3),
         ..Limits::NONE
@@ -202,32 +207,35 @@ pub async fn a_message_limit_holds_across_a_restart(stores: Stores) {
         )
         .await
         .unwrap();
-    let reply = h.reply().await;
-    assert_eq!(reply.kind, ReplyKind::Failure, "{reply:?}");
-    assert!(reply.content.contains("model calls"), "{}", reply.content);
-    h.wait_quiet().await;
-    assert!(llm.calls.load(Ordering::SeqCst) <= 3);
+    h.wait_idle("chief").await;
+    assert_eq!(llm.calls.load(Ordering::SeqCst), 1, "the chief delegated");
     h.org.shutdown().await.unwrap();
     drop(h);
 
-    // A new organization on the same stores, with no limit in its configuration: the request's
-    // spend and its limit were stored.
     let ledger = RequestLedger::new(stores.records.clone());
     let before = ledger.get(&request).await.unwrap().unwrap();
-    assert!(before.settled.model_calls <= 3);
+    assert_eq!(before.settled.model_calls, 1);
     assert_eq!(before.limits.model_calls, Some(3));
+
     let llm2 = Arc::new(Tree::default());
-    let h2 = OrgHarness::builder(TREE)
+    let mut h2 = OrgHarness::builder(TREE)
         .stores(stores.clone())
         .llm(llm2.clone())
         .build()
         .await;
     h2.org.start_all().await.unwrap();
+    let reply = h2.reply().await;
+    assert_eq!(reply.kind, ReplyKind::Failure, "{reply:?}");
+    assert!(reply.content.contains("model calls"), "{}", reply.content);
     h2.wait_quiet().await;
-    let after = ledger.get(&request).await.unwrap().unwrap();
-    assert!(
-        after.settled.model_calls <= 3,
-        "spent past its limit after the restart: {:?}",
-        after.settled
+    assert_eq!(
+        llm2.calls.load(Ordering::SeqCst),
+        2,
+        "after the restart only the 2 calls left were made"
     );
+    let after = ledger.get(&request).await.unwrap().unwrap();
+    assert_eq!(after.settled.model_calls, 3, "{:?}", after.settled);
+    assert!(after.reserved.is_empty(), "{:?}", after.reserved);
+    let more = h2.replies_now();
+    assert!(more.is_empty(), "told more than once: {more:?}");
 }
