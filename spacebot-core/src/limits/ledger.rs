@@ -47,6 +47,16 @@ pub struct LedgerEntry {
 }
 
 impl LedgerEntry {
+    /// Records that `over` refused a call; what the refused turn fails with.
+    fn refuse(&mut self, over: super::Over) -> LimitReached {
+        let reached = LimitReached {
+            over,
+            spent: self.settled,
+        };
+        self.reached = Some(reached.clone());
+        reached
+    }
+
     /// Settled spend plus open reservations.
     pub fn committed(&self) -> Spend {
         self.reserved
@@ -209,12 +219,7 @@ impl RequestLedger {
                     tool_calls: 0,
                 };
                 if let Err(over) = limits.check(&e.settled.plus(&call(1)), elapsed) {
-                    let reached = LimitReached {
-                        over,
-                        spent: e.settled,
-                    };
-                    e.reached = Some(reached.clone());
-                    return Err(Refusal::Reached(reached));
+                    return Err(Refusal::Reached(e.refuse(over)));
                 }
                 if let Err(over) = limits.check(&committed.plus(&call(1)), elapsed) {
                     return Err(Refusal::Busy(over));
@@ -280,14 +285,7 @@ impl RequestLedger {
                         e.settled = e.settled.plus(&spent);
                         Ok::<Option<()>, LimitReached>(None)
                     }
-                    Err(over) => {
-                        let reached = LimitReached {
-                            over,
-                            spent: e.settled,
-                        };
-                        e.reached = Some(reached.clone());
-                        Err(reached)
-                    }
+                    Err(over) => Err(e.refuse(over)),
                 }
             })
             .await?;
@@ -390,6 +388,66 @@ mod tests {
             assert!(entry.reserved.is_empty());
             assert!(entry.reached.is_some());
             assert_eq!(entry.committed(), entry.settled);
+        });
+    }
+
+    #[test]
+    fn tool_calls_are_charged_all_or_none_against_their_limit() {
+        futures::executor::block_on(async {
+            let l = ledger();
+            let r = EnvelopeId::new("req-4");
+            let limits = Limits {
+                tool_calls: Some(3),
+                ..Limits::NONE
+            };
+            l.charge(&r, Spend::tool_calls(2), &limits, Timestamp(1))
+                .await
+                .unwrap()
+                .unwrap();
+            let refused = l
+                .charge(&r, Spend::tool_calls(2), &limits, Timestamp(2))
+                .await
+                .unwrap()
+                .unwrap_err();
+            assert_eq!(
+                (refused.over.limit, refused.over.value),
+                (Limit::ToolCalls, 4)
+            );
+            assert_eq!(refused.spent.tool_calls, 2);
+            let entry = l.get(&r).await.unwrap().unwrap();
+            assert_eq!(entry.settled.tool_calls, 2, "a refused charge adds nothing");
+            assert_eq!(entry.reached, Some(refused));
+        });
+    }
+
+    #[test]
+    #[allow(clippy::panic)]
+    fn wall_time_counts_from_the_requests_first_write() {
+        futures::executor::block_on(async {
+            let l = ledger();
+            let r = EnvelopeId::new("req-5");
+            let limits = Limits {
+                wall_time_ms: Some(1_000),
+                ..Limits::NONE
+            };
+            l.reserve(&r, "c1", 10, 10, &limits, Timestamp(5_000))
+                .await
+                .unwrap()
+                .unwrap();
+            l.settle(&r, "c1", tokens(10), Timestamp(5_500))
+                .await
+                .unwrap();
+            let late = l
+                .reserve(&r, "c2", 10, 10, &limits, Timestamp(6_001))
+                .await
+                .unwrap();
+            let Err(Refusal::Reached(reached)) = late else {
+                panic!("past the wall time: {late:?}")
+            };
+            assert_eq!(
+                (reached.over.limit, reached.over.value),
+                (Limit::WallTime, 1_001)
+            );
         });
     }
 
