@@ -341,7 +341,7 @@ id = "other"
         .build()
         .await;
     h.org.start_all().await.unwrap();
-    let mut ask = async |h: &mut OrgHarness, agent: &str, n: u32| {
+    let ask = async |h: &mut OrgHarness, agent: &str, n: u32| {
         h.org
             .deliver(agent, InboundMessage::new("portal", format!("u{n}"), "hi"))
             .await
