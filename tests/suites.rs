@@ -396,4 +396,14 @@ on_every_backend!(governance #[tokio::test(flavor = "multi_thread", worker_threa
     a_fanned_out_request_spends_at_most_its_token_limit,
     without_limits_the_tree_runs_and_nothing_is_recorded,
     a_message_limit_holds_across_a_restart,
+    open_tasks_of_a_stopped_request_fail_at_once,
+    a_cost_limit_binds_with_the_price_table,
+    period_limits_roll_with_the_clock,
+    an_operator_raises_a_request_limit_and_resumes_it,
 );
+
+/// Governance as a property, in memory: random trees, parallel workers, steering, limits.
+#[test]
+fn governance_random_trees_never_overspend_and_always_end() {
+    scenarios::governance_props::random_trees_never_overspend_and_always_end();
+}

@@ -294,6 +294,13 @@ pub trait LlmProvider: Send + Sync + fmt::Debug {
             Ok(StreamEvent::Done(response))
         })))
     }
+
+    /// The model requests go to when they name none, if the provider knows it: what the price
+    /// table ([`Settings::prices`](crate::config::Settings::prices)) is looked up by. `None` by
+    /// default (the table's `default` entry applies).
+    fn model_name(&self) -> Option<String> {
+        None
+    }
 }
 
 /// A `dyn` provider.
@@ -309,5 +316,8 @@ impl<T: LlmProvider + ?Sized> LlmProvider for std::sync::Arc<T> {
         request: ChatRequest,
     ) -> Result<BoxStream<'static, Result<StreamEvent, LlmError>>, LlmError> {
         (**self).stream(request).await
+    }
+    fn model_name(&self) -> Option<String> {
+        (**self).model_name()
     }
 }

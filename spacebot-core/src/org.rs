@@ -294,6 +294,16 @@ impl Organization {
         agent: &str,
         message: InboundMessage,
     ) -> Result<EnvelopeId, DeliveryError> {
+        self.deliver_as(agent, message, None).await
+    }
+
+    /// [`deliver`](Self::deliver), as part of request `cause` when given.
+    pub(crate) async fn deliver_as(
+        &self,
+        agent: &str,
+        message: InboundMessage,
+        cause: Option<EnvelopeId>,
+    ) -> Result<EnvelopeId, DeliveryError> {
         let agent = self.resolve(agent)?;
         let channel = message.channel.clone().unwrap_or_else(|| {
             ChannelId::new(format!("{}:{}", message.platform, message.reply_target))
@@ -312,9 +322,12 @@ impl Organization {
         envelope.metadata = message.metadata;
         // Namespaced: an application's key never meets the runtime's own (notices, replies).
         envelope.idempotency_key = message.idempotency_key.map(|k| format!("inbound:{k}"));
+        if let Some(cause) = cause {
+            envelope = envelope.with_cause(cause);
+        }
         let id = envelope.id.clone();
         if let Some(limits) = message.limits.filter(|l| !l.is_none()) {
-            self.inner.bind_limits(&id, limits).await?;
+            self.inner.bind_limits(envelope.cause(), limits).await?;
         }
         self.inner.enqueue(&agent, envelope, false).await?;
         Ok(id)

@@ -168,7 +168,10 @@ impl OrganizationBuilder {
             .or_else(default_clock)
             .ok_or(OrgError::Missing("a clock"))?;
         let config = self.config;
-        let limited = !config.settings.limits.is_none();
+        let limited = !config.settings.limits.is_none()
+            || config.settings.agent_limits.is_some()
+            || config.settings.org_limits.is_some()
+            || config.agents.iter().any(|a| a.limits.is_some());
         config.validate()?;
         for agent in self.agent_outbounds.keys().chain(self.executors.keys()) {
             if !config.agents.iter().any(|a| &a.id == agent) {

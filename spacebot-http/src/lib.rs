@@ -241,6 +241,14 @@ impl Api {
             .route("/api/agents/{agent}/start", post(api::start_agent))
             .route("/api/agents/{agent}/stop", post(api::stop_agent))
             .route("/api/agents/{agent}/links", get(api::agent_links))
+            .route("/api/agents/{agent}/spend", get(api::agent_spend))
+            .route("/api/spend", get(api::org_spend))
+            .route("/api/requests/{request}/spend", get(api::request_spend))
+            .route(
+                "/api/requests/{request}/limits",
+                axum::routing::put(api::set_request_limits),
+            )
+            .route("/api/requests/{request}/resume", post(api::resume_request))
             .route("/api/agents/{agent}/messages", post(api::post_message))
             .route("/api/agents/{agent}/delegate", post(api::delegate))
             .route("/api/agents/{agent}/tasks", get(api::list_tasks))

@@ -3,6 +3,9 @@
 //! These are the wire format, kept stable on purpose; they are built from the core types and do not
 //! change when a core type gains a field.
 
+pub use crate::api::{
+    LimitsBody, PeriodSpendView, ReachedView, RequestSpendView, ResumeBody, SpendView,
+};
 use serde::{Deserialize, Serialize};
 use spacebot_core::channel::ChannelRecord;
 use spacebot_core::conversation::Conversation;
@@ -465,7 +468,7 @@ pub struct ConversationQuery {
 }
 
 /// A message to an agent from the web chat.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ChatMessageBody {
     /// The text (not empty).
@@ -478,6 +481,10 @@ pub struct ChatMessageBody {
     /// response) is answered once.
     #[serde(default)]
     pub idempotency_key: Option<String>,
+    /// Limits on what this request may spend (with the organization's `[settings.limits]`, the
+    /// tighter binds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<LimitsBody>,
 }
 
 /// A message was queued (or persisted for a stopped agent).

@@ -370,6 +370,10 @@ fn transport_error(error: reqwest::Error, limit: Duration) -> LlmError {
 
 #[async_trait]
 impl LlmProvider for OpenAiProvider {
+    fn model_name(&self) -> Option<String> {
+        Some(self.inner.config.model.clone())
+    }
+
     async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, LlmError> {
         if self.inner.config.stream_completions && self.may_stream(&request) {
             return self.complete_streamed(request).await;

@@ -8,10 +8,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use async_trait::async_trait;
 use serde_json::json;
 use spacebot::event::EventKind;
-use spacebot::limits::{Limit, Limits, RequestLedger, estimate_input};
+use spacebot::limits::{Limit, Limits, Period, RequestLedger, Scope, estimate_input};
 use spacebot::llm::{ChatResponse, Usage};
 use spacebot::testing::{OrgHarness, last_user_text, tool_call};
-use spacebot::{AgentId, ChatRequest, InboundMessage, LlmError, LlmProvider, ReplyKind, Stores};
+use spacebot::{
+    AgentId, ChatRequest, InboundMessage, LlmError, LlmProvider, ReplyKind, Stores, TaskStatus,
+};
 
 /// A chief, a lead under it, three workers under the lead.
 const TREE: &str = r#"
@@ -238,4 +240,207 @@ pub async fn a_message_limit_holds_across_a_restart(stores: Stores) {
     assert!(after.reserved.is_empty(), "{:?}", after.reserved);
     let more = h2.replies_now();
     assert!(more.is_empty(), "told more than once: {more:?}");
+}
+
+/// Under a limit of 3 model calls the chief delegates (1), the lead fans out (2), one worker
+/// answers (3): the two other workers' turns are refused and their tasks fail at once, on their
+/// first attempt (another would be refused the same way), as do the lead's and every task of
+/// the request; nothing is left open, nothing loops, the user is told once.
+pub async fn open_tasks_of_a_stopped_request_fail_at_once(stores: Stores) {
+    let llm = Arc::new(Tree::default());
+    let mut h = OrgHarness::builder(limited("model_calls = 3"))
+        .stores(stores.clone())
+        .llm(llm.clone())
+        .build()
+        .await;
+    h.org.start_all().await.unwrap();
+    h.org
+        .deliver("chief", InboundMessage::new("portal", "u1", "launch plan"))
+        .await
+        .unwrap();
+    let reply = h.reply().await;
+    assert_eq!(reply.kind, ReplyKind::Failure, "{reply:?}");
+    assert!(reply.content.contains("model calls"), "{}", reply.content);
+    h.wait_quiet().await;
+    assert_eq!(llm.calls.load(Ordering::SeqCst), 3);
+    let mut failed = 0;
+    for agent in ["lead", "w1", "w2", "w3"] {
+        for task in h.board(agent).await {
+            assert!(task.status.is_terminal(), "{agent}: {task:?}");
+            if task.status == TaskStatus::Failed {
+                failed += 1;
+                assert_eq!(task.attempts, 1, "not retried: {task:?}");
+                let error = task.error.clone().unwrap_or_default();
+                assert!(error.contains("model calls"), "{error}");
+            }
+        }
+    }
+    // Two workers' tasks and the lead's.
+    assert_eq!(failed, 3);
+    assert!(h.replies_now().is_empty(), "told more than once");
+}
+
+/// A price table gives each call a cost (1 millionth per input token, 2 per output token, so
+/// the sum is exact), and a cost limit binds: the request spends at most 0.004.
+pub async fn a_cost_limit_binds_with_the_price_table(stores: Stores) {
+    let llm = Arc::new(Tree::default());
+    let config = format!(
+        "[settings.limits]\ncost = 0.004\n[settings.prices.default]\ninput_per_million = 1.0\noutput_per_million = 2.0\n{TREE}"
+    );
+    let mut h = OrgHarness::builder(config)
+        .stores(stores.clone())
+        .llm(llm.clone())
+        .build()
+        .await;
+    h.org.start_all().await.unwrap();
+    let request = h
+        .org
+        .deliver("chief", InboundMessage::new("portal", "u1", "launch plan"))
+        .await
+        .unwrap();
+    let reply = h.reply().await;
+    assert_eq!(reply.kind, ReplyKind::Failure, "{reply:?}");
+    assert!(reply.content.contains("cost"), "{}", reply.content);
+    h.wait_quiet().await;
+    let entry = h.org.request_spend(&request).await.unwrap().unwrap();
+    let s = entry.settled;
+    assert_eq!(s.total_tokens, llm.reported.load(Ordering::SeqCst));
+    assert_eq!(s.cost.0, s.input_tokens + 2 * s.output_tokens, "{s:?}");
+    assert!(s.cost.0 <= 4_000 && s.model_calls >= 1, "{s:?}");
+}
+
+/// Every agent may make 2 model calls an hour, the organization 3 a day, on a manual clock:
+/// solo's third call in the hour is refused (the user told why), an hour later it may call
+/// again, and the organization's third call of the day is its last.
+pub async fn period_limits_roll_with_the_clock(stores: Stores) {
+    let config = r#"
+[settings.agent_limits]
+period = "hour"
+model_calls = 2
+[settings.org_limits]
+period = "day"
+model_calls = 3
+[[agents]]
+id = "solo"
+[[agents]]
+id = "other"
+"#;
+    let llm = Arc::new(spacebot::testing::FnLlm::new(|_| {
+        let mut r = ChatResponse::text("ok");
+        r.usage = Some(Usage {
+            prompt_tokens: 10,
+            completion_tokens: 2,
+            total_tokens: 12,
+        });
+        Ok(r)
+    }));
+    let mut h = OrgHarness::builder(config)
+        .stores(stores.clone())
+        .llm(llm)
+        .manual_clock(spacebot::ManualClock::new(1_000_000))
+        .build()
+        .await;
+    h.org.start_all().await.unwrap();
+    let ask = async |h: &mut OrgHarness, agent: &str, n: u32| {
+        h.org
+            .deliver(agent, InboundMessage::new("portal", format!("u{n}"), "hi"))
+            .await
+            .unwrap();
+        h.reply().await
+    };
+    assert_eq!(ask(&mut h, "solo", 1).await.kind, ReplyKind::Answer);
+    assert_eq!(ask(&mut h, "solo", 2).await.kind, ReplyKind::Answer);
+    let refused = ask(&mut h, "solo", 3).await;
+    assert_eq!(refused.kind, ReplyKind::Failure);
+    assert!(
+        refused.content.contains("agent solo (last hour)")
+            && refused.content.contains("model calls"),
+        "{}",
+        refused.content
+    );
+    let solo = Scope::Agent {
+        agent: AgentId::parse("solo").unwrap(),
+        period: Period::Hour,
+    };
+    assert_eq!(h.org.period_spend(&solo).await.unwrap().model_calls, 2);
+    h.manual_clock()
+        .advance(std::time::Duration::from_secs(61 * 60));
+    assert_eq!(h.org.period_spend(&solo).await.unwrap().model_calls, 0);
+    // The hour rolled: solo may call again, the organization's third of the day.
+    assert_eq!(ask(&mut h, "solo", 4).await.kind, ReplyKind::Answer);
+    let day = Scope::Organization {
+        period: Period::Day,
+    };
+    let spent = h.org.period_spend(&day).await.unwrap();
+    assert_eq!((spent.model_calls, spent.total_tokens), (3, 36));
+    let org_refused = ask(&mut h, "other", 5).await;
+    assert_eq!(org_refused.kind, ReplyKind::Failure);
+    assert!(
+        org_refused.content.contains("the organization (last day)"),
+        "{}",
+        org_refused.content
+    );
+}
+
+/// A request stopped at its limit of one model call (the chief delegated; nothing else ran) is
+/// raised by an operator and resumed: the chief is told to go on, the tree runs to its answer,
+/// and the request's spend counts both runs.
+pub async fn an_operator_raises_a_request_limit_and_resumes_it(stores: Stores) {
+    let llm = Arc::new(Tree::default());
+    let mut h = OrgHarness::builder(TREE)
+        .stores(stores.clone())
+        .llm(llm.clone())
+        .build()
+        .await;
+    h.org.start_all().await.unwrap();
+    let one = Limits {
+        model_calls: Some(1),
+        ..Limits::NONE
+    };
+    let request = h
+        .org
+        .deliver(
+            "chief",
+            InboundMessage::new("portal", "u1", "launch plan").with_limits(one),
+        )
+        .await
+        .unwrap();
+    let reply = h.reply().await;
+    assert_eq!(reply.kind, ReplyKind::Failure, "{reply:?}");
+    h.wait_quiet().await;
+    assert_eq!(llm.calls.load(Ordering::SeqCst), 1);
+    let stopped = h.org.request_spend(&request).await.unwrap().unwrap();
+    assert!(stopped.reached.is_some());
+
+    let raised = Limits {
+        model_calls: Some(20),
+        ..Limits::NONE
+    };
+    h.org.set_request_limits(&request, raised).await.unwrap();
+    h.org
+        .resume_request(
+            "chief",
+            &request,
+            InboundMessage::new("portal", "u1", "the limit was raised: go on"),
+        )
+        .await
+        .unwrap();
+    let reply = h.reply().await;
+    assert_eq!(reply.kind, ReplyKind::Answer, "{reply:?}");
+    assert_eq!(reply.content, "The launch plan is ready.");
+    h.wait_quiet().await;
+    let entry = h.org.request_spend(&request).await.unwrap().unwrap();
+    assert_eq!(entry.settled.model_calls, 8, "{:?}", entry.settled);
+    assert_eq!(entry.settled.model_calls, llm.calls.load(Ordering::SeqCst));
+    assert!(entry.reached.is_none());
+    // An unknown request cannot be resumed.
+    let unknown = h
+        .org
+        .resume_request(
+            "chief",
+            &spacebot::EnvelopeId::new("no-such-request"),
+            InboundMessage::new("portal", "u1", "go on"),
+        )
+        .await;
+    assert!(unknown.is_err());
 }

@@ -7,5 +7,6 @@ pub mod delegation_adversarial;
 pub mod delegation_policies;
 pub mod delegation_roundtrip;
 pub mod governance;
+pub mod governance_props;
 pub mod junctions;
 pub mod support;

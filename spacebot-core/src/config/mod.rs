@@ -82,6 +82,10 @@ pub struct AgentConfig {
     /// The directory holding the agent's identity files, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workspace: Option<PathBuf>,
+    /// This agent's limits over a rolling period (`limits = { period = "day", total_tokens =
+    /// 50000 }`), besides [`Settings::agent_limits`]: see [`crate::limits`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<crate::limits::PeriodLimits>,
 }
 
 /// One `[[links]]` entry.
@@ -160,6 +164,18 @@ pub struct Settings {
     /// [`crate::limits`].
     #[serde(skip_serializing_if = "crate::limits::Limits::is_none")]
     pub limits: crate::limits::Limits,
+    /// Limits of every agent over a rolling period (`[settings.agent_limits]`, with `period =
+    /// "hour"` or `"day"`; none by default).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent_limits: Option<crate::limits::PeriodLimits>,
+    /// Limits of the whole organization over a rolling period (`[settings.org_limits]`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub org_limits: Option<crate::limits::PeriodLimits>,
+    /// What each model's tokens cost (`[settings.prices."model"]` with `input_per_million` and
+    /// `output_per_million`; `default` prices every model without its own entry): spend gets a
+    /// cost, and `cost` limits bind. Looked up by [`LlmProvider::model_name`](crate::llm::LlmProvider::model_name).
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub prices: std::collections::BTreeMap<String, crate::limits::Price>,
 }
 
 impl Default for Settings {
@@ -173,6 +189,9 @@ impl Default for Settings {
             task_concurrency: 1,
             max_tool_calls_per_response: 32,
             limits: crate::limits::Limits::NONE,
+            agent_limits: None,
+            org_limits: None,
+            prices: std::collections::BTreeMap::new(),
         }
     }
 }
@@ -184,7 +203,7 @@ impl OrgConfig {
     /// ```
     /// use spacebot_core::config::{AgentConfig, OrgConfig};
     /// use spacebot_core::AgentId;
-    /// let agent = AgentConfig { id: AgentId::parse("a").unwrap(), name: "A".into(), workspace: None };
+    /// let agent = AgentConfig { id: AgentId::parse("a").unwrap(), name: "A".into(), workspace: None, limits: None };
     /// let config = OrgConfig { agents: vec![agent.clone(), agent], ..Default::default() };
     /// let err = config.validate().unwrap_err();
     /// assert!(err.to_string().contains("agents[1] (a): field \"id\": duplicate agent id"));

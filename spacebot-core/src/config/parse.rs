@@ -117,6 +117,104 @@ impl<'a> Entry<'a> {
     }
 }
 
+impl Entry<'_> {
+    /// An optional amount of money (`0.25`, or a whole number): `Ok(None)` when absent.
+    fn opt_money(&mut self, field: &str) -> Result<Option<crate::limits::Money>, ()> {
+        let units = match self.table.get(field) {
+            None => return Ok(None),
+            Some(toml::Value::Float(x)) => *x,
+            Some(toml::Value::Integer(n)) => *n as f64,
+            Some(other) => {
+                let problem = format!("expected an amount such as 0.25, found {}", describe(other));
+                self.issue(Some(field), problem);
+                return Err(());
+            }
+        };
+        match crate::limits::Money::from_units(units) {
+            Some(m) => Ok(Some(m)),
+            None => {
+                self.issue(
+                    Some(field),
+                    format!("expected an amount of 0 or more, found {units}"),
+                );
+                Err(())
+            }
+        }
+    }
+
+    /// The measures of a limits table (`[settings.limits]`, a period's limits); a period's
+    /// table also has `period` ("hour" or "day") and no wall time.
+    fn limits(&mut self, period: bool) -> (crate::limits::Limits, Option<crate::limits::Period>) {
+        let mut fields = vec![
+            "input_tokens",
+            "output_tokens",
+            "total_tokens",
+            "model_calls",
+            "tool_calls",
+            "cost",
+        ];
+        fields.push(if period { "period" } else { "wall_time_ms" });
+        self.unknown_fields(&fields);
+        let big = u64::MAX >> 1;
+        let mut limits = crate::limits::Limits::NONE;
+        for (field, slot) in [
+            ("input_tokens", &mut limits.input_tokens),
+            ("output_tokens", &mut limits.output_tokens),
+            ("total_tokens", &mut limits.total_tokens),
+            ("model_calls", &mut limits.model_calls),
+            ("tool_calls", &mut limits.tool_calls),
+            ("wall_time_ms", &mut limits.wall_time_ms),
+        ] {
+            if (!period || field != "wall_time_ms")
+                && let Ok(Some(n)) = self.opt_count(field, big)
+            {
+                *slot = Some(n);
+            }
+        }
+        if let Ok(Some(cost)) = self.opt_money("cost") {
+            limits.cost = Some(cost);
+        }
+        let mut which = None;
+        if period {
+            match self.opt_str("period") {
+                Some("hour") => which = Some(crate::limits::Period::Hour),
+                Some("day") => which = Some(crate::limits::Period::Day),
+                Some(other) => {
+                    self.issue(
+                        Some("period"),
+                        format!("expected \"hour\" or \"day\", found {other:?}"),
+                    );
+                }
+                None if !self.table.contains_key("period") => {
+                    self.issue(Some("period"), "missing (\"hour\" or \"day\")");
+                }
+                None => {}
+            }
+        }
+        (limits, which)
+    }
+
+    /// An optional period limits table `field` of this entry.
+    fn opt_period_limits(&mut self, field: &str) -> Option<crate::limits::PeriodLimits> {
+        match self.table.get(field)? {
+            toml::Value::Table(t) => {
+                let mut l = Entry {
+                    name: format!("{}.{field}", self.name),
+                    table: t,
+                    issues: &mut *self.issues,
+                };
+                let (limits, period) = l.limits(true);
+                period.map(|period| crate::limits::PeriodLimits { period, limits })
+            }
+            other => {
+                let problem = format!("expected a table, found {}", describe(other));
+                self.issue(Some(field), problem);
+                None
+            }
+        }
+    }
+}
+
 fn describe(value: &toml::Value) -> String {
     match value {
         toml::Value::String(s) => format!("string {s:?}"),
@@ -262,12 +360,15 @@ impl OrgConfig {
                 table,
                 issues,
             };
-            e.unknown_fields(&["id", "name", "workspace"]);
+            e.unknown_fields(&["id", "name", "workspace", "limits"]);
             let id = e.agent_id("id");
             let name = e.opt_str("name").map(str::to_owned);
             let name_bad = e.table.contains_key("name") && name.is_none();
             let workspace = e.opt_str("workspace").map(PathBuf::from);
             let workspace_bad = e.table.contains_key("workspace") && workspace.is_none();
+            let issues_before = e.issues.len();
+            let limits = e.opt_period_limits("limits");
+            let limits_bad = e.issues.len() > issues_before;
             if let Some(id) = &id {
                 if let Some(first) = first_seen.get(id) {
                     e.issue(
@@ -280,10 +381,11 @@ impl OrgConfig {
                 first_seen.insert(id.clone(), i);
             }
             out.push(match id {
-                Some(id) if !name_bad && !workspace_bad => Some(AgentConfig {
+                Some(id) if !name_bad && !workspace_bad && !limits_bad => Some(AgentConfig {
                     name: name.unwrap_or_else(|| id.to_string()),
                     id,
                     workspace,
+                    limits,
                 }),
                 _ => None,
             });
@@ -405,6 +507,9 @@ impl OrgConfig {
             "task_concurrency",
             "max_tool_calls_per_response",
             "limits",
+            "agent_limits",
+            "org_limits",
+            "prices",
         ]);
         if let Ok(Some(approval)) = e.opt_enum::<ApprovalPolicy>("approval") {
             settings.approval = approval;
@@ -436,34 +541,56 @@ impl OrgConfig {
                     table: limits,
                     issues: &mut *e.issues,
                 };
-                l.unknown_fields(&[
-                    "input_tokens",
-                    "output_tokens",
-                    "total_tokens",
-                    "model_calls",
-                    "tool_calls",
-                    "wall_time_ms",
-                ]);
-                let big = u64::MAX >> 1;
-                let limits = &mut settings.limits;
-                for (field, slot) in [
-                    ("input_tokens", &mut limits.input_tokens),
-                    ("output_tokens", &mut limits.output_tokens),
-                    ("total_tokens", &mut limits.total_tokens),
-                    ("model_calls", &mut limits.model_calls),
-                    ("tool_calls", &mut limits.tool_calls),
-                    ("wall_time_ms", &mut limits.wall_time_ms),
-                ] {
-                    if let Ok(Some(n)) = l.opt_count(field, big) {
-                        *slot = Some(n);
-                    }
-                }
+                settings.limits = l.limits(false).0;
             }
             Some(other) => e.issues.push(ConfigIssue {
                 entry: "settings".to_owned(),
                 field: Some("limits".to_owned()),
                 problem: format!(
                     "expected a table ([settings.limits]), found {}",
+                    describe(other)
+                ),
+            }),
+        }
+        settings.agent_limits = e.opt_period_limits("agent_limits");
+        settings.org_limits = e.opt_period_limits("org_limits");
+        match e.table.get("prices") {
+            None => {}
+            Some(toml::Value::Table(prices)) => {
+                for (model, price) in prices {
+                    let name = format!("settings.prices.{model}");
+                    let toml::Value::Table(price) = price else {
+                        e.issues.push(ConfigIssue {
+                            entry: name,
+                            field: None,
+                            problem: format!("expected a table, found {}", describe(price)),
+                        });
+                        continue;
+                    };
+                    let mut p = Entry {
+                        name,
+                        table: price,
+                        issues: &mut *e.issues,
+                    };
+                    p.unknown_fields(&["input_per_million", "output_per_million"]);
+                    let input = p.opt_money("input_per_million");
+                    let output = p.opt_money("output_per_million");
+                    if let (Ok(input), Ok(output)) = (input, output) {
+                        settings.prices.insert(
+                            model.clone(),
+                            crate::limits::Price {
+                                input_per_million: input.unwrap_or_default(),
+                                output_per_million: output.unwrap_or_default(),
+                            },
+                        );
+                    }
+                }
+            }
+            Some(other) => e.issues.push(ConfigIssue {
+                entry: "settings".to_owned(),
+                field: Some("prices".to_owned()),
+                problem: format!(
+                    "expected a table ([settings.prices.\"model\"]), found {}",
                     describe(other)
                 ),
             }),

@@ -203,7 +203,7 @@ impl Behaviour for Delegation {
         ctx: &BehaviourContext,
         agent: &AgentWorker,
         work: &TaskWork,
-        outcome: &Result<TurnOutcome, String>,
+        outcome: &Result<TurnOutcome, crate::runtime::WorkFailure>,
         usage: crate::llm::Usage,
     ) {
         if !usage.is_zero() {
@@ -226,7 +226,10 @@ impl Behaviour for Delegation {
         let result = match outcome {
             Ok(TurnOutcome::Answer(text)) => Ok(TaskOutcome::Done(text.clone())),
             Ok(TurnOutcome::Ended(_)) => Ok(TaskOutcome::Waiting),
-            Err(e) => Err(TaskError::Retry(e.clone())),
+            // A request that reached its limit fails its open tasks now: another attempt would
+            // be refused the same way.
+            Err(e) if e.permanent => Err(TaskError::GiveUp(e.reason.clone())),
+            Err(e) => Err(TaskError::Retry(e.reason.clone())),
         };
         worker::finish_task(ctx, agent, work.number, &work.holder, result).await;
     }

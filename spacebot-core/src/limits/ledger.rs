@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::{LimitReached, Limits, Spend};
+use super::{CallEstimate, Fit, LimitReached, Limits, Scope, Spend};
 use crate::error::StoreError;
 use crate::ids::EnvelopeId;
 use crate::records::{Expect, RecordStore, RecordWrite, WriteOutcome};
@@ -52,6 +52,7 @@ impl LedgerEntry {
         let reached = LimitReached {
             over,
             spent: self.settled,
+            scope: Scope::Request,
         };
         self.reached = Some(reached.clone());
         reached
@@ -183,23 +184,22 @@ impl RequestLedger {
         .map(|_| ())
     }
 
-    /// Reserves a model call `key` of `request` whose prompt is estimated at `input` tokens and
-    /// which may answer up to `max_output` tokens, under `defaults` tightened by the request's own
-    /// limits. The output reserved is what fits: at most `max_output`, at most what the output and
-    /// total limits leave; the caller caps the call's `max_tokens` to it. Written only when the
-    /// settled spend, every open reservation and this one stay within every limit; answers the
-    /// reservation.
+    /// Reserves a model call `key` of `request` (its worst case, `call`) under `defaults`
+    /// tightened by the request's own limits. The output reserved is what fits: at most
+    /// `call.max_output`, at most what the output, total and cost limits leave; the caller caps
+    /// the call's `max_tokens` to it. Written only when the settled spend, every open reservation
+    /// and this one stay within every limit; answers the reservation.
     ///
     /// # Errors
     /// `Ok(Err(Refusal::Reached))` when not even one output token fits against the settled spend
-    /// (it is recorded on the request); `Ok(Err(Refusal::Busy))` when it would fit but for the
-    /// request's other open reservations (try again once they settle); `Err` as the store.
+    /// (it is recorded on the request), or the request reached a limit before (it stays stopped
+    /// until [`set_limits`](Self::set_limits)); `Ok(Err(Refusal::Busy))` when it would fit but
+    /// for the request's other open reservations (try again once they settle); `Err` as the store.
     pub async fn reserve(
         &self,
         request: &EnvelopeId,
         key: &str,
-        input: u64,
-        max_output: u64,
+        call: &CallEstimate,
         defaults: &Limits,
         now: Timestamp,
     ) -> Result<Result<Spend, Refusal>, StoreError> {
@@ -208,38 +208,42 @@ impl RequestLedger {
                 if let Some(existing) = e.reserved.get(key) {
                     return Ok(Some(*existing));
                 }
+                // A request that reached a limit stays stopped (its open work fails, nothing
+                // loops) until an operator changes its limits.
+                if let Some(reached) = &e.reached {
+                    return Err(Refusal::Reached(reached.clone()));
+                }
                 let limits = defaults.tighter(&e.limits);
                 let elapsed = u64::try_from(now.0.saturating_sub(e.started_at.0)).unwrap_or(0);
-                let committed = e.committed();
-                let call = |output: u64| Spend {
-                    input_tokens: input,
-                    output_tokens: output,
-                    total_tokens: input.saturating_add(output),
-                    model_calls: 1,
-                    tool_calls: 0,
-                };
-                if let Err(over) = limits.check(&e.settled.plus(&call(1)), elapsed) {
-                    return Err(Refusal::Reached(e.refuse(over)));
+                match call.fit(&limits, &e.settled, &e.committed(), elapsed) {
+                    Ok(reserved) => {
+                        e.reserved.insert(key.to_string(), reserved);
+                        Ok(Some(reserved))
+                    }
+                    Err(Fit::Reached(over)) => Err(Refusal::Reached(e.refuse(over))),
+                    Err(Fit::Busy(over)) => Err(Refusal::Busy(over)),
                 }
-                if let Err(over) = limits.check(&committed.plus(&call(1)), elapsed) {
-                    return Err(Refusal::Busy(over));
-                }
-                let mut output = max_output.max(1);
-                if let Some(max) = limits.output_tokens {
-                    output = output.min(max.saturating_sub(committed.output_tokens));
-                }
-                if let Some(max) = limits.total_tokens {
-                    output = output.min(
-                        max.saturating_sub(committed.total_tokens)
-                            .saturating_sub(input),
-                    );
-                }
-                let reserved = call(output.max(1));
-                e.reserved.insert(key.to_string(), reserved);
-                Ok(Some(reserved))
             })
             .await?;
         Ok(outcome.map(|granted| granted.unwrap_or_default()))
+    }
+
+    /// Releases the reservation `key` without charging it (the call was not made).
+    ///
+    /// # Errors
+    /// As the store.
+    pub async fn release(
+        &self,
+        request: &EnvelopeId,
+        key: &str,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        self.update(request, now, |e| {
+            e.reserved.remove(key);
+            Ok::<Option<()>, ()>(None)
+        })
+        .await
+        .map(|_| ())
     }
 
     /// Settles the call `key`: its reservation is replaced by what it spent. A call with no open
@@ -278,6 +282,9 @@ impl RequestLedger {
     ) -> Result<Result<(), LimitReached>, StoreError> {
         let outcome = self
             .update(request, now, |e| {
+                if let Some(reached) = &e.reached {
+                    return Err(reached.clone());
+                }
                 let limits = defaults.tighter(&e.limits);
                 let elapsed = u64::try_from(now.0.saturating_sub(e.started_at.0)).unwrap_or(0);
                 match limits.check(&e.committed().plus(&spent), elapsed) {
@@ -327,6 +334,14 @@ mod tests {
         RequestLedger::new(Stores::memory().records.clone())
     }
 
+    fn est(input: u64, max_output: u64) -> CallEstimate {
+        CallEstimate {
+            input,
+            max_output,
+            price: None,
+        }
+    }
+
     fn tokens(n: u64) -> Spend {
         Spend {
             input_tokens: n,
@@ -348,20 +363,20 @@ mod tests {
             };
             let t = Timestamp(10);
             let first = l
-                .reserve(&r, "c1", 50, 10, &limits, t)
+                .reserve(&r, "c1", &est(50, 10), &limits, t)
                 .await
                 .unwrap()
                 .unwrap();
             assert_eq!(first.total_tokens, 60);
             // The output reserved is what the limit leaves: 100 - 60 - 30 = 10.
             let second = l
-                .reserve(&r, "c2", 30, 500, &limits, t)
+                .reserve(&r, "c2", &est(30, 500), &limits, t)
                 .await
                 .unwrap()
                 .unwrap();
             assert_eq!((second.output_tokens, second.total_tokens), (10, 40));
             // Not even one output token fits with both open.
-            let refused = l.reserve(&r, "c3", 1, 10, &limits, t).await.unwrap();
+            let refused = l.reserve(&r, "c3", &est(1, 10), &limits, t).await.unwrap();
             let Err(Refusal::Busy(over)) = refused else {
                 panic!("busy while two reservations hold the room: {refused:?}")
             };
@@ -369,13 +384,13 @@ mod tests {
             // Settled for less, the room comes back.
             l.settle(&r, "c1", tokens(30), t).await.unwrap();
             l.settle(&r, "c2", tokens(20), t).await.unwrap();
-            l.reserve(&r, "c3", 20, 10, &limits, t)
+            l.reserve(&r, "c3", &est(20, 10), &limits, t)
                 .await
                 .unwrap()
                 .unwrap();
             l.settle(&r, "c3", tokens(30), t).await.unwrap();
             // 80 settled: a call of 30 input tokens cannot fit even alone.
-            let refused = l.reserve(&r, "c4", 30, 10, &limits, t).await.unwrap();
+            let refused = l.reserve(&r, "c4", &est(30, 10), &limits, t).await.unwrap();
             let Err(Refusal::Reached(reached)) = refused else {
                 panic!("reached: {refused:?}")
             };
@@ -430,7 +445,7 @@ mod tests {
                 wall_time_ms: Some(1_000),
                 ..Limits::NONE
             };
-            l.reserve(&r, "c1", 10, 10, &limits, Timestamp(5_000))
+            l.reserve(&r, "c1", &est(10, 10), &limits, Timestamp(5_000))
                 .await
                 .unwrap()
                 .unwrap();
@@ -438,7 +453,7 @@ mod tests {
                 .await
                 .unwrap();
             let late = l
-                .reserve(&r, "c2", 10, 10, &limits, Timestamp(6_001))
+                .reserve(&r, "c2", &est(10, 10), &limits, Timestamp(6_001))
                 .await
                 .unwrap();
             let Err(Refusal::Reached(reached)) = late else {
@@ -475,7 +490,7 @@ mod tests {
             let attempts = (0..10).map(|i| {
                 let (l, r) = (l.clone(), r.clone());
                 async move {
-                    l.reserve(&r, &format!("c{i}"), 20, 10, &limits, Timestamp(1))
+                    l.reserve(&r, &format!("c{i}"), &est(20, 10), &limits, Timestamp(1))
                         .await
                         .unwrap()
                         .is_ok()

@@ -35,6 +35,7 @@
 //! ```
 
 mod ledger;
+mod period;
 
 use std::fmt;
 
@@ -43,6 +44,7 @@ use serde::{Deserialize, Serialize};
 use crate::llm::ChatMessage;
 
 pub use ledger::{LedgerEntry, NAMESPACE, Refusal, RequestLedger};
+pub use period::{PERIOD_NAMESPACE, PeriodEntry, PeriodLedger};
 
 /// Limits on what one request may spend; `None` is no limit on that measure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -58,8 +60,12 @@ pub struct Limits {
     pub model_calls: Option<u64>,
     /// Tool calls.
     pub tool_calls: Option<u64>,
-    /// Milliseconds from the request's first turn to the start of a model call.
+    /// Milliseconds from the request's first turn to the start of a model call (requests only:
+    /// a period limit has no wall time).
     pub wall_time_ms: Option<u64>,
+    /// Cost, priced by [`Settings::prices`](crate::config::Settings::prices) (`cost = 0.50` in
+    /// config: units of the price table's currency).
+    pub cost: Option<Money>,
 }
 
 impl Limits {
@@ -71,6 +77,7 @@ impl Limits {
         model_calls: None,
         tool_calls: None,
         wall_time_ms: None,
+        cost: None,
     };
 
     /// Whether no measure is limited.
@@ -93,6 +100,10 @@ impl Limits {
             model_calls: min(self.model_calls, other.model_calls),
             tool_calls: min(self.tool_calls, other.tool_calls),
             wall_time_ms: min(self.wall_time_ms, other.wall_time_ms),
+            cost: match (self.cost, other.cost) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            },
         }
     }
 
@@ -108,6 +119,7 @@ impl Limits {
             (Limit::ModelCalls, self.model_calls, spend.model_calls),
             (Limit::ToolCalls, self.tool_calls, spend.tool_calls),
             (Limit::WallTime, self.wall_time_ms, elapsed_ms),
+            (Limit::Cost, self.cost.map(|c| c.0), spend.cost.0),
         ];
         for (limit, max, value) in measures {
             if let Some(max) = max
@@ -134,6 +146,8 @@ pub struct Spend {
     pub model_calls: u64,
     /// Tool calls.
     pub tool_calls: u64,
+    /// Cost of the model calls, priced by the price table (zero without one).
+    pub cost: Money,
 }
 
 impl Spend {
@@ -145,7 +159,16 @@ impl Spend {
             total_tokens: self.total_tokens.saturating_add(other.total_tokens),
             model_calls: self.model_calls.saturating_add(other.model_calls),
             tool_calls: self.tool_calls.saturating_add(other.tool_calls),
+            cost: Money(self.cost.0.saturating_add(other.cost.0)),
         }
+    }
+
+    /// This spend with its tokens priced by `price` (no price: no cost).
+    pub fn priced(mut self, price: Option<&Price>) -> Spend {
+        self.cost = price.map_or(Money::ZERO, |p| {
+            p.cost(self.input_tokens, self.output_tokens)
+        });
+        self
     }
 
     /// One model call that reported `usage`.
@@ -158,6 +181,7 @@ impl Spend {
             total_tokens: u64::from(usage.total_tokens).max(input + output),
             model_calls: 1,
             tool_calls: 0,
+            cost: Money::ZERO,
         }
     }
 
@@ -180,7 +204,11 @@ impl fmt::Display for Spend {
             self.output_tokens,
             self.model_calls,
             self.tool_calls
-        )
+        )?;
+        if self.cost != Money::ZERO {
+            write!(f, ", cost {}", self.cost)?;
+        }
+        Ok(())
     }
 }
 
@@ -201,6 +229,8 @@ pub enum Limit {
     ToolCalls,
     /// [`Limits::wall_time_ms`].
     WallTime,
+    /// [`Limits::cost`] (in millionths of the currency unit).
+    Cost,
 }
 
 impl fmt::Display for Limit {
@@ -212,6 +242,7 @@ impl fmt::Display for Limit {
             Limit::ModelCalls => "model calls",
             Limit::ToolCalls => "tool calls",
             Limit::WallTime => "wall time (ms)",
+            Limit::Cost => "cost (millionths)",
         })
     }
 }
@@ -228,14 +259,246 @@ pub struct Over {
     pub value: u64,
 }
 
-/// A request reached a limit: what a refused turn fails with.
+/// A limit refused a call: what a refused turn fails with.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
-#[error("the request reached its limit on {} (limit {}); it spent {spent}", over.limit, over.max)]
+#[error("{scope} reached its limit on {} (limit {}); it spent {spent}", over.limit, over.max)]
 pub struct LimitReached {
     /// The limit and what the refused call would have reached.
     pub over: Over,
-    /// What the request had spent (settled) when it was refused.
+    /// What the scope had spent (settled) when it was refused.
     pub spent: Spend,
+    /// Whose limit: the request's own, or a period's.
+    #[serde(default)]
+    pub scope: Scope,
+}
+
+/// Whose limit a [`LimitReached`] is.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+#[non_exhaustive]
+pub enum Scope {
+    /// The request's ([`Settings::limits`](crate::config::Settings::limits), the message's own).
+    #[default]
+    Request,
+    /// One agent's, over a rolling period.
+    Agent {
+        /// The agent.
+        agent: crate::ids::AgentId,
+        /// The period.
+        period: Period,
+    },
+    /// The organization's, over a rolling period.
+    Organization {
+        /// The period.
+        period: Period,
+    },
+}
+
+impl fmt::Display for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Scope::Request => f.write_str("the request"),
+            Scope::Agent { agent, period } => write!(f, "agent {agent} ({period})"),
+            Scope::Organization { period } => write!(f, "the organization ({period})"),
+        }
+    }
+}
+
+/// An amount of money in millionths of the price table's currency unit; written in config and
+/// JSON as a decimal number of units (`0.25`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Money(pub u64);
+
+impl Money {
+    /// Nothing.
+    pub const ZERO: Money = Money(0);
+
+    /// `units` of the currency (`0.25`), to the millionth; `None` for a negative or non-finite
+    /// amount, or one past 2^53 millionths.
+    pub fn from_units(units: f64) -> Option<Money> {
+        let micros = (units * 1e6).round();
+        (units.is_finite() && units >= 0.0 && micros <= 9_007_199_254_740_992.0)
+            .then_some(Money(micros as u64))
+    }
+
+    /// This amount in units of the currency.
+    pub fn units(self) -> f64 {
+        self.0 as f64 / 1e6
+    }
+}
+
+impl fmt::Display for Money {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{:06}", self.0 / 1_000_000, self.0 % 1_000_000)
+    }
+}
+
+impl Serialize for Money {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(self.units())
+    }
+}
+
+impl<'de> Deserialize<'de> for Money {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let units = f64::deserialize(d)?;
+        Money::from_units(units).ok_or_else(|| {
+            serde::de::Error::custom(format!(
+                "{units} is not an amount (a number of units, 0 or more)"
+            ))
+        })
+    }
+}
+
+/// What a model's tokens cost (`[settings.prices."model-name"]`, or `default` for every model
+/// without its own entry).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Price {
+    /// Per million prompt (input) tokens.
+    pub input_per_million: Money,
+    /// Per million completion (output) tokens.
+    pub output_per_million: Money,
+}
+
+impl Price {
+    /// What `input` and `output` tokens cost, rounded up to the millionth.
+    pub fn cost(&self, input: u64, output: u64) -> Money {
+        let micros = u128::from(input) * u128::from(self.input_per_million.0)
+            + u128::from(output) * u128::from(self.output_per_million.0);
+        Money(u64::try_from(micros.div_ceil(1_000_000)).unwrap_or(u64::MAX))
+    }
+}
+
+/// The rolling period of an agent's or the organization's limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Period {
+    /// The last 60 minutes (counted in one-minute buckets).
+    Hour,
+    /// The last 24 hours (counted in fifteen-minute buckets).
+    Day,
+}
+
+impl Period {
+    /// The period's length, in milliseconds.
+    pub fn millis(self) -> i64 {
+        match self {
+            Period::Hour => 3_600_000,
+            Period::Day => 86_400_000,
+        }
+    }
+
+    /// The length of one bucket, in milliseconds: spend is counted per bucket and a bucket leaves
+    /// the window whole.
+    pub fn bucket_millis(self) -> i64 {
+        match self {
+            Period::Hour => 60_000,
+            Period::Day => 900_000,
+        }
+    }
+}
+
+impl fmt::Display for Period {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Period::Hour => "last hour",
+            Period::Day => "last day",
+        })
+    }
+}
+
+/// Limits over a rolling period: an agent's (`[settings.agent_limits]` for every agent,
+/// `[[agents]] limits` for one) or the organization's (`[settings.org_limits]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeriodLimits {
+    /// The period.
+    pub period: Period,
+    /// The limits (no wall time).
+    #[serde(flatten)]
+    pub limits: Limits,
+}
+
+/// What one model call may spend at most, reserved before it is made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CallEstimate {
+    /// The prompt's tokens, estimated ([`estimate_input`]).
+    pub input: u64,
+    /// The most the model may answer.
+    pub max_output: u64,
+    /// The model's price, if the price table has one.
+    pub price: Option<Price>,
+}
+
+impl CallEstimate {
+    /// The spend of this call answering `output` tokens.
+    pub fn spend(&self, output: u64) -> Spend {
+        Spend {
+            input_tokens: self.input,
+            output_tokens: output,
+            total_tokens: self.input.saturating_add(output),
+            model_calls: 1,
+            tool_calls: 0,
+            cost: Money::ZERO,
+        }
+        .priced(self.price.as_ref())
+    }
+
+    /// The most this call may answer under `limits` against `committed` (settled plus reserved):
+    /// at most `max_output`, at least 1.
+    pub fn fit_output(&self, limits: &Limits, committed: &Spend) -> u64 {
+        let mut output = self.max_output.max(1);
+        if let Some(max) = limits.output_tokens {
+            output = output.min(max.saturating_sub(committed.output_tokens));
+        }
+        if let Some(max) = limits.total_tokens {
+            output = output.min(
+                max.saturating_sub(committed.total_tokens)
+                    .saturating_sub(self.input),
+            );
+        }
+        if let (Some(max), Some(price)) = (limits.cost, self.price)
+            && price.output_per_million.0 > 0
+        {
+            let left = max
+                .0
+                .saturating_sub(committed.cost.0)
+                .saturating_sub(price.cost(self.input, 0).0);
+            // The most tokens whose cost (rounded up) stays within what is left.
+            let fits = u128::from(left) * 1_000_000 / u128::from(price.output_per_million.0);
+            output = output.min(u64::try_from(fits).unwrap_or(u64::MAX));
+        }
+        output.max(1)
+    }
+
+    /// Checks this call against `limits`: `Err(Refusal::Reached)` when even its smallest form (one
+    /// output token) passes a limit against `settled`, `Err(Refusal::Busy)` when it would fit
+    /// but for `committed`'s open reservations; otherwise the spend to reserve.
+    pub fn fit(
+        &self,
+        limits: &Limits,
+        settled: &Spend,
+        committed: &Spend,
+        elapsed_ms: u64,
+    ) -> Result<Spend, Fit> {
+        limits
+            .check(&settled.plus(&self.spend(1)), elapsed_ms)
+            .map_err(Fit::Reached)?;
+        limits
+            .check(&committed.plus(&self.spend(1)), elapsed_ms)
+            .map_err(Fit::Busy)?;
+        Ok(self.spend(self.fit_output(limits, committed)))
+    }
+}
+
+/// Why a call does not fit ([`CallEstimate::fit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fit {
+    /// Not even alone: the limit is reached.
+    Reached(Over),
+    /// Not with the open reservations.
+    Busy(Over),
 }
 
 /// The most a model call may answer when its request sets no `max_tokens` of its own and no

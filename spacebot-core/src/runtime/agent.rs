@@ -326,9 +326,9 @@ pub(crate) async fn run_task(
                 turn_log.record(system_record(&e.channel, text.clone(), org));
             }
             tell_failure(org, agent, &failure).await;
-            Err(reason)
+            Err(WorkFailure::of(&failure.error))
         }
-        Err(_) => Err("the turn was cancelled".to_string()),
+        Err(_) => Err(WorkFailure::transient("the turn was cancelled")),
     };
     // The outcome is recorded first: a crash between the two runs the (finished) task envelope
     // again, which then finds its claim over and only lets it go.

@@ -545,13 +545,14 @@ pub trait Behaviour: Send + Sync + fmt::Debug {
     }
 
     /// Called when a turn running this behaviour's claimed `work` ended: its outcome, or why it
-    /// failed, and the tokens its model calls spent.
+    /// failed (a [`permanent`](crate::runtime::WorkFailure::permanent) failure, such as a request
+    /// that reached its limit, should not be retried), and the tokens its model calls spent.
     async fn work_ended(
         &self,
         _ctx: &BehaviourContext,
         _agent: &AgentWorker,
         _work: &TaskWork,
-        _outcome: &Result<TurnOutcome, String>,
+        _outcome: &Result<TurnOutcome, crate::runtime::WorkFailure>,
         _usage: crate::llm::Usage,
     ) {
     }

@@ -3,12 +3,15 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::error::StoreError;
+use crate::error::{InvalidInput, StoreError};
 use crate::event::EventKind;
 use crate::ids::{AgentId, ChannelId, EnvelopeId};
+use crate::org::OrgError;
 use futures::channel::oneshot;
 
-use crate::limits::{LimitReached, Refusal, RequestLedger, Spend};
+use crate::limits::{
+    CallEstimate, LimitReached, Limits, PeriodLedger, Price, Refusal, RequestLedger, Scope, Spend,
+};
 use crate::records::{Expect, RecordWrite};
 use crate::runtime::host::{Host, lock};
 
@@ -49,15 +52,20 @@ impl Host {
         request: &EnvelopeId,
         limits: crate::limits::Limits,
     ) -> Result<(), StoreError> {
-        let now = self.clock.now();
+        self.use_limits().await?;
+        self.ledger().bind(request, limits, self.clock.now()).await
+    }
+
+    /// Turns on the limit checks of every turn, durably (a marker record read at build).
+    pub(crate) async fn use_limits(&self) -> Result<(), StoreError> {
         if !self.limits_in_use() {
             let marker = RecordWrite::new(MARKER.0, MARKER.1, serde_json::json!(true), "limits")
                 .expect(Expect::Absent)
-                .at(now);
+                .at(self.clock.now());
             self.stores.records.write(marker).await?;
             self.limits_in_use.store(true, Ordering::Release);
         }
-        self.ledger().bind(request, limits, now).await
+        Ok(())
     }
 
     /// Says a request reached a limit.
@@ -80,22 +88,66 @@ impl Host {
         self.emit(event);
     }
 
-    /// Reserves a model call of `request` under key `key` (see [`RequestLedger::reserve`]);
-    /// `Ok(Ok(None))` when no limit applies (nothing to settle).
+    /// The period scopes binding `agent`'s calls, each with its limits (the agent's own and
+    /// every agent's, tightened when they share a period, and the organization's).
+    pub(crate) fn period_scopes(&self, agent: &AgentId) -> Vec<(Scope, Limits)> {
+        let mut scopes: Vec<(Scope, Limits)> = Vec::new();
+        let own = self
+            .config
+            .agents
+            .iter()
+            .find(|a| &a.id == agent)
+            .and_then(|a| a.limits);
+        for p in [self.settings.agent_limits, own].into_iter().flatten() {
+            let scope = Scope::Agent {
+                agent: agent.clone(),
+                period: p.period,
+            };
+            match scopes.iter_mut().find(|(s, _)| s == &scope) {
+                Some((_, limits)) => *limits = limits.tighter(&p.limits),
+                None => scopes.push((scope, p.limits)),
+            }
+        }
+        if let Some(p) = self.settings.org_limits {
+            scopes.push((Scope::Organization { period: p.period }, p.limits));
+        }
+        scopes
+    }
+
+    /// The price of the provider's model in the price table (its own entry, else `default`).
+    pub(crate) fn price(&self) -> Option<Price> {
+        let prices = &self.settings.prices;
+        if prices.is_empty() {
+            return None;
+        }
+        self.llm
+            .model_name()
+            .and_then(|m| prices.get(&m).copied())
+            .or_else(|| prices.get("default").copied())
+    }
+
+    /// Reserves a model call `key` of `agent` for `request` in every scope that binds it (the
+    /// request, the agent's periods, the organization's; see [`RequestLedger::reserve`]):
+    /// `Ok(Ok(None))` when no limit applies (nothing to settle), else the spend reserved (the
+    /// least output any scope leaves).
     ///
-    /// A call that would fit but for the request's other open reservations waits for them to
-    /// settle (woken by a settlement in this process, or every [`BUSY_POLL`] of the clock for
-    /// one in another), at most [`BUSY_ROUNDS`] times, then is refused.
+    /// A call that would fit but for open reservations waits for them to settle (woken by a
+    /// settlement in this process, or every [`BUSY_POLL`] of the clock for one in another), at
+    /// most [`BUSY_ROUNDS`] times, then is refused. A scope that refuses releases what the others
+    /// reserved.
     pub(crate) async fn reserve_call(
         &self,
+        agent: &AgentId,
         request: &EnvelopeId,
         key: &str,
-        input: u64,
-        max_output: u64,
+        mut call: CallEstimate,
     ) -> Result<Result<Option<Spend>, LimitReached>, StoreError> {
         if !self.limits_in_use() {
             return Ok(Ok(None));
         }
+        call.price = self.price();
+        let scopes = self.period_scopes(agent);
+        let periods = PeriodLedger::new(self.stores.records.clone());
         let mut rounds = 0;
         loop {
             let settled = {
@@ -104,23 +156,57 @@ impl Host {
                 rx
             };
             let now = self.clock.now();
-            match self
+            let mut granted = call;
+            let mut held: Vec<&Scope> = Vec::new();
+            let mut refusal = match self
                 .ledger()
-                .reserve(request, key, input, max_output, &self.settings.limits, now)
+                .reserve(request, key, &granted, &self.settings.limits, now)
                 .await?
             {
-                Ok(granted) => return Ok(Ok(Some(granted))),
-                Err(Refusal::Reached(reached)) => return Ok(Err(reached)),
-                Err(Refusal::Busy(over)) if rounds >= BUSY_ROUNDS => {
+                Ok(spend) => {
+                    granted.max_output = spend.output_tokens;
+                    None
+                }
+                Err(refusal) => Some(refusal),
+            };
+            if refusal.is_none() {
+                for (scope, limits) in &scopes {
+                    match periods.reserve(scope, key, &granted, limits, now).await? {
+                        Ok(spend) => {
+                            granted.max_output = spend.output_tokens;
+                            held.push(scope);
+                        }
+                        Err(r) => {
+                            refusal = Some(r);
+                            break;
+                        }
+                    }
+                }
+            }
+            let Some(refusal) = refusal else {
+                return Ok(Ok(Some(granted.spend(granted.max_output))));
+            };
+            // One scope refused: the others' reservations go.
+            for scope in held {
+                periods.release(scope, key, now).await?;
+            }
+            self.ledger().release(request, key, now).await?;
+            match refusal {
+                Refusal::Reached(reached) => return Ok(Err(reached)),
+                Refusal::Busy(over) if rounds >= BUSY_ROUNDS => {
                     let spent = self
                         .ledger()
                         .get(request)
                         .await?
                         .map(|e| e.settled)
                         .unwrap_or_default();
-                    return Ok(Err(LimitReached { over, spent }));
+                    return Ok(Err(LimitReached {
+                        over,
+                        spent,
+                        scope: Scope::Request,
+                    }));
                 }
-                Err(Refusal::Busy(_)) => {
+                Refusal::Busy(_) => {
                     rounds += 1;
                     let poll = self.clock.sleep(BUSY_POLL);
                     futures::future::select(settled, poll).await;
@@ -129,40 +215,58 @@ impl Host {
         }
     }
 
-    /// Settles a reserved model call with what it spent.
+    /// Settles a reserved model call of `agent` with what it spent (priced), in every scope.
     pub(crate) async fn settle_call(
         &self,
+        agent: &AgentId,
         request: &EnvelopeId,
         key: &str,
         spent: Spend,
     ) -> Result<(), StoreError> {
-        let settled = self
-            .ledger()
-            .settle(request, key, spent, self.clock.now())
-            .await;
+        let now = self.clock.now();
+        let spent = spent.priced(self.price().as_ref());
+        let mut settled = self.ledger().settle(request, key, spent, now).await;
+        let periods = PeriodLedger::new(self.stores.records.clone());
+        for (scope, _) in self.period_scopes(agent) {
+            let done = periods.settle(&scope, key, spent, now).await;
+            if settled.is_ok() {
+                settled = done;
+            }
+        }
         for waiter in std::mem::take(&mut *lock(&self.settle_waiters)) {
             let _ = waiter.send(());
         }
         settled
     }
 
-    /// Charges `n` tool calls to `request`.
+    /// Charges `n` tool calls of `agent` to `request` and to the agent's and organization's
+    /// periods: the request first, then each period (one that refuses leaves the earlier charges:
+    /// counted, never less than was run).
     pub(crate) async fn charge_tools(
         &self,
+        agent: &AgentId,
         request: &EnvelopeId,
         n: u64,
     ) -> Result<Result<(), LimitReached>, StoreError> {
-        if !self.limits_in_use() {
+        if !self.limits_in_use() || n == 0 {
             return Ok(Ok(()));
         }
-        self.ledger()
-            .charge(
-                request,
-                Spend::tool_calls(n),
-                &self.settings.limits,
-                self.clock.now(),
-            )
-            .await
+        let now = self.clock.now();
+        let spent = Spend::tool_calls(n);
+        if let Err(reached) = self
+            .ledger()
+            .charge(request, spent, &self.settings.limits, now)
+            .await?
+        {
+            return Ok(Err(reached));
+        }
+        let periods = PeriodLedger::new(self.stores.records.clone());
+        for (scope, limits) in self.period_scopes(agent) {
+            if let Err(reached) = periods.charge(&scope, spent, &limits, now).await? {
+                return Ok(Err(reached));
+            }
+        }
+        Ok(Ok(()))
     }
 
     /// Whether this failure is the one to tell the user about the request's limit (once per
@@ -172,5 +276,83 @@ impl Host {
             .tell_once(request, self.clock.now())
             .await
             .unwrap_or(true)
+    }
+}
+
+/// Spend and limits, for the application and operators (see [`crate::limits`]).
+impl crate::org::Organization {
+    /// What request `request` (the id [`deliver`](Self::deliver) answered) spent and holds
+    /// reserved, its limits, and whether it reached one; `None` when it spent nothing under
+    /// limits (spend is kept only while some limit is in use).
+    ///
+    /// # Errors
+    /// As the store.
+    pub async fn request_spend(
+        &self,
+        request: &EnvelopeId,
+    ) -> Result<Option<crate::limits::LedgerEntry>, OrgError> {
+        Ok(self.inner.ledger().get(request).await?)
+    }
+
+    /// What a period scope (an agent's or the organization's) spent in its period up to now,
+    /// reservations included; zero when nothing was spent in it.
+    ///
+    /// # Errors
+    /// [`OrgError::Invalid`] for [`Scope::Request`] (see [`request_spend`](Self::request_spend));
+    /// as the store.
+    pub async fn period_spend(&self, scope: &Scope) -> Result<Spend, OrgError> {
+        if matches!(scope, Scope::Request) {
+            return Err(OrgError::Invalid(InvalidInput::new(
+                "scope",
+                "a request's spend is read with request_spend",
+            )));
+        }
+        let periods = PeriodLedger::new(self.inner.stores.records.clone());
+        Ok(periods
+            .get(scope, self.inner.clock.now())
+            .await?
+            .map(|e| e.committed())
+            .unwrap_or_default())
+    }
+
+    /// Replaces a request's own limits (an operator raising or lowering them; they bind with
+    /// `[settings.limits]`, the tighter of the two). A request that reached a limit may spend
+    /// again, and its user is told again if it reaches one; resume its work with
+    /// [`resume_request`](Self::resume_request).
+    ///
+    /// # Errors
+    /// As the store.
+    pub async fn set_request_limits(
+        &self,
+        request: &EnvelopeId,
+        limits: Limits,
+    ) -> Result<(), OrgError> {
+        self.inner.use_limits().await?;
+        let now = self.inner.clock.now();
+        Ok(self.inner.ledger().set_limits(request, limits, now).await?)
+    }
+
+    /// Resumes a request that stopped at a limit (after
+    /// [`set_request_limits`](Self::set_request_limits)): delivers `message` to `agent` as part
+    /// of the request (its spend counts against the request's limits, its delegations belong to
+    /// the request's tree). The agent sees the request's history, the failures included, and
+    /// carries on from there.
+    ///
+    /// # Errors
+    /// [`DeliveryError::Invalid`](crate::DeliveryError::Invalid) when the request has no spend
+    /// on record; as [`deliver`](Self::deliver) otherwise.
+    pub async fn resume_request(
+        &self,
+        agent: &str,
+        request: &EnvelopeId,
+        message: crate::org::InboundMessage,
+    ) -> Result<EnvelopeId, crate::DeliveryError> {
+        if self.inner.ledger().get(request).await?.is_none() {
+            return Err(crate::DeliveryError::Invalid(InvalidInput::new(
+                "request",
+                format!("no request {request} with spend on record"),
+            )));
+        }
+        self.deliver_as(agent, message, Some(request.clone())).await
     }
 }

@@ -30,4 +30,4 @@ pub use outbound::{
 };
 pub use queue::{BoundedQueue, QueueError, Recv};
 pub use replies::Replies;
-pub use turn::{TurnError, TurnOutcome};
+pub use turn::{TurnError, TurnOutcome, WorkFailure};

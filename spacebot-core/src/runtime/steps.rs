@@ -183,13 +183,16 @@ impl<'a> Turn<'a> {
             return Ok(None);
         }
         let key = format!("{}:{}", self.me, uuid::Uuid::new_v4().simple());
-        let input = limits::estimate_input(request);
-        let max_output = request
-            .max_tokens
-            .map_or(limits::DEFAULT_MAX_OUTPUT, u64::from);
+        let call = limits::CallEstimate {
+            input: limits::estimate_input(request),
+            max_output: request
+                .max_tokens
+                .map_or(limits::DEFAULT_MAX_OUTPUT, u64::from),
+            price: None,
+        };
         match self
             .host
-            .reserve_call(&self.cause, &key, input, max_output)
+            .reserve_call(&self.me, &self.cause, &key, call)
             .await
         {
             Err(e) => Err(self.failure(e)),
@@ -233,7 +236,7 @@ impl<'a> Turn<'a> {
                     ..Spend::default()
                 },
             };
-            if let Err(e) = host.settle_call(&self.cause, &key, spent).await {
+            if let Err(e) = host.settle_call(me, &self.cause, &key, spent).await {
                 // The reservation stays counted: the request is charged its worst case.
                 tracing::warn!(agent = %me, "a model call's spend was not settled: {e}");
             }
@@ -350,7 +353,7 @@ impl<'a> Turn<'a> {
         self.messages.push(response.to_message());
         // The calls that will run count against the request's tool-call limit, all or none.
         let running = response.tool_calls.len().min(self.call_cap) as u64;
-        match self.host.charge_tools(&self.cause, running).await {
+        match self.host.charge_tools(&self.me, &self.cause, running).await {
             Err(e) => return Err(self.failure(e)),
             Ok(Err(reached)) => {
                 self.host

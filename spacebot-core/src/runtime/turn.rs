@@ -69,6 +69,44 @@ pub enum TurnOutcome {
     Ended(String),
 }
 
+/// Why a turn running claimed work failed, as its behaviour's
+/// [`work_ended`](crate::runtime::Behaviour::work_ended) sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WorkFailure {
+    /// The failure's text, fit to leave the runtime ([`TurnError::public_text`]).
+    pub reason: String,
+    /// Whether running the work again cannot help: the request reached a limit (see
+    /// [`crate::limits`]); the work should fail now rather than be retried.
+    pub permanent: bool,
+}
+
+impl WorkFailure {
+    /// A failure that another attempt may not repeat.
+    pub fn transient(reason: impl Into<String>) -> Self {
+        Self {
+            reason: reason.into(),
+            permanent: false,
+        }
+    }
+
+    /// A failure another attempt would repeat.
+    pub fn permanent(reason: impl Into<String>) -> Self {
+        Self {
+            reason: reason.into(),
+            permanent: true,
+        }
+    }
+
+    /// How a failed turn's error fails its work.
+    pub(crate) fn of(error: &TurnError) -> Self {
+        Self {
+            reason: error.public_text(),
+            permanent: matches!(error, TurnError::LimitReached(_)),
+        }
+    }
+}
+
 /// A turn may take this many times `max_tool_rounds` in all, steers included: each steer gives the
 /// steering message a fresh round budget, and this bounds a turn that producers keep steering.
 pub(crate) const STEER_ROUND_FACTOR: u32 = 4;

@@ -121,6 +121,9 @@ pub(crate) async fn post_message(
         }
         message = message.with_idempotency_key(key);
     }
+    if let Some(limits) = &body.limits {
+        message = message.with_limits(limits.to_limits("limits")?);
+    }
     let channel = format!("{}:{chat}", WebChat::PLATFORM);
     let envelope = st.org.deliver(id.as_str(), message).await?;
     Ok((

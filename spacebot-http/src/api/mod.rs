@@ -4,6 +4,7 @@
 mod agents;
 mod conversations;
 mod events;
+mod limits;
 mod links;
 mod tasks;
 
@@ -22,6 +23,10 @@ use crate::views::*;
 pub(crate) use agents::*;
 pub(crate) use conversations::*;
 pub(crate) use events::*;
+pub(crate) use limits::*;
+pub use limits::{
+    LimitsBody, PeriodSpendView, ReachedView, RequestSpendView, ResumeBody, SpendView,
+};
 pub(crate) use links::*;
 pub(crate) use tasks::*;
 
