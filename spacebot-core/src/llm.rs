@@ -284,6 +284,18 @@ pub trait LlmProvider: Send + Sync + fmt::Debug {
     /// One completion.
     async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, LlmError>;
 
+    /// The provider's name for telemetry (`gen_ai.provider.name`: `openai`, ...). Defaults to
+    /// `_OTHER`, as the OpenTelemetry conventions name a provider they do not know.
+    fn provider_name(&self) -> &str {
+        "_OTHER"
+    }
+
+    /// The model a request without [`ChatRequest::model`] gets, for telemetry
+    /// (`gen_ai.request.model`), when the provider knows it.
+    fn default_model(&self) -> Option<&str> {
+        None
+    }
+
     /// A streamed completion.
     async fn stream(
         &self,
@@ -303,6 +315,12 @@ pub type DynLlmProvider = dyn LlmProvider;
 impl<T: LlmProvider + ?Sized> LlmProvider for std::sync::Arc<T> {
     async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, LlmError> {
         (**self).complete(request).await
+    }
+    fn provider_name(&self) -> &str {
+        (**self).provider_name()
+    }
+    fn default_model(&self) -> Option<&str> {
+        (**self).default_model()
     }
     async fn stream(
         &self,

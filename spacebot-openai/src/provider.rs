@@ -370,6 +370,14 @@ fn transport_error(error: reqwest::Error, limit: Duration) -> LlmError {
 
 #[async_trait]
 impl LlmProvider for OpenAiProvider {
+    fn provider_name(&self) -> &str {
+        "openai"
+    }
+
+    fn default_model(&self) -> Option<&str> {
+        Some(&self.inner.config.model)
+    }
+
     async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, LlmError> {
         if self.inner.config.stream_completions && self.may_stream(&request) {
             return self.complete_streamed(request).await;
