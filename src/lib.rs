@@ -50,6 +50,7 @@
 //! | `http` | the HTTP API, event stream and dashboard, as `spacebot::http` (implies `tokio`; see `docs/http.md`) | no |
 //! | `notes` | shared notes (versioned, per-agent grants), as `spacebot::notes` (see `docs/notes.md`) | yes |
 //! | `testing` | the mock LLMs and a recording event sink, in `spacebot::testing` | no |
+//! | `otel` | OpenTelemetry export of the runtime's spans and metrics over OTLP/HTTP, configured from the `OTEL_*` variables, as `spacebot::otel` (see `docs/observability.md`) | no |
 //!
 //! See `docs/concepts.md` in the repository for agents, links, channels, tasks and conversations.
 
@@ -100,3 +101,7 @@ pub mod http {
 pub mod notes {
     pub use spacebot_notes::*;
 }
+
+#[cfg(feature = "otel")]
+#[cfg_attr(docsrs, doc(cfg(feature = "otel")))]
+pub mod otel;

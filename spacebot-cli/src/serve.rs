@@ -64,7 +64,26 @@ fn provider(config: &OrgConfig) -> Result<(Arc<dyn LlmProvider>, String), CliErr
     ))
 }
 
+/// Telemetry, when built with `otel` and an OTLP endpoint is configured (`OTEL_*` variables).
+#[cfg(feature = "otel")]
+fn telemetry() -> Result<Option<spacebot::otel::Otel>, CliError> {
+    let configured = [
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    ]
+    .iter()
+    .any(|name| std::env::var_os(name).is_some_and(|v| !v.is_empty()));
+    if !configured {
+        return Ok(None);
+    }
+    spacebot::otel::init()
+        .map(Some)
+        .map_err(|e| failed(format!("telemetry: {e}")))
+}
+
 pub(crate) async fn serve(args: ServeArgs) -> Result<(), CliError> {
+    #[cfg(feature = "otel")]
+    let otel = telemetry()?;
     let config = OrgConfig::load(&args.config)?;
     std::fs::create_dir_all(&args.data_dir)
         .map_err(|e| failed(format!("{}: {e}", args.data_dir.display())))?;
@@ -87,6 +106,11 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<(), CliError> {
         .await
         .map_err(|e| failed(e.to_string()))?;
     org.start_all().await.map_err(|e| failed(e.to_string()))?;
+    #[cfg(feature = "otel")]
+    if otel.is_some() {
+        tokio::spawn(spacebot::otel::observe(org.clone()));
+        say!("telemetry: OTLP/HTTP to the collector the OTEL_* variables name");
+    }
 
     let http = if args.insecure_no_auth {
         HttpConfig::insecure_no_auth()
@@ -134,6 +158,11 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<(), CliError> {
     let stopped = org.shutdown().await;
     served.map_err(|e| failed(format!("server error: {e}")))?;
     stopped.map_err(|e| failed(format!("shutdown: {e}")))?;
+    #[cfg(feature = "otel")]
+    if let Some(otel) = otel {
+        // Flushing blocks until the collector answered.
+        let _ = tokio::task::spawn_blocking(move || drop(otel)).await;
+    }
     say!("stopped");
     Ok(())
 }

@@ -111,6 +111,11 @@ pub struct Envelope {
     /// the whole exchange one cause started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cause: Option<EnvelopeId>,
+    /// The trace context (W3C `traceparent`) of the span that sent it, stored with it so the turn
+    /// answering it continues the request's trace, also after a restart or in another process.
+    /// Opaque to the runtime; set only when a trace hook is installed (see [`crate::telemetry`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_context: Option<String>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -182,6 +187,7 @@ impl Envelope {
             round: 0,
             conversation: None,
             cause: None,
+            trace_context: None,
         }
     }
 

@@ -78,6 +78,7 @@ pub mod records;
 pub mod runtime;
 pub mod stores;
 pub mod task;
+pub mod telemetry;
 pub mod text;
 pub mod time;
 pub mod tools;

@@ -284,6 +284,20 @@ pub trait LlmProvider: Send + Sync + fmt::Debug {
     /// One completion.
     async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, LlmError>;
 
+    /// The provider's name for telemetry (`gen_ai.provider.name`: `openai`, ...). Defaults to
+    /// `_OTHER`, as the OpenTelemetry conventions name a provider they do not know.
+    fn provider_name(&self) -> &str {
+        "_OTHER"
+    }
+
+    /// The model a request without [`ChatRequest::model`] gets, when the provider knows it: for
+    /// telemetry (`gen_ai.request.model`) and the price table
+    /// ([`Settings::prices`](crate::config::Settings::prices), whose `default` entry applies
+    /// otherwise).
+    fn default_model(&self) -> Option<&str> {
+        None
+    }
+
     /// A streamed completion.
     async fn stream(
         &self,
@@ -293,13 +307,6 @@ pub trait LlmProvider: Send + Sync + fmt::Debug {
         Ok(Box::pin(futures::stream::once(async move {
             Ok(StreamEvent::Done(response))
         })))
-    }
-
-    /// The model requests go to when they name none, if the provider knows it: what the price
-    /// table ([`Settings::prices`](crate::config::Settings::prices)) is looked up by. `None` by
-    /// default (the table's `default` entry applies).
-    fn model_name(&self) -> Option<String> {
-        None
     }
 }
 
@@ -311,13 +318,16 @@ impl<T: LlmProvider + ?Sized> LlmProvider for std::sync::Arc<T> {
     async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, LlmError> {
         (**self).complete(request).await
     }
+    fn provider_name(&self) -> &str {
+        (**self).provider_name()
+    }
+    fn default_model(&self) -> Option<&str> {
+        (**self).default_model()
+    }
     async fn stream(
         &self,
         request: ChatRequest,
     ) -> Result<BoxStream<'static, Result<StreamEvent, LlmError>>, LlmError> {
         (**self).stream(request).await
-    }
-    fn model_name(&self) -> Option<String> {
-        (**self).model_name()
     }
 }

@@ -370,8 +370,12 @@ fn transport_error(error: reqwest::Error, limit: Duration) -> LlmError {
 
 #[async_trait]
 impl LlmProvider for OpenAiProvider {
-    fn model_name(&self) -> Option<String> {
-        Some(self.inner.config.model.clone())
+    fn provider_name(&self) -> &str {
+        "openai"
+    }
+
+    fn default_model(&self) -> Option<&str> {
+        Some(&self.inner.config.model)
     }
 
     async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, LlmError> {

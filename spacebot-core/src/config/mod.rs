@@ -173,7 +173,7 @@ pub struct Settings {
     pub org_limits: Option<crate::limits::PeriodLimits>,
     /// What each model's tokens cost (`[settings.prices."model"]` with `input_per_million` and
     /// `output_per_million`; `default` prices every model without its own entry): spend gets a
-    /// cost, and `cost` limits bind. Looked up by [`LlmProvider::model_name`](crate::llm::LlmProvider::model_name).
+    /// cost, and `cost` limits bind. Looked up by [`LlmProvider::default_model`](crate::llm::LlmProvider::default_model).
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub prices: std::collections::BTreeMap<String, crate::limits::Price>,
 }

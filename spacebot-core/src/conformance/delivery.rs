@@ -289,6 +289,8 @@ pub async fn delivery_store_round_trip(store: &dyn DeliveryStore) -> Result<(), 
             round: i as u32,
             conversation: (i % 3 == 2).then(|| crate::ids::ConversationId::new(UNUSUAL_TEXT)),
             cause: (i % 2 == 0).then(|| EnvelopeId::new(format!("cause {UNUSUAL_TEXT}"))),
+            trace_context: (i % 2 == 1)
+                .then(|| "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".to_string()),
         };
         ok!(store.persist(&a, &e));
         expected.push(e);

@@ -1395,6 +1395,9 @@ pub async fn task_store_round_trip(store: &dyn TaskStore) -> Result<(), Conforma
                 total_tokens: 0,
             },
             recoveries: 7,
+            trace_context: Some(format!(
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01 {UNUSUAL_TEXT}"
+            )),
             extra,
         },
         max_attempts: u32::MAX,

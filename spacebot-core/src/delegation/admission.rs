@@ -15,6 +15,7 @@ use crate::runtime::behaviour::BehaviourContext;
 use crate::task::{
     Expect, NewTask, Priority, Task, TaskEvent, TaskMetadata, TaskStatus, truncate_chars,
 };
+use tracing::Instrument;
 
 /// Why a delegation was refused.
 #[derive(Debug, thiserror::Error)]
@@ -181,7 +182,14 @@ pub(crate) async fn delegate(
     let approval = policy::needs_approval(org.settings().approval, &graph, from, &target_id);
     let mut full_chain = chain;
     full_chain.push(from.clone());
+    let span = tracing::info_span!(
+        target: "spacebot::telemetry",
+        "spacebot.task.create",
+        spacebot.task = tracing::field::Empty,
+        spacebot.task.assignee = %target_id,
+    );
     let metadata = TaskMetadata {
+        trace_context: crate::telemetry::context_of(&span),
         delegated_by: Some(from.clone()),
         originating_channel: Some(origin.channel.clone()),
         link_id: Some(link.id.clone()),
@@ -212,7 +220,13 @@ pub(crate) async fn delegate(
         None => false,
     };
     // With a key, a second create returns the task made the first time.
-    let task = org.stores().tasks.create(&target_id, new, now).await?;
+    let task = org
+        .stores()
+        .tasks
+        .create(&target_id, new, now)
+        .instrument(span.clone())
+        .await?;
+    span.record("spacebot.task", tracing::field::display(task.task_ref()));
     if !already {
         // Told before anything else is awaited: the target's task loop may claim the task as soon
         // as it is stored, and its claim must not be told first.
@@ -268,7 +282,9 @@ pub(crate) async fn delegate(
         "{} assigned task #{} to {}: {}",
         from, task.number, target_id, task.title
     );
-    audit_pair(org, from, &target_id, &text, &task, applied_key).await?;
+    audit_pair(org, from, &target_id, &text, &task, applied_key)
+        .instrument(span)
+        .await?;
     org.ring(&target_id);
     Ok(task)
 }

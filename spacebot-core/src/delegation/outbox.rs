@@ -6,6 +6,7 @@
 //! records are keyed, and its retrigger carries the notice key as its idempotency key.
 
 use std::time::Duration;
+use tracing::Instrument;
 
 use super::RETRIGGER_RESULT_CHARS;
 use crate::channel::{NewRecord, RecordKind};
@@ -163,6 +164,40 @@ async fn mark_sent(org: &BehaviourContext, agent: &AgentId, key: &str) {
 /// delegator can take a retrigger up, so its answer never meets the notice still pending.
 /// `ended`: the task as it ended, when the caller has it.
 async fn deliver_notice(
+    org: &BehaviourContext,
+    agent: &AgentId,
+    notice: &CompletionNotice,
+    ended: Option<&Task>,
+) -> Result<(), String> {
+    let span = crate::telemetry::step("spacebot.notice.deliver", &notice.task, None);
+    span.record(
+        "spacebot.task.status",
+        tracing::field::display(notice.status),
+    );
+    if tracing::Span::current().is_none() && crate::telemetry::hook().is_some() {
+        // Flushed outside the worker's turn (at a start, after a restart): the notice continues
+        // the trace the task was created in.
+        let stored = match ended {
+            Some(task) if task.agent == notice.task.agent && task.number == notice.task.number => {
+                task.metadata.trace_context.clone()
+            }
+            _ => org
+                .stores()
+                .tasks
+                .get(&notice.task.agent, notice.task.number)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|t| t.metadata.trace_context),
+        };
+        crate::telemetry::continue_trace(&span, stored.as_deref());
+    }
+    deliver_notice_in_span(org, agent, notice, ended)
+        .instrument(span)
+        .await
+}
+
+async fn deliver_notice_in_span(
     org: &BehaviourContext,
     agent: &AgentId,
     notice: &CompletionNotice,

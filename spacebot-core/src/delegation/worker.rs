@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 use std::time::Duration;
+use tracing::Instrument;
 
 use super::executor::spawn_attempt;
 use super::outbox::{flush_outbox, report_transition, task_transition};
@@ -131,9 +132,20 @@ pub(super) async fn run_task_loop(
             event.parent = task.metadata.parent_task.clone();
             org.emit_event(event);
             agent.claim_started(task.number, &holder);
+            let span = crate::telemetry::step(
+                "spacebot.task.claim",
+                &task.task_ref(),
+                task.metadata.trace_context.as_deref(),
+            );
             match &executor {
-                None => Box::pin(dispatch_to_queue(&org, &agent, &task, &holder)).await,
-                Some(executor) => spawn_attempt(&org, &agent, executor, task, &holder),
+                None => {
+                    Box::pin(dispatch_to_queue(&org, &agent, &task, &holder))
+                        .instrument(span)
+                        .await
+                }
+                Some(executor) => {
+                    span.in_scope(|| spawn_attempt(&org, &agent, executor, task, &holder))
+                }
             }
         }
         drop(this_round);
@@ -287,13 +299,31 @@ pub(super) async fn record_outcome(
             error,
         },
     };
+    let span = crate::telemetry::step(
+        "spacebot.task.complete",
+        &crate::ids::TaskRef::new(me.clone(), number),
+        None,
+    );
+    record_transition(org, me, number, event)
+        .instrument(span)
+        .await;
+}
+
+/// [`record_outcome`]'s writes, tried again while the store fails.
+async fn record_transition(org: &BehaviourContext, me: &AgentId, number: u64, event: TaskEvent) {
     // A failed write is tried again (the result is kept meanwhile); a claim that is over (the
     // lease expired and the task moved on, or another holder claimed it) is refused for good and
     // is not retried.
     let mut attempt = 0u32;
     loop {
         match task_transition(org, me, number, event.clone()).await {
-            Ok(_) => return,
+            Ok(t) => {
+                tracing::Span::current().record(
+                    "spacebot.task.status",
+                    tracing::field::display(t.task.status),
+                );
+                return;
+            }
             Err(
                 e @ (StoreError::InvalidTransition(_)
                 | StoreError::NotFound { .. }

@@ -14,6 +14,7 @@ use crate::ids::{AgentId, ChannelId, ConversationId, EnvelopeId, LinkId};
 use crate::policy;
 use crate::prompts::ConversationRulesContext;
 use crate::runtime::behaviour::BehaviourContext;
+use tracing::Instrument;
 
 /// How many times a compare-and-swap is retried before giving up with the conflict.
 pub(super) const CAS_ATTEMPTS: usize = 16;
@@ -276,6 +277,13 @@ async fn deliver(
 ) -> usize {
     let mut delivered = 0;
     let now = org.clock().now();
+    let span = tracing::info_span!(
+        target: "spacebot::telemetry",
+        "spacebot.conversation.message",
+        gen_ai.conversation.id = %conversation.id,
+        spacebot.from = %from.agent,
+        spacebot.to = to.len(),
+    );
     for member in to {
         let mut envelope = Envelope::new(
             Source::Internal {
@@ -294,7 +302,11 @@ async fn deliver(
                 envelope.idempotency_key = Some(format!("{key}:to:{}", member.agent));
             }
         }
-        match org.enqueue(&member.agent, envelope).await {
+        match org
+            .enqueue(&member.agent, envelope)
+            .instrument(span.clone())
+            .await
+        {
             Ok(()) => {
                 delivered += 1;
                 emit(

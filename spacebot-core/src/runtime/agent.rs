@@ -12,6 +12,7 @@ use std::sync::{Arc, Weak};
 
 use async_trait::async_trait;
 use futures::future::{AbortHandle, Abortable};
+use tracing::Instrument;
 
 use crate::envelope::{Envelope, EnvelopeKind, Source};
 use crate::event::EventKind;
@@ -39,7 +40,18 @@ pub(crate) async fn run_loop(org: Arc<Host>, agent: Arc<AgentRuntime>) {
             break;
         };
         agent.busy.store(true, Ordering::Release);
-        Box::pin(process(&org, &agent, envelope)).await;
+        if envelope.kind.wakes_model() {
+            let span = crate::telemetry::invoke_agent(agent.id(), &agent.spec.name, &envelope);
+            let started = std::time::Instant::now();
+            Box::pin(process(&org, &agent, envelope))
+                .instrument(span)
+                .await;
+            if let Some(hook) = crate::telemetry::hook() {
+                hook.turn_ended(agent.id(), started.elapsed());
+            }
+        } else {
+            Box::pin(process(&org, &agent, envelope)).await;
+        }
         agent.busy.store(false, Ordering::Release);
         if agent.queue.is_empty() {
             org.emit(org.event(agent.id(), EventKind::AgentIdle));

@@ -121,8 +121,8 @@ impl Host {
             return None;
         }
         self.llm
-            .model_name()
-            .and_then(|m| prices.get(&m).copied())
+            .default_model()
+            .and_then(|m| prices.get(m).copied())
             .or_else(|| prices.get("default").copied())
     }
 

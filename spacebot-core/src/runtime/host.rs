@@ -419,6 +419,12 @@ impl Host {
         overflow_to_store: bool,
         mut kept: Option<futures::future::BoxFuture<'_, ()>>,
     ) -> Result<(), DeliveryError> {
+        let mut envelope = envelope;
+        if envelope.trace_context.is_none() {
+            // Sent from within a span (a turn, a claim, a notice, the application's request):
+            // the turn answering it continues that trace.
+            envelope.trace_context = crate::telemetry::current_context();
+        }
         let durable = self.stores_every_delivery();
         match self.slot(agent) {
             Some(Slot::Running(rt)) => {

@@ -22,6 +22,7 @@ use crate::runtime::turn::{
     stream_model, tool_called,
 };
 use crate::tools::{ToolCapability, ToolContext};
+use tracing::Instrument;
 
 /// What the loop does after a step.
 pub(crate) enum Step {
@@ -222,10 +223,22 @@ impl<'a> Turn<'a> {
             .frames
             .last()
             .filter(|f| agent.spec.outbound.wants_deltas() && answers_outbound(host, me, f));
+        let (provider, model) = (host.llm.provider_name(), request.model.clone());
+        let model = model
+            .as_deref()
+            .or(host.llm.default_model())
+            .unwrap_or("unknown");
+        let span = crate::telemetry::chat(provider, model, &request);
+        let started = std::time::Instant::now();
         let response = match streams_to {
-            Some(frame) => stream_model(host, agent, request, frame).await,
-            None => host.llm.complete(request).await,
+            Some(frame) => {
+                stream_model(host, agent, request, frame)
+                    .instrument(span.clone())
+                    .await
+            }
+            None => host.llm.complete(request).instrument(span.clone()).await,
         };
+        crate::telemetry::chat_ended(&span, provider, model, &response, started.elapsed());
         if let Some((key, granted)) = reservation {
             // What the provider reported; the whole reservation when it reported nothing; one
             // call and no tokens when the call failed.
@@ -384,7 +397,8 @@ impl<'a> Turn<'a> {
                     false,
                 )
             } else {
-                match host.tools.call(&ctx, call).await {
+                let span = crate::telemetry::execute_tool(call);
+                match host.tools.call(&ctx, call).instrument(span).await {
                     Ok(output) => {
                         if output.end_turn {
                             ended = Some(output.content.clone());
@@ -493,6 +507,7 @@ impl<'a> Turn<'a> {
         }
         remember_sources(agent, &steering);
         log.flush_records(host, me).await;
+        tracing::info_span!(target: "spacebot::telemetry", "spacebot.steer", spacebot.steer.merged = steering.len()).in_scope(|| {});
         let mut event = host.event(
             me,
             EventKind::Steered {

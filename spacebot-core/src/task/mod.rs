@@ -181,6 +181,10 @@ pub struct TaskMetadata {
     /// ([`TaskEvent::Recover`]); not failed attempts.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub recoveries: u32,
+    /// The trace context (W3C `traceparent`) of the span that created the task: its claim, its
+    /// turn and its completion notice continue that trace (see [`crate::telemetry`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_context: Option<String>,
     /// Application data.
     #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
     pub extra: serde_json::Map<String, serde_json::Value>,
