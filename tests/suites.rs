@@ -397,3 +397,10 @@ on_every_backend!(governance #[tokio::test(flavor = "multi_thread", worker_threa
     without_limits_the_tree_runs_and_nothing_is_recorded,
     a_message_limit_holds_across_a_restart,
 );
+
+on_every_backend!(context:
+    a_small_window_is_never_overflowed,
+    compaction_keeps_tool_calls_with_their_results,
+    without_compaction_older_history_is_left_out,
+    a_summary_survives_a_restart,
+);

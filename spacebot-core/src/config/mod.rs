@@ -5,6 +5,7 @@
 //! id = "support"
 //! name = "Support Agent"          # optional, defaults to the id
 //! workspace = "agents/support"    # optional: where SOUL.md, IDENTITY.md, USER.md, ROLE.md live
+//! context_window = 16384          # optional: this agent's model's window in tokens
 //!
 //! [[agents]]
 //! id = "engineering"
@@ -22,6 +23,8 @@
 //! max_tool_rounds = 16
 //! queue_capacity = 256
 //! conversation_turn_budget = 20
+//! context_window = 8192           # tokens, for agents without their own (see `context`)
+//! compaction = true               # summarize history that no longer fits (default true)
 //! ```
 //!
 //! A top-level table (or array of tables) that is none of these, such as `[[notes]]`, is a
@@ -82,6 +85,10 @@ pub struct AgentConfig {
     /// The directory holding the agent's identity files, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workspace: Option<PathBuf>,
+    /// The context window of the agent's model in tokens (see [`crate::context`]); `None`: the
+    /// organization's `[settings] context_window`, else the provider's, else the default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_window: Option<u32>,
 }
 
 /// One `[[links]]` entry.
@@ -160,6 +167,13 @@ pub struct Settings {
     /// [`crate::limits`].
     #[serde(skip_serializing_if = "crate::limits::Limits::is_none")]
     pub limits: crate::limits::Limits,
+    /// The context window in tokens of agents without their own (`[[agents]] context_window`);
+    /// `None` (the default): what the provider reports, else
+    /// [`DEFAULT_CONTEXT_WINDOW`](crate::context::DEFAULT_CONTEXT_WINDOW). See [`crate::context`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub context_window: Option<u32>,
+    /// Whether history that no longer fits the window is summarized (default true) or left out.
+    pub compaction: bool,
 }
 
 impl Default for Settings {
@@ -173,6 +187,8 @@ impl Default for Settings {
             task_concurrency: 1,
             max_tool_calls_per_response: 32,
             limits: crate::limits::Limits::NONE,
+            context_window: None,
+            compaction: true,
         }
     }
 }
@@ -184,7 +200,7 @@ impl OrgConfig {
     /// ```
     /// use spacebot_core::config::{AgentConfig, OrgConfig};
     /// use spacebot_core::AgentId;
-    /// let agent = AgentConfig { id: AgentId::parse("a").unwrap(), name: "A".into(), workspace: None };
+    /// let agent = AgentConfig { id: AgentId::parse("a").unwrap(), name: "A".into(), workspace: None, context_window: None };
     /// let config = OrgConfig { agents: vec![agent.clone(), agent], ..Default::default() };
     /// let err = config.validate().unwrap_err();
     /// assert!(err.to_string().contains("agents[1] (a): field \"id\": duplicate agent id"));
