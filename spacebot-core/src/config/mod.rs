@@ -5,6 +5,7 @@
 //! id = "support"
 //! name = "Support Agent"          # optional, defaults to the id
 //! workspace = "agents/support"    # optional: where SOUL.md, IDENTITY.md, USER.md, ROLE.md live
+//! context_window = 16384          # optional: this agent's model's window in tokens
 //!
 //! [[agents]]
 //! id = "engineering"
@@ -22,6 +23,8 @@
 //! max_tool_rounds = 16
 //! queue_capacity = 256
 //! conversation_turn_budget = 20
+//! context_window = 8192           # tokens, for agents without their own (see `context`)
+//! compaction = true               # summarize history that no longer fits (default true)
 //! ```
 //!
 //! A top-level table (or array of tables) that is none of these, such as `[[notes]]`, is a
@@ -86,6 +89,10 @@ pub struct AgentConfig {
     /// 50000 }`), besides [`Settings::agent_limits`]: see [`crate::limits`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<crate::limits::PeriodLimits>,
+    /// The context window of the agent's model in tokens (see [`crate::context`]); `None`: the
+    /// organization's `[settings] context_window`, else the provider's, else the default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_window: Option<u32>,
 }
 
 /// One `[[links]]` entry.
@@ -176,6 +183,13 @@ pub struct Settings {
     /// cost, and `cost` limits bind. Looked up by [`LlmProvider::default_model`](crate::llm::LlmProvider::default_model).
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub prices: std::collections::BTreeMap<String, crate::limits::Price>,
+    /// The context window in tokens of agents without their own (`[[agents]] context_window`);
+    /// `None` (the default): what the provider reports, else
+    /// [`DEFAULT_CONTEXT_WINDOW`](crate::context::DEFAULT_CONTEXT_WINDOW). See [`crate::context`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub context_window: Option<u32>,
+    /// Whether history that no longer fits the window is summarized (default true) or left out.
+    pub compaction: bool,
 }
 
 impl Default for Settings {
@@ -192,6 +206,8 @@ impl Default for Settings {
             agent_limits: None,
             org_limits: None,
             prices: std::collections::BTreeMap::new(),
+            context_window: None,
+            compaction: true,
         }
     }
 }
@@ -203,7 +219,13 @@ impl OrgConfig {
     /// ```
     /// use spacebot_core::config::{AgentConfig, OrgConfig};
     /// use spacebot_core::AgentId;
-    /// let agent = AgentConfig { id: AgentId::parse("a").unwrap(), name: "A".into(), workspace: None, limits: None };
+    /// let agent = AgentConfig {
+    ///     id: AgentId::parse("a").unwrap(),
+    ///     name: "A".into(),
+    ///     workspace: None,
+    ///     limits: None,
+    ///     context_window: None,
+    /// };
     /// let config = OrgConfig { agents: vec![agent.clone(), agent], ..Default::default() };
     /// let err = config.validate().unwrap_err();
     /// assert!(err.to_string().contains("agents[1] (a): field \"id\": duplicate agent id"));

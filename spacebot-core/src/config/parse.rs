@@ -360,7 +360,7 @@ impl OrgConfig {
                 table,
                 issues,
             };
-            e.unknown_fields(&["id", "name", "workspace", "limits"]);
+            e.unknown_fields(&["id", "name", "workspace", "limits", "context_window"]);
             let id = e.agent_id("id");
             let name = e.opt_str("name").map(str::to_owned);
             let name_bad = e.table.contains_key("name") && name.is_none();
@@ -369,6 +369,7 @@ impl OrgConfig {
             let issues_before = e.issues.len();
             let limits = e.opt_period_limits("limits");
             let limits_bad = e.issues.len() > issues_before;
+            let window = e.opt_count("context_window", u64::from(u32::MAX));
             if let Some(id) = &id {
                 if let Some(first) = first_seen.get(id) {
                     e.issue(
@@ -380,13 +381,16 @@ impl OrgConfig {
                 }
                 first_seen.insert(id.clone(), i);
             }
-            out.push(match id {
-                Some(id) if !name_bad && !workspace_bad && !limits_bad => Some(AgentConfig {
-                    name: name.unwrap_or_else(|| id.to_string()),
-                    id,
-                    workspace,
-                    limits,
-                }),
+            out.push(match (id, window) {
+                (Some(id), Ok(window)) if !name_bad && !workspace_bad && !limits_bad => {
+                    Some(AgentConfig {
+                        name: name.unwrap_or_else(|| id.to_string()),
+                        id,
+                        workspace,
+                        limits,
+                        context_window: window.and_then(|n| u32::try_from(n).ok()),
+                    })
+                }
                 _ => None,
             });
         }
@@ -510,6 +514,8 @@ impl OrgConfig {
             "agent_limits",
             "org_limits",
             "prices",
+            "context_window",
+            "compaction",
         ]);
         if let Ok(Some(approval)) = e.opt_enum::<ApprovalPolicy>("approval") {
             settings.approval = approval;
@@ -532,6 +538,12 @@ impl OrgConfig {
         }
         if let Ok(Some(n)) = e.opt_count("max_tool_calls_per_response", small) {
             settings.max_tool_calls_per_response = u32::try_from(n).unwrap_or(u32::MAX);
+        }
+        if let Ok(Some(n)) = e.opt_count("context_window", small) {
+            settings.context_window = u32::try_from(n).ok();
+        }
+        if let Ok(Some(on)) = e.opt_bool("compaction") {
+            settings.compaction = on;
         }
         match e.table.get("limits") {
             None => {}
