@@ -492,6 +492,14 @@ impl TaskStore for RedbStore {
         lease: Duration,
         now: Timestamp,
     ) -> Result<Option<Task>, StoreError> {
+        // Looked for first in a read (no commit): a task loop's round usually finds nothing to
+        // claim, and a write transaction commits (and syncs) even when it wrote nothing.
+        if !self
+            .on_agent(agent, Access::Read, |t| t.task_ready_exists())
+            .await?
+        {
+            return Ok(None);
+        }
         let (a, holder) = (agent.clone(), holder.to_string());
         self.on_agent(agent, Access::Write, move |t| {
             t.task_claim_next(&a, &holder, lease, now)
@@ -503,6 +511,13 @@ impl TaskStore for RedbStore {
         agent: &AgentId,
         now: Timestamp,
     ) -> Result<Vec<Transition>, StoreError> {
+        // Looked for first in a read, as in `claim_next`: a lease rarely expires.
+        if !self
+            .on_agent(agent, Access::Read, move |t| t.task_expired_exists(now))
+            .await?
+        {
+            return Ok(Vec::new());
+        }
         let a = agent.clone();
         self.on_agent(agent, Access::Write, move |t| {
             t.task_requeue_expired(&a, now)
