@@ -95,7 +95,8 @@ impl<'a> Turn<'a> {
         }
         recall_source(host, agent, &channel, &frames[0].envelopes[0]).await;
         remember_sources(agent, &frames[0].envelopes);
-        log.flush_records(host, &me).await;
+        // The first records are written with the turn's next write (its first tool round's, its
+        // answer's or its commit): one transaction fewer per turn.
         let system =
             cached_system_prompt(host, agent, &channel).map_err(|e| failure(e, &frames))?;
         let mut messages = Vec::with_capacity(past.len() + 4);
@@ -403,16 +404,18 @@ impl<'a> Turn<'a> {
             );
             self.messages.push(ChatMessage::tool(call.id.clone(), text));
         }
-        log.flush_records(host, &me).await;
         let Some(text) = ended else {
+            log.flush_records(host, &me).await;
             return Ok(Step::Checkpoint);
         };
         self.finished(log);
         // The frame that ended waits for a result (a retrigger answers it later).
         self.frames.pop();
         match self.frames.last() {
+            // The records go with the turn's commit, which follows at once (one write, not two).
             None => Ok(Step::Done(TurnOutcome::Ended(text))),
             Some(below) => {
+                log.flush_records(host, &me).await;
                 self.messages.push(ChatMessage::user(resume_text(below)));
                 Ok(Step::Resumed)
             }
