@@ -579,8 +579,14 @@ fn round_trip_cost(rt: &Runtime, backend: Backend, running: &mut Running) {
             .and_then(|n| n.parse().ok())
             .unwrap_or(default)
     };
-    let (blocks, per_block) = (env("SPACEBOT_BENCH_BLOCKS", 9), env("SPACEBOT_BENCH_BLOCK", 200));
-    let agents = [AgentId::parse("a-0").unwrap(), AgentId::parse("b-0").unwrap()];
+    let (blocks, per_block) = (
+        env("SPACEBOT_BENCH_BLOCKS", 9),
+        env("SPACEBOT_BENCH_BLOCK", 200),
+    );
+    let agents = [
+        AgentId::parse("a-0").unwrap(),
+        AgentId::parse("b-0").unwrap(),
+    ];
     let fsync_dir = tempfile::Builder::new()
         .prefix("spacebot-bench-fsync-")
         .tempdir()

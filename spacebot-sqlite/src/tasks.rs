@@ -417,7 +417,14 @@ impl TaskStore for SqliteTaskStore {
     ) -> Result<Vec<Transition>, StoreError> {
         let db = self.0.agent(agent).await?;
         // Looked for first without the writer, as in `claim_next`: a lease rarely expires.
-        if !exists(&db, EXPIRED_EXISTS_SQL, Some(now.0), "finding expired leases").await? {
+        if !exists(
+            &db,
+            EXPIRED_EXISTS_SQL,
+            Some(now.0),
+            "finding expired leases",
+        )
+        .await?
+        {
             return Ok(Vec::new());
         }
         let (agent, location) = (agent.clone(), db.location.clone());
