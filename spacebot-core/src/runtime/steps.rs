@@ -95,8 +95,7 @@ impl<'a> Turn<'a> {
         }
         recall_source(host, agent, &channel, &frames[0].envelopes[0]).await;
         remember_sources(agent, &frames[0].envelopes);
-        // The first records are written with the turn's next write (its first tool round's, its
-        // answer's or its commit): one transaction fewer per turn.
+        log.flush_records(host, &me).await;
         let system =
             cached_system_prompt(host, agent, &channel).map_err(|e| failure(e, &frames))?;
         let mut messages = Vec::with_capacity(past.len() + 4);
