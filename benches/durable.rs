@@ -23,6 +23,14 @@
 //!   the boards and channels already are. After criterion's figures, the two are measured again
 //!   in alternation (pairs of 20-round-trip blocks, `SPACEBOT_BENCH_PAIRS` pairs, 15 by default)
 //!   and the medians and the median per-pair ratio are printed (`.../interleaved` on stderr);
+//! - `durable_round_trip/{sqlite_normal,sqlite_full,redb}/1_chain`: one chain's round trip (as
+//!   in `durable_delegation`), then what it costs, measured in blocks after criterion's figures
+//!   (`.../cost` on stderr): wall and CPU time of the process per round trip (user and system,
+//!   as `getrusage` counts them), the write transactions the store committed per round trip
+//!   (each an `fsync` on `sqlite_full` and `redb`), and the raw `fsync` rate measured before each
+//!   block (`SPACEBOT_BENCH_BLOCKS` blocks, 9 by default, of `SPACEBOT_BENCH_BLOCK` round trips,
+//!   200); count the `fsync`s themselves with
+//!   `strace -c -f -e trace=fsync,fdatasync` around a filtered run;
 //! - `durable_store_persist/{backend}/64_concurrent`: the stores alone, 64 concurrent
 //!   `DeliveryStore::persist` calls to one agent's database (what group commit is for);
 //! - `raw_fsync/write_4k_sync_data`: write 4 KiB at the start of a temporary file and
@@ -98,6 +106,14 @@ impl Backend {
     /// The backend's stores in `dir` (or, for PostgreSQL, in a temporary schema: kept as long as
     /// the returned `PgStores` lives).
     async fn open(self, dir: &Path) -> (Stores, Option<PgStores>) {
+        let (stores, schema, _) = self.open_counted(dir).await;
+        (stores, schema)
+    }
+
+    /// [`open`](Self::open), with the backend's count of committed write transactions (SQLite:
+    /// its writers' counters summed over the instance and the agents' files; redb: the store's
+    /// own count; none on PostgreSQL).
+    async fn open_counted(self, dir: &Path) -> (Stores, Option<PgStores>, Commits) {
         use spacebot::sqlite::{SqliteOptions, Synchronous};
         let sqlite = |synchronous, commit_each: bool| {
             let options = SqliteOptions::new().synchronous(synchronous);
@@ -112,15 +128,60 @@ impl Backend {
             Self::SqliteNormalCommitEach => sqlite(Synchronous::Normal, true),
             Self::SqliteFull => sqlite(Synchronous::Full, false),
             Self::SqliteFullCommitEach => sqlite(Synchronous::Full, true),
-            Self::Redb => return (spacebot::redb::open_async(dir).await.unwrap(), None),
+            Self::Redb => {
+                let store = spacebot::redb::RedbStore::open_async(dir, Default::default())
+                    .await
+                    .unwrap();
+                return (store.stores(), None, Commits::Redb(store));
+            }
             Self::Postgres => {
                 let url = std::env::var("DATABASE_URL").expect("DATABASE_URL");
                 let pg = PgStores::temporary(&url).await.unwrap();
-                return (pg.stores(), Some(pg));
+                return (pg.stores(), Some(pg), Commits::None);
             }
         };
-        (options.open(dir).await.unwrap().stores(), None)
+        let sqlite = options.open(dir).await.unwrap();
+        (sqlite.stores(), None, Commits::Sqlite(sqlite))
     }
+}
+
+/// Where a backend counts its committed write transactions.
+enum Commits {
+    Sqlite(spacebot::sqlite::SqliteStores),
+    Redb(Arc<spacebot::redb::RedbStore>),
+    None,
+}
+
+impl Commits {
+    /// Transactions committed so far in the organization's files (`agents`: the agents whose
+    /// files count, with the instance's), or `None` when the backend does not count them.
+    fn count(&self, agents: &[AgentId]) -> Option<u64> {
+        match self {
+            Self::Sqlite(stores) => Some(
+                stores.instance_write_stats().commits
+                    + agents
+                        .iter()
+                        .filter_map(|a| stores.agent_write_stats(a))
+                        .map(|s| s.commits)
+                        .sum::<u64>(),
+            ),
+            Self::Redb(store) => Some(store.commits()),
+            Self::None => None,
+        }
+    }
+}
+
+/// CPU time the whole process used so far (user and system, all threads), as
+/// `getrusage(RUSAGE_SELF)` reports it, read from `/proc/self/stat` (clock ticks of 10 ms;
+/// `None` where that file does not exist).
+fn process_cpu() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The fields after the command's parenthesis: state is field 3, utime 14, stime 15.
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i)?.parse::<u64>().ok();
+    let total = ticks(11)? + ticks(12)?;
+    Some(Duration::from_millis(total * 10))
 }
 
 /// The chains' model: `a-i` delegates a user message to `b-i`, `b-i` answers, `a-i` relays.
@@ -155,6 +216,7 @@ impl LlmProvider for Chains {
 struct Running {
     org: Organization,
     replies: spacebot::Replies,
+    commits: Commits,
     _dir: tempfile::TempDir,
     _schema: Option<PgStores>,
 }
@@ -167,7 +229,7 @@ impl Running {
             .prefix("spacebot-bench-")
             .tempdir()
             .unwrap();
-        let (stores, schema) = backend.open(dir.path()).await;
+        let (stores, schema, commits) = backend.open_counted(dir.path()).await;
         let llm: Arc<dyn LlmProvider> = if recording {
             Arc::new(FnLlm::new(|req| Ok(chains_answer(req))))
         } else {
@@ -186,6 +248,7 @@ impl Running {
         Self {
             org,
             replies,
+            commits,
             _dir: dir,
             _schema: schema,
         }
@@ -459,6 +522,117 @@ fn interleaved(rt: &Runtime, backend: Backend, built: &mut [(usize, Running)]) {
     );
 }
 
+/// What one durable delegation round trip (one chain, as in `durable_delegation`) costs on
+/// SQLite (`NORMAL` and `FULL`) and redb: criterion's throughput, then blocks of round trips
+/// measured apart, each after a burst of bare `fsync`s in the same directory's file system, and
+/// the medians printed (`.../cost` on stderr): wall time and CPU time of the process per round
+/// trip, the transactions the store committed per round trip (each one `fsync` on `sqlite_full`
+/// and `redb`), the raw `fsync` rate and the round trip in `fsync` times. `SPACEBOT_BENCH_BLOCKS`
+/// blocks (9 by default) of `SPACEBOT_BENCH_BLOCK` round trips (200).
+fn round_trip(c: &mut Criterion) {
+    let rt = runtime();
+    let mut group = c.benchmark_group("durable_round_trip");
+    configure(&mut group);
+    group.throughput(Throughput::Elements(1));
+    for backend in [Backend::SqliteNormal, Backend::SqliteFull, Backend::Redb] {
+        let mut built: Option<Running> = None;
+        group.bench_function(format!("{}/1_chain", backend.name()), |b| {
+            let running = built.get_or_insert_with(|| {
+                rt.block_on(Running::start(backend, &chains_config(1), false))
+            });
+            b.iter_custom(|iters| {
+                rt.block_on(async {
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        running.round_trips(1).await;
+                    }
+                    start.elapsed()
+                })
+            })
+        });
+        if let Some(mut running) = built {
+            round_trip_cost(&rt, backend, &mut running);
+            rt.block_on(running.stop());
+        }
+    }
+    group.finish();
+}
+
+/// Bare `fsync`s per second: `n` writes of 4 KiB at the start of a file in `dir`, each synced.
+fn fsync_rate(dir: &Path, n: u32) -> f64 {
+    let mut file = std::fs::File::create(dir.join("fsync.bin")).unwrap();
+    let block = vec![0x5au8; 4096];
+    let start = Instant::now();
+    for _ in 0..n {
+        file.seek(SeekFrom::Start(0)).unwrap();
+        file.write_all(&block).unwrap();
+        file.sync_data().unwrap();
+    }
+    f64::from(n) / start.elapsed().as_secs_f64()
+}
+
+/// The blocks of [`round_trip`] and their medians.
+fn round_trip_cost(rt: &Runtime, backend: Backend, running: &mut Running) {
+    let env = |name: &str, default: u32| {
+        std::env::var(name)
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(default)
+    };
+    let (blocks, per_block) = (
+        env("SPACEBOT_BENCH_BLOCKS", 9),
+        env("SPACEBOT_BENCH_BLOCK", 200),
+    );
+    let agents = [
+        AgentId::parse("a-0").unwrap(),
+        AgentId::parse("b-0").unwrap(),
+    ];
+    let fsync_dir = tempfile::Builder::new()
+        .prefix("spacebot-bench-fsync-")
+        .tempdir()
+        .unwrap();
+    let (mut walls, mut cpus, mut fsyncs) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut commits, mut counted) = (0u64, 0u64);
+    for _ in 0..blocks {
+        fsyncs.push(fsync_rate(fsync_dir.path(), 100));
+        let (cpu0, commits0) = (process_cpu(), running.commits.count(&agents));
+        let start = Instant::now();
+        rt.block_on(async {
+            for _ in 0..per_block {
+                running.round_trips(1).await;
+            }
+        });
+        let wall = start.elapsed().as_secs_f64() * 1e3 / f64::from(per_block);
+        walls.push(wall);
+        if let (Some(a), Some(b)) = (cpu0, process_cpu()) {
+            cpus.push((b - a).as_secs_f64() * 1e3 / f64::from(per_block));
+        }
+        if let (Some(a), Some(b)) = (commits0, running.commits.count(&agents)) {
+            commits += b - a;
+            counted += u64::from(per_block);
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+    };
+    let (wall, cpu, fsync) = (median(&mut walls), median(&mut cpus), median(&mut fsyncs));
+    let per_trip = if counted == 0 {
+        "not counted".to_string()
+    } else {
+        format!("{:.2}", commits as f64 / counted as f64)
+    };
+    eprintln!(
+        "durable_round_trip/{}/cost: {blocks} blocks of {per_block}: median {wall:.3} ms per \
+         round trip ({:.0}/s), CPU {cpu:.3} ms ({:.2} of the wall time), commits per round \
+         trip {per_trip}; raw fsync {fsync:.0}/s: a round trip takes {:.1} fsync times",
+        backend.name(),
+        1e3 / wall,
+        cpu / wall,
+        wall * fsync / 1e3,
+    );
+}
+
 /// The stores alone: 64 concurrent `DeliveryStore::persist` calls to one agent's database, until
 /// all are answered (what group commit is for: concurrent writers to one file).
 fn store_persists(c: &mut Criterion) {
@@ -535,6 +709,7 @@ criterion_group!(
     store_persists,
     deliveries,
     delegation,
+    round_trip,
     history
 );
 

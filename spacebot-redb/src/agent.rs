@@ -211,6 +211,25 @@ impl Txn<'_> {
         Ok(Some(transition.task))
     }
 
+    /// Whether a task is ready to be claimed.
+    pub(crate) fn task_ready_exists(&self) -> Result<bool, StoreError> {
+        Ok(self
+            .ready()?
+            .first()
+            .map_err(self.err("find a ready task"))?
+            .is_some())
+    }
+
+    /// Whether a lease expired at `now`.
+    pub(crate) fn task_expired_exists(&self, now: Timestamp) -> Result<bool, StoreError> {
+        let e = self.err("find expired leases");
+        let leases = self.leases()?;
+        let mut rows = leases
+            .range((i64::MIN, 0u64)..=(now.as_millis(), u64::MAX))
+            .map_err(&e)?;
+        Ok(rows.next().transpose().map_err(&e)?.is_some())
+    }
+
     pub(crate) fn task_requeue_expired(
         &self,
         agent: &AgentId,

@@ -11,6 +11,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant};
 
@@ -111,6 +112,7 @@ impl Worker {
         kind: FileKind,
         options: RedbOptions,
         keep: Option<Arc<DirLock>>,
+        commits: Arc<AtomicU64>,
         ready: impl FnOnce(Result<(), Failure>) + Send + 'static,
     ) -> Result<Self, StoreError> {
         let (tx, rx) = mpsc::channel();
@@ -128,6 +130,7 @@ impl Worker {
                             path: &thread_path,
                             kind: &kind,
                             options: &options,
+                            commits: &commits,
                         };
                         run_loop(file, &rx, keep);
                     }
@@ -213,6 +216,8 @@ struct File<'a> {
     path: &'a Path,
     kind: &'a FileKind,
     options: &'a RedbOptions,
+    /// Counts the transactions committed (the store's [`commits`](crate::RedbStore::commits)).
+    commits: &'a AtomicU64,
 }
 
 impl File<'_> {
@@ -370,8 +375,11 @@ fn run_loop(mut file: File<'_>, rx: &mpsc::Receiver<Message>, keep: Option<Arc<D
                     e.into(),
                 )
             });
-            if let Some(failure) = &failed {
-                file.failed(failure);
+            match &failed {
+                Some(failure) => file.failed(failure),
+                None => {
+                    file.commits.fetch_add(1, Ordering::Relaxed);
+                }
             }
             failed
         } else {

@@ -388,6 +388,11 @@ impl TaskStore for SqliteTaskStore {
         now: Timestamp,
     ) -> Result<Option<Task>, StoreError> {
         let db = self.0.agent(agent).await?;
+        // Looked for first without the writer: a task loop's round usually finds nothing to
+        // claim, and an empty write transaction still costs a turn of the writer.
+        if !exists(&db, READY_EXISTS_SQL, None, "looking for a ready task").await? {
+            return Ok(None);
+        }
         let (agent, holder, location) = (agent.clone(), holder.to_string(), db.location.clone());
         db.writes
             .run(move |conn| {
@@ -411,6 +416,17 @@ impl TaskStore for SqliteTaskStore {
         now: Timestamp,
     ) -> Result<Vec<Transition>, StoreError> {
         let db = self.0.agent(agent).await?;
+        // Looked for first without the writer, as in `claim_next`: a lease rarely expires.
+        if !exists(
+            &db,
+            EXPIRED_EXISTS_SQL,
+            Some(now.0),
+            "finding expired leases",
+        )
+        .await?
+        {
+            return Ok(Vec::new());
+        }
         let (agent, location) = (agent.clone(), db.location.clone());
         db.writes
             .run(move |conn| {
@@ -470,6 +486,31 @@ pub(crate) const EXPIRED_SQL: &str = "SELECT number, title, description, status,
      created_by, metadata, attempts, max_attempts, lease_holder, lease_expires_at, revision, \
      result, error, created_at, updated_at FROM tasks \
      WHERE status = 'in_progress' AND lease_expires_at <= ? ORDER BY number";
+
+/// Whether a task is ready to be claimed (read before [`CLAIM_SQL`] is sent to the writer).
+const READY_EXISTS_SQL: &str = "SELECT 1 FROM tasks WHERE status = 'ready' LIMIT 1";
+
+/// Whether a lease expired at `?` (read before [`EXPIRED_SQL`] is sent to the writer).
+const EXPIRED_EXISTS_SQL: &str =
+    "SELECT 1 FROM tasks WHERE status = 'in_progress' AND lease_expires_at <= ? LIMIT 1";
+
+/// Whether `sql` (with `bind`, if any) finds a row, read on `db`'s reader.
+async fn exists(
+    db: &crate::db::Db,
+    sql: &'static str,
+    bind: Option<i64>,
+    what: &str,
+) -> Result<bool, StoreError> {
+    let mut query = sqlx::query_scalar::<_, i64>(sql);
+    if let Some(value) = bind {
+        query = query.bind(value);
+    }
+    let found = query
+        .fetch_optional(&db.reader)
+        .await
+        .map_err(|e| db_error(&db.location, what, e))?;
+    Ok(found.is_some())
+}
 
 /// Unsent notices, oldest first.
 pub(crate) const OUTBOX_PENDING_SQL: &str = "SELECT notice FROM outbox WHERE sent = 0 ORDER BY seq";

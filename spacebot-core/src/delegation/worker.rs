@@ -252,7 +252,9 @@ async fn dispatch_to_queue(org: &BehaviourContext, agent: &AgentWorker, task: &T
         .unwrap_or(u32::MAX),
     });
     envelope.cause = task.metadata.cause.clone();
-    if let Err(e) = org.enqueue(agent.id(), envelope).await {
+    // Not stored first: the claim is the record (a claim lost with the process is recovered at
+    // the next start of the task loop).
+    if let Err(e) = org.enqueue_claimed(agent.id(), envelope).await {
         // The agent is gone: give the attempt back.
         finish_task(org, agent, task.number, holder, Err(e.to_string().into())).await;
     }

@@ -151,6 +151,16 @@ impl BehaviourContext {
         self.host.enqueue(agent, envelope, true).await
     }
 
+    /// Queues an envelope of work the agent's task loop claimed, storing it only when the queue
+    /// cannot take it: the claim is the durable record (recovered at the next start).
+    pub(crate) async fn enqueue_claimed(
+        &self,
+        agent: &AgentId,
+        envelope: Envelope,
+    ) -> Result<(), DeliveryError> {
+        self.host.enqueue_claimed(agent, envelope).await
+    }
+
     /// [`enqueue`](Self::enqueue), running `kept` once the envelope is kept (stored, or about to
     /// be queued) and before the agent can take it: what the sender records about the hand-over
     /// (a completion notice marked sent, say) is then done before the receiver's turn can answer

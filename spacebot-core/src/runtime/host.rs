@@ -424,7 +424,7 @@ impl Host {
         agent: &AgentId,
         envelope: Envelope,
         overflow_to_store: bool,
-        mut kept: Option<futures::future::BoxFuture<'_, ()>>,
+        kept: Option<futures::future::BoxFuture<'_, ()>>,
     ) -> Result<(), DeliveryError> {
         let mut envelope = envelope;
         if envelope.trace_context.is_none() {
@@ -433,6 +433,33 @@ impl Host {
             envelope.trace_context = crate::telemetry::current_context();
         }
         let durable = self.stores_every_delivery();
+        self.hand_over(agent, envelope, overflow_to_store, kept, durable)
+            .await
+    }
+
+    /// Queues an envelope of claimed work (a task the agent's task loop claimed) without storing
+    /// it first: the task's claim on its board is the durable record, and a claim whose envelope
+    /// is lost with the process is recovered when the agent's task loop starts again (an envelope
+    /// stored for it would be refused then anyway: that attempt is over). It is stored, as
+    /// on a memory store, only when the queue cannot take it (full, or closing).
+    pub(crate) async fn enqueue_claimed(
+        &self,
+        agent: &AgentId,
+        envelope: Envelope,
+    ) -> Result<(), DeliveryError> {
+        self.hand_over(agent, envelope, true, None, false).await
+    }
+
+    /// [`enqueue_then`](Self::enqueue_then); `durable`: the envelope is stored before it is
+    /// queued (otherwise only when the queue cannot take it).
+    async fn hand_over(
+        &self,
+        agent: &AgentId,
+        envelope: Envelope,
+        overflow_to_store: bool,
+        mut kept: Option<futures::future::BoxFuture<'_, ()>>,
+        durable: bool,
+    ) -> Result<(), DeliveryError> {
         match self.slot(agent) {
             Some(Slot::Running(rt)) => {
                 if !overflow_to_store && rt.queue.len() >= rt.queue.capacity() {

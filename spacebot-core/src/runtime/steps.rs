@@ -562,16 +562,18 @@ impl<'a> Turn<'a> {
             );
             self.context.push(ChatMessage::tool(call.id.clone(), text));
         }
-        log.flush_records(host, &me).await;
         let Some(text) = ended else {
+            log.flush_records(host, &me).await;
             return Ok(Step::Checkpoint);
         };
         self.finished(log);
         // The frame that ended waits for a result (a retrigger answers it later).
         self.frames.pop();
         match self.frames.last() {
+            // The records go with the turn's commit, which follows at once (one write, not two).
             None => Ok(Step::Done(TurnOutcome::Ended(text))),
             Some(below) => {
+                log.flush_records(host, &me).await;
                 self.context.push(ChatMessage::user(resume_text(below)));
                 Ok(Step::Resumed)
             }
