@@ -49,6 +49,7 @@
 //! | `openai` | the OpenAI-compatible Chat Completions provider, as `spacebot::openai` (implies `tokio`) | no |
 //! | `http` | the HTTP API, event stream and dashboard, as `spacebot::http` (implies `tokio`; see `docs/http.md`) | no |
 //! | `notes` | shared notes (versioned, per-agent grants), as `spacebot::notes` (see `docs/notes.md`) | yes |
+//! | `mcp` | agents use MCP servers' tools, granted per agent, as `spacebot::mcp` (see `docs/mcp.md`) | no |
 //! | `testing` | the mock LLMs and a recording event sink, in `spacebot::testing` | no |
 //!
 //! See `docs/concepts.md` in the repository for agents, links, channels, tasks and conversations.
@@ -99,4 +100,12 @@ pub mod http {
 #[cfg_attr(docsrs, doc(cfg(feature = "notes")))]
 pub mod notes {
     pub use spacebot_notes::*;
+}
+
+/// MCP tools for agents: the tools of Model Context Protocol servers, granted per agent and
+/// checked in code on every call (`spacebot-mcp`; see `docs/mcp.md`).
+#[cfg(feature = "mcp")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mcp")))]
+pub mod mcp {
+    pub use spacebot_mcp::*;
 }

@@ -72,8 +72,7 @@ pub struct OrgConfig {
 }
 
 /// One `[[agents]]` entry.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AgentConfig {
     /// The agent's id.
     pub id: AgentId,
@@ -86,6 +85,12 @@ pub struct AgentConfig {
     /// 50000 }`), besides [`Settings::agent_limits`]: see [`crate::limits`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<crate::limits::PeriodLimits>,
+    /// The entry's other fields, as written: each is a behaviour's per-agent setting (MCP's
+    /// `tools = ["files:*"]`, say), read and checked by the behaviour that claims it (see
+    /// [`Behaviour::agent_fields`](crate::Behaviour::agent_fields)); a field no behaviour claims
+    /// fails the build ([`OrgConfig::check_agent_fields`]).
+    #[serde(flatten, default, skip_serializing_if = "toml::Table::is_empty")]
+    pub fields: toml::Table,
 }
 
 /// One `[[links]]` entry.
@@ -203,7 +208,8 @@ impl OrgConfig {
     /// ```
     /// use spacebot_core::config::{AgentConfig, OrgConfig};
     /// use spacebot_core::AgentId;
-    /// let agent = AgentConfig { id: AgentId::parse("a").unwrap(), name: "A".into(), workspace: None, limits: None };
+    /// let agent = AgentConfig { id: AgentId::parse("a").unwrap(), name: "A".into(), workspace: None,
+    ///                          limits: None, fields: Default::default() };
     /// let config = OrgConfig { agents: vec![agent.clone(), agent], ..Default::default() };
     /// let err = config.validate().unwrap_err();
     /// assert!(err.to_string().contains("agents[1] (a): field \"id\": duplicate agent id"));
@@ -260,6 +266,40 @@ impl OrgConfig {
                 ),
             })
             .collect();
+        if issues.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::Invalid { path: None, issues })
+        }
+    }
+
+    /// Refuses every field of an `[[agents]]` entry that is not `id`, `name` or `workspace` and
+    /// that none of `claimed` names (a misspelt field, a behaviour not assembled), each an issue
+    /// naming the entry and the field.
+    ///
+    /// ```
+    /// use spacebot_core::config::OrgConfig;
+    /// let config = OrgConfig::from_toml_str("[[agents]]\nid = \"a\"\ntols = [\"x:*\"]").unwrap();
+    /// let err = config.check_agent_fields(&["tools"]).unwrap_err();
+    /// assert!(err.to_string().contains("agents[0] (a): field \"tols\": unknown field; expected id, name, workspace, limits, tools"));
+    /// assert!(OrgConfig::default().check_agent_fields(&[]).is_ok());
+    /// ```
+    pub fn check_agent_fields(&self, claimed: &[&str]) -> Result<(), ConfigError> {
+        let mut issues = Vec::new();
+        for (i, agent) in self.agents.iter().enumerate() {
+            for key in agent.fields.keys() {
+                if !claimed.contains(&key.as_str()) {
+                    issues.push(ConfigIssue {
+                        entry: format!("agents[{i}] ({})", agent.id),
+                        field: Some(key.clone()),
+                        problem: format!(
+                            "unknown field; expected id, name, workspace, limits{}",
+                            claimed.iter().map(|c| format!(", {c}")).collect::<String>()
+                        ),
+                    });
+                }
+            }
+        }
         if issues.is_empty() {
             Ok(())
         } else {

@@ -360,7 +360,13 @@ impl OrgConfig {
                 table,
                 issues,
             };
-            e.unknown_fields(&["id", "name", "workspace", "limits"]);
+            // Other fields are behaviours' per-agent settings, checked by the behaviour that
+            // claims them (`OrgConfig::check_agent_fields` refuses the rest at the build).
+            let fields: toml::Table = table
+                .iter()
+                .filter(|(k, _)| !matches!(k.as_str(), "id" | "name" | "workspace" | "limits"))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
             let id = e.agent_id("id");
             let name = e.opt_str("name").map(str::to_owned);
             let name_bad = e.table.contains_key("name") && name.is_none();
@@ -386,6 +392,7 @@ impl OrgConfig {
                     id,
                     workspace,
                     limits,
+                    fields,
                 }),
                 _ => None,
             });
