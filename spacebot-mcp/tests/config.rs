@@ -170,7 +170,7 @@ async fn the_build_refuses_a_bad_entry_and_an_unclaimed_agent_field() {
     let typo = "[[agents]]\nid = \"a\"\ntols = [\"x:*\"]\n";
     let err = build(typo, true).await.unwrap_err();
     assert!(
-        err.contains("field \"tols\": unknown field; expected id, name, workspace, tools"),
+        err.contains("field \"tols\": unknown field; expected id, name, workspace, limits, tools"),
         "{err}"
     );
     let ok = "[[agents]]\nid = \"a\"\n[[mcp_servers]]\nid = \"x\"\ncommand = \"never-run\"\n";
