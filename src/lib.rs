@@ -49,6 +49,7 @@
 //! | `openai` | the OpenAI-compatible Chat Completions provider, as `spacebot::openai` (implies `tokio`) | no |
 //! | `http` | the HTTP API, event stream and dashboard, as `spacebot::http` (implies `tokio`; see `docs/http.md`) | no |
 //! | `notes` | shared notes (versioned, per-agent grants), as `spacebot::notes` (see `docs/notes.md`) | yes |
+//! | `mcp` | agents use MCP servers' tools, granted per agent, as `spacebot::mcp` (see `docs/mcp.md`) | no |
 //! | `testing` | the mock LLMs and a recording event sink, in `spacebot::testing` | no |
 //! | `otel` | OpenTelemetry export of the runtime's spans and metrics over OTLP/HTTP, configured from the `OTEL_*` variables, as `spacebot::otel` (see `docs/observability.md`) | no |
 //!
@@ -105,3 +106,11 @@ pub mod notes {
 #[cfg(feature = "otel")]
 #[cfg_attr(docsrs, doc(cfg(feature = "otel")))]
 pub mod otel;
+
+/// MCP tools for agents: the tools of Model Context Protocol servers, granted per agent and
+/// checked in code on every call (`spacebot-mcp`; see `docs/mcp.md`).
+#[cfg(feature = "mcp")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mcp")))]
+pub mod mcp {
+    pub use spacebot_mcp::*;
+}

@@ -184,13 +184,20 @@ fn run(cli: Cli) -> Result<ExitCode, CliError> {
 }
 
 /// Reads the configuration as `serve` does: the organization's own checks, then every section's
-/// (shared notes; a section nothing claims is refused).
+/// (shared notes, MCP servers and grants; a section or an `[[agents]]` field nothing claims is
+/// refused).
 fn load_checked(
     path: &std::path::Path,
 ) -> Result<(OrgConfig, spacebot_notes::NotesConfig), spacebot_core::ConfigError> {
     let config = OrgConfig::load(path)?;
     let mut issues = Vec::new();
-    if let Err(e) = config.check_sections(&[spacebot_notes::SECTION]) {
+    if let Err(e) = config.check_sections(&[spacebot_notes::SECTION, spacebot_mcp::SECTION]) {
+        issues.extend(e.issues().iter().cloned());
+    }
+    if let Err(e) = config.check_agent_fields(&[spacebot_mcp::AGENT_FIELD]) {
+        issues.extend(e.issues().iter().cloned());
+    }
+    if let Err(e) = spacebot_mcp::McpConfig::from_org(&config) {
         issues.extend(e.issues().iter().cloned());
     }
     let notes =

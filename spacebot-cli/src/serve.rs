@@ -95,6 +95,7 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<(), CliError> {
     let (llm, llm_name) = provider(&config)?;
     let chat = WebChat::new();
     let notes = spacebot_notes::Notes::new();
+    let mcp = spacebot_mcp::Mcp::new();
     let org = Organization::builder(config)
         .stores(stores)
         .llm(llm)
@@ -102,6 +103,7 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<(), CliError> {
         .clock(Arc::new(TokioClock))
         .outbound(Arc::new(chat.clone()))
         .behaviour(Arc::new(notes.clone()))
+        .behaviour(Arc::new(mcp.clone()))
         .build()
         .await
         .map_err(|e| failed(e.to_string()))?;
@@ -155,6 +157,7 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<(), CliError> {
             let _ = tokio::signal::ctrl_c().await;
         }))
         .await;
+    mcp.shutdown();
     let stopped = org.shutdown().await;
     served.map_err(|e| failed(format!("server error: {e}")))?;
     stopped.map_err(|e| failed(format!("shutdown: {e}")))?;

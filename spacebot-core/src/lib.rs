@@ -124,5 +124,5 @@ pub use stores::Stores;
 pub use task::{NewTask, Task, TaskStatus, TaskStore};
 pub use text::Text;
 pub use time::{Clock, ManualClock, Spawner, Timestamp};
-pub use tools::{Tool, ToolContext, ToolError, ToolOutput, ToolRegistry};
+pub use tools::{Tool, ToolContext, ToolError, ToolOutput, ToolRegistry, ToolSet};
 pub use topology::Topology;

@@ -199,10 +199,18 @@ impl OrganizationBuilder {
             .filter_map(|b| b.config_section())
             .collect();
         config.check_sections(&claimed)?;
+        let fields: Vec<&str> = behaviours
+            .iter()
+            .flat_map(|b| b.agent_fields().iter().copied())
+            .collect();
+        config.check_agent_fields(&fields)?;
         let mut tools = ToolRegistry::new();
         for behaviour in &behaviours {
             for tool in behaviour.tools() {
                 tools.register(tool)?;
+            }
+            for set in behaviour.tool_sets() {
+                tools.register_set(set);
             }
         }
         for tool in self.tools {

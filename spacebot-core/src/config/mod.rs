@@ -75,8 +75,7 @@ pub struct OrgConfig {
 }
 
 /// One `[[agents]]` entry.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AgentConfig {
     /// The agent's id.
     pub id: AgentId,
@@ -93,6 +92,12 @@ pub struct AgentConfig {
     /// organization's `[settings] context_window`, else the provider's, else the default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context_window: Option<u32>,
+    /// The entry's other fields, as written: each is a behaviour's per-agent setting (MCP's
+    /// `tools = ["files:*"]`, say), read and checked by the behaviour that claims it (see
+    /// [`Behaviour::agent_fields`](crate::Behaviour::agent_fields)); a field no behaviour claims
+    /// fails the build ([`OrgConfig::check_agent_fields`]).
+    #[serde(flatten, default, skip_serializing_if = "toml::Table::is_empty")]
+    pub fields: toml::Table,
 }
 
 /// One `[[links]]` entry.
@@ -225,6 +230,7 @@ impl OrgConfig {
     ///     workspace: None,
     ///     limits: None,
     ///     context_window: None,
+    ///     fields: Default::default(),
     /// };
     /// let config = OrgConfig { agents: vec![agent.clone(), agent], ..Default::default() };
     /// let err = config.validate().unwrap_err();
@@ -282,6 +288,40 @@ impl OrgConfig {
                 ),
             })
             .collect();
+        if issues.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::Invalid { path: None, issues })
+        }
+    }
+
+    /// Refuses every field of an `[[agents]]` entry that is not `id`, `name` or `workspace` and
+    /// that none of `claimed` names (a misspelt field, a behaviour not assembled), each an issue
+    /// naming the entry and the field.
+    ///
+    /// ```
+    /// use spacebot_core::config::OrgConfig;
+    /// let config = OrgConfig::from_toml_str("[[agents]]\nid = \"a\"\ntols = [\"x:*\"]").unwrap();
+    /// let err = config.check_agent_fields(&["tools"]).unwrap_err();
+    /// assert!(err.to_string().contains("agents[0] (a): field \"tols\": unknown field; expected id, name, workspace, limits, tools"));
+    /// assert!(OrgConfig::default().check_agent_fields(&[]).is_ok());
+    /// ```
+    pub fn check_agent_fields(&self, claimed: &[&str]) -> Result<(), ConfigError> {
+        let mut issues = Vec::new();
+        for (i, agent) in self.agents.iter().enumerate() {
+            for key in agent.fields.keys() {
+                if !claimed.contains(&key.as_str()) {
+                    issues.push(ConfigIssue {
+                        entry: format!("agents[{i}] ({})", agent.id),
+                        field: Some(key.clone()),
+                        problem: format!(
+                            "unknown field; expected id, name, workspace, limits{}",
+                            claimed.iter().map(|c| format!(", {c}")).collect::<String>()
+                        ),
+                    });
+                }
+            }
+        }
         if issues.is_empty() {
             Ok(())
         } else {

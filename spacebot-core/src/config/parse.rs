@@ -360,7 +360,18 @@ impl OrgConfig {
                 table,
                 issues,
             };
-            e.unknown_fields(&["id", "name", "workspace", "limits", "context_window"]);
+            // Other fields are behaviours' per-agent settings, checked by the behaviour that
+            // claims them (`OrgConfig::check_agent_fields` refuses the rest at the build).
+            let fields: toml::Table = table
+                .iter()
+                .filter(|(k, _)| {
+                    !matches!(
+                        k.as_str(),
+                        "id" | "name" | "workspace" | "limits" | "context_window"
+                    )
+                })
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
             let id = e.agent_id("id");
             let name = e.opt_str("name").map(str::to_owned);
             let name_bad = e.table.contains_key("name") && name.is_none();
@@ -389,6 +400,7 @@ impl OrgConfig {
                         workspace,
                         limits,
                         context_window: window.and_then(|n| u32::try_from(n).ok()),
+                        fields,
                     })
                 }
                 _ => None,

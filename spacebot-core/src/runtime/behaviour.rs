@@ -490,6 +490,21 @@ pub trait Behaviour: Send + Sync + fmt::Debug {
         None
     }
 
+    /// The per-agent fields this behaviour reads in `[[agents]]` entries (MCP's `tools`), if
+    /// any: the build refuses an `[[agents]]` field that no behaviour claims
+    /// ([`OrgConfig::check_agent_fields`]). The behaviour finds them in
+    /// [`AgentConfig::fields`](crate::config::AgentConfig::fields) and checks them itself (in
+    /// [`on_build`](Self::on_build)).
+    fn agent_fields(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    /// The tool sets this behaviour adds: tools whose names and number change at run time (the
+    /// tools of MCP servers), offered and called through [`ToolSet`](crate::tools::ToolSet).
+    fn tool_sets(&self) -> Vec<Arc<dyn crate::tools::ToolSet>> {
+        Vec::new()
+    }
+
     /// Called once at the end of [`OrganizationBuilder::build`](crate::OrganizationBuilder::build),
     /// before any agent starts: the behaviour checks its configuration section, loads or seeds its
     /// state, and keeps `ctx` if it serves calls from the application. An error fails the build.

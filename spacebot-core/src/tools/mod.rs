@@ -313,10 +313,35 @@ pub fn parse_args<T: serde::de::DeserializeOwned>(
     serde_json::from_value(args).map_err(|e| ToolError::invalid_arguments(tool, e.to_string()))
 }
 
+/// Tools whose names and number change at run time (the tools of MCP servers, listed by the
+/// servers and granted per agent): one value offers them all and runs their calls.
+///
+/// # Contract
+/// - `definitions_for` is what the agent is offered now: names of 1 to 64 ASCII letters, digits,
+///   `_` and `-`, none of them a name the registry's own tools use (those win). It is rendered
+///   again after [`BehaviourContext::tools_changed`](crate::BehaviourContext::tools_changed).
+/// - `call` answers `None` for a name that is not the set's (the registry then answers an
+///   unknown tool); for one of its names it checks, in code, that the calling agent may use it
+///   now, whatever the model asked, and answers every failure as an `Err` for the model.
+#[async_trait]
+pub trait ToolSet: Send + Sync + fmt::Debug {
+    /// The definitions offered to the agent `scope` runs for, now.
+    fn definitions_for(&self, scope: &ToolCapability) -> Vec<ToolDefinition>;
+    /// Runs a call of the tool `name` with `args` (a JSON object); `None` when `name` is not one
+    /// of the set's.
+    async fn call(
+        &self,
+        ctx: &ToolContext,
+        name: &str,
+        args: serde_json::Value,
+    ) -> Option<Result<ToolOutput, ToolError>>;
+}
+
 /// The tools of one agent, by name.
 #[derive(Debug, Clone, Default)]
 pub struct ToolRegistry {
     tools: BTreeMap<String, Arc<dyn Tool>>,
+    sets: Vec<Arc<dyn ToolSet>>,
 }
 
 impl ToolRegistry {
@@ -349,6 +374,11 @@ impl ToolRegistry {
         Ok(())
     }
 
+    /// Adds a set of tools whose names change at run time (see [`ToolSet`]).
+    pub fn register_set(&mut self, set: Arc<dyn ToolSet>) {
+        self.sets.push(set);
+    }
+
     /// The tool called `name`.
     pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
         self.tools.get(name)
@@ -359,13 +389,26 @@ impl ToolRegistry {
         self.tools.values().map(|t| t.definition()).collect()
     }
 
-    /// Every tool's definition as offered to the agent `scope` runs for, sorted by name.
+    /// Every tool's definition as offered to the agent `scope` runs for, sorted by name (the
+    /// registry's own tools, then those of its [`ToolSet`]s that no earlier tool named).
     pub fn definitions_for(&self, scope: &ToolCapability) -> Vec<ToolDefinition> {
-        self.tools
+        let mut defs: Vec<ToolDefinition> = self
+            .tools
             .values()
             .filter(|t| t.offered_to(scope))
             .map(|t| t.definition_for(scope))
-            .collect()
+            .collect();
+        let mut seen: std::collections::BTreeSet<String> = self.tools.keys().cloned().collect();
+        for set in &self.sets {
+            let mut more: Vec<ToolDefinition> = set
+                .definitions_for(scope)
+                .into_iter()
+                .filter(|d| seen.insert(d.name.clone()))
+                .collect();
+            more.sort_by(|a, b| a.name.cmp(&b.name));
+            defs.extend(more);
+        }
+        defs
     }
 
     /// Tool names, sorted.
@@ -387,21 +430,14 @@ impl ToolRegistry {
     /// unknown tool, arguments that are not a JSON object, or the tool's own error.
     /// A tool the calling agent is not offered (see [`Tool::offered_to`]) is an unknown tool to it.
     pub async fn call(&self, ctx: &ToolContext, call: &ToolCall) -> Result<ToolOutput, ToolError> {
-        let Some(tool) = self
+        let tool = self
             .tools
             .get(&call.name)
-            .filter(|t| t.offered_to(&ctx.org))
-        else {
-            return Err(ToolError::UnknownTool {
-                name: call.name.clone(),
-                available: self
-                    .tools
-                    .iter()
-                    .filter(|(_, t)| t.offered_to(&ctx.org))
-                    .map(|(name, _)| name.clone())
-                    .collect(),
-            });
-        };
+            .filter(|t| t.offered_to(&ctx.org));
+        let in_set = tool.is_none() && !self.tools.contains_key(&call.name);
+        if tool.is_none() && !in_set {
+            return Err(self.unknown(ctx, &call.name));
+        }
         let text = call.arguments.trim();
         let args = if text.is_empty() {
             serde_json::Value::Object(serde_json::Map::new())
@@ -419,6 +455,26 @@ impl ToolRegistry {
                 "the arguments must be one JSON object",
             ));
         }
-        tool.call(ctx, args).await
+        if let Some(tool) = tool {
+            return tool.call(ctx, args).await;
+        }
+        for set in &self.sets {
+            if let Some(result) = set.call(ctx, &call.name, args.clone()).await {
+                return result;
+            }
+        }
+        Err(self.unknown(ctx, &call.name))
+    }
+
+    /// The error for a call naming a tool the calling agent is not offered.
+    fn unknown(&self, ctx: &ToolContext, name: &str) -> ToolError {
+        ToolError::UnknownTool {
+            name: name.to_owned(),
+            available: self
+                .definitions_for(&ctx.org)
+                .into_iter()
+                .map(|d| d.name)
+                .collect(),
+        }
     }
 }
