@@ -242,7 +242,7 @@ fn error_unknown_field() {
     );
     assert_eq!(
         single_issue("[settings]\nmax_depth = 3"),
-        "settings: field \"max_depth\": unknown field; expected approval, max_delegation_depth, max_tool_rounds, queue_capacity, conversation_turn_budget, task_concurrency, max_tool_calls_per_response, limits"
+        "settings: field \"max_depth\": unknown field; expected approval, max_delegation_depth, max_tool_rounds, queue_capacity, conversation_turn_budget, task_concurrency, max_tool_calls_per_response, limits, agent_limits, org_limits, prices, context_window, compaction"
     );
     // A top-level table other than agents, links, settings is a behaviour's section: kept by the
     // parser, refused when no behaviour claims it (the build checks; so does `spacebot check`).
@@ -416,4 +416,43 @@ fn validate_checks_configs_built_in_code() {
         entries,
         ["agents[2] (support)", "links[0] (support -> support)"]
     );
+}
+
+/// Period limits and prices: each bad entry names its table and field; a good one reads back,
+/// and survives `validate` (serialized and read again).
+#[test]
+fn period_limits_and_prices_are_checked() {
+    assert_eq!(
+        single_issue("[settings.agent_limits]\nmodel_calls = 2"),
+        "settings.agent_limits: field \"period\": missing (\"hour\" or \"day\")"
+    );
+    assert_eq!(
+        single_issue("[settings.org_limits]\nperiod = \"week\"\ncost = 1.0"),
+        "settings.org_limits: field \"period\": expected \"hour\" or \"day\", found \"week\""
+    );
+    assert!(
+        single_issue("[settings.agent_limits]\nperiod = \"hour\"\nwall_time_ms = 5")
+            .starts_with("settings.agent_limits: field \"wall_time_ms\": unknown field"),
+    );
+    assert_eq!(
+        single_issue("[settings.prices.m]\ninput_per_million = -1.0"),
+        "settings.prices.m: field \"input_per_million\": expected an amount of 0 or more, found -1"
+    );
+    assert_eq!(
+        single_issue("[settings.limits]\ncost = \"lots\""),
+        "settings.limits: field \"cost\": expected an amount such as 0.25, found string \"lots\""
+    );
+    let config = OrgConfig::from_toml_str(&format!(
+        "{AGENTS}\n[settings.limits]\ncost = 0.25\n[settings.org_limits]\nperiod = \"day\"\ntotal_tokens = 900\n[settings.prices.default]\ninput_per_million = 1.5\noutput_per_million = 6.0"
+    ))
+    .unwrap();
+    let s = &config.settings;
+    assert_eq!(s.limits.cost.map(|c| c.0), Some(250_000));
+    let org = s.org_limits.unwrap();
+    assert_eq!(
+        (org.period, org.limits.total_tokens),
+        (spacebot_core::limits::Period::Day, Some(900))
+    );
+    assert_eq!(s.prices["default"].output_per_million.0, 6_000_000);
+    config.validate().unwrap();
 }

@@ -329,8 +329,8 @@ mod tests {
                 (Limit::TotalTokens, 100)
             );
             assert_eq!(reached.scope, scope);
-            // An hour after the first call, its bucket has left the window.
-            let t2 = Timestamp(t0.0 + 60 * 60_000);
+            // An hour after the first call's minute, its bucket has left the window.
+            let t2 = Timestamp(t0.0 + 61 * 60_000);
             l.reserve(&scope, "c3", &call, &limits, t2)
                 .await
                 .unwrap()
