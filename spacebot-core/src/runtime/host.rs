@@ -426,12 +426,6 @@ impl Host {
         overflow_to_store: bool,
         kept: Option<futures::future::BoxFuture<'_, ()>>,
     ) -> Result<(), DeliveryError> {
-        let mut envelope = envelope;
-        if envelope.trace_context.is_none() {
-            // Sent from within a span (a turn, a claim, a notice, the application's request):
-            // the turn answering it continues that trace.
-            envelope.trace_context = crate::telemetry::current_context();
-        }
         let durable = self.stores_every_delivery();
         self.hand_over(agent, envelope, overflow_to_store, kept, durable)
             .await
@@ -460,6 +454,12 @@ impl Host {
         mut kept: Option<futures::future::BoxFuture<'_, ()>>,
         durable: bool,
     ) -> Result<(), DeliveryError> {
+        let mut envelope = envelope;
+        if envelope.trace_context.is_none() {
+            // Sent from within a span (a turn, a claim, a notice, the application's request):
+            // the turn answering it continues that trace.
+            envelope.trace_context = crate::telemetry::current_context();
+        }
         match self.slot(agent) {
             Some(Slot::Running(rt)) => {
                 if !overflow_to_store && rt.queue.len() >= rt.queue.capacity() {
