@@ -88,7 +88,6 @@ impl Host {
             known: Mutex::default(),
             loaded: Mutex::default(),
             reply_sources: Mutex::new(HashMap::new()),
-            memories: Default::default(),
         });
         {
             let mut agents = self.write_agents();
