@@ -39,7 +39,7 @@ impl PeriodEntry {
             .retain(|_, (start, _)| *start + bucket > first);
     }
 
-    /// Settled spend in the period (after [`prune`](Self::prune)).
+    /// Settled spend in the period (of what is still in it when read).
     pub fn settled(&self) -> Spend {
         self.buckets
             .values()

@@ -70,7 +70,7 @@ pub enum TurnOutcome {
 }
 
 /// Why a turn running claimed work failed, as its behaviour's
-/// [`work_ended`](crate::runtime::Behaviour::work_ended) sees it.
+/// [`work_ended`](crate::Behaviour::work_ended) sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct WorkFailure {
