@@ -364,12 +364,7 @@ impl OrgConfig {
             // claims them (`OrgConfig::check_agent_fields` refuses the rest at the build).
             let fields: toml::Table = table
                 .iter()
-                .filter(|(k, _)| {
-                    !matches!(
-                        k.as_str(),
-                        "id" | "name" | "workspace" | "limits"
-                    )
-                })
+                .filter(|(k, _)| !matches!(k.as_str(), "id" | "name" | "workspace" | "limits"))
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect();
             let id = e.agent_id("id");
@@ -392,15 +387,13 @@ impl OrgConfig {
                 first_seen.insert(id.clone(), i);
             }
             out.push(match id {
-                Some(id) if !name_bad && !workspace_bad && !limits_bad => {
-                    Some(AgentConfig {
-                        name: name.unwrap_or_else(|| id.to_string()),
-                        id,
-                        workspace,
-                        limits,
-                        fields,
-                    })
-                }
+                Some(id) if !name_bad && !workspace_bad && !limits_bad => Some(AgentConfig {
+                    name: name.unwrap_or_else(|| id.to_string()),
+                    id,
+                    workspace,
+                    limits,
+                    fields,
+                }),
                 _ => None,
             });
         }
