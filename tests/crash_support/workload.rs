@@ -24,7 +24,10 @@
 //! note `log` and writes it back with its job appended as a line (`write_shared_note`, compared and
 //! set against the version read); the agent answers `FINAL job-N` once the write was acknowledged.
 //! The model appends blindly: a turn run again after a kill appends its line again, and only the
-//! write's effect key (`ToolContext::key`) keeps the note from holding it twice.
+//! write's effect key (`ToolContext::key`) keeps the note from holding it twice. A turn run again
+//! after a kill can be steered (the next job arrives while it runs, once its reply was out): the
+//! resumed frame continues from its own last tool result, as a model reading its conversation
+//! would, so a write acknowledged before the steer is not asked for again under a new key.
 //!
 //! Files in the run directory: `ack.log` (`ack <job> <envelope>` once `deliver` returned Ok,
 //! `spawn <job> <child>` once `spawn_child` did), `replies.jsonl` (every reply to the application's
@@ -768,13 +771,13 @@ async fn run_budget(dir: &Path, backend: &str, failpoint: Arc<Failpoint>) -> u64
 
 /// The model of the notes workload: read the note, write it back with the job appended (blindly:
 /// a line already there is appended again), answer `FINAL job-N` once the write was acknowledged.
+///
+/// A frame resumed after a steer (the runtime's "continue with what you were doing" message)
+/// continues from its own last tool result, as a model reading its conversation does: a write
+/// acknowledged before the interruption is answered, not made again.
 pub fn notes_model(req: &ChatRequest) -> ChatResponse {
     let job = job_ids(&last_user(&req.messages)).pop().unwrap_or_default();
-    let last_tool = req.messages.iter().rev().find_map(|m| match m {
-        ChatMessage::Tool { content, .. } => Some(content.to_string()),
-        ChatMessage::User { .. } => Some(String::new()),
-        _ => None,
-    });
+    let last_tool = frame_tool_result(&req.messages);
     match last_tool.as_deref() {
         Some(result) if result.starts_with("Wrote note") => {
             ChatResponse::text(format!("FINAL {job} (notes)"))
@@ -796,6 +799,41 @@ pub fn notes_model(req: &ChatRequest) -> ChatResponse {
         // A new job, or an error (a conflict): read the note (again).
         _ => ChatResponse::tool_calls(vec![tool_call("read_shared_note", json!({"name": NOTE}))]),
     }
+}
+
+/// The runtime's first words when a frame resumes after a steer was answered.
+const RESUMED: &str = "Your answer to the interruption was delivered.";
+
+/// The last tool result of the frame the model answers now (`Some("")` when its last message is
+/// a new job): the last message's, or, for a resumed frame, the last tool result before the
+/// interruption (the first user message after the one that asked for the resumed job).
+fn frame_tool_result(messages: &[ChatMessage]) -> Option<String> {
+    let last_tool = |messages: &[ChatMessage]| {
+        messages.iter().rev().find_map(|m| match m {
+            ChatMessage::Tool { content, .. } => Some(content.to_string()),
+            ChatMessage::User { .. } => Some(String::new()),
+            _ => None,
+        })
+    };
+    let resumed = matches!(messages.last(), Some(ChatMessage::User { content })
+        if content.to_string().starts_with(RESUMED));
+    if !resumed {
+        return last_tool(messages);
+    }
+    let job = job_ids(&last_user(messages)).pop()?;
+    // The user message that asked for the job (not a resume), and the first user message after it.
+    let asked = messages.iter().rposition(|m| match m {
+        ChatMessage::User { content } => {
+            let text = content.to_string();
+            !text.starts_with(RESUMED) && job_ids(&text).contains(&job)
+        }
+        _ => false,
+    })?;
+    let interrupted = messages[asked + 1..]
+        .iter()
+        .position(|m| matches!(m, ChatMessage::User { .. }))
+        .map_or(messages.len(), |i| asked + 1 + i);
+    last_tool(&messages[..interrupted])
 }
 
 /// The notes workload (see the module's documentation).
