@@ -407,3 +407,10 @@ on_every_backend!(governance #[tokio::test(flavor = "multi_thread", worker_threa
 fn governance_random_trees_never_overspend_and_always_end() {
     scenarios::governance_props::random_trees_never_overspend_and_always_end();
 }
+
+on_every_backend!(context:
+    a_small_window_is_never_overflowed,
+    compaction_keeps_tool_calls_with_their_results,
+    without_compaction_older_history_is_left_out,
+    a_summary_survives_a_restart,
+);

@@ -84,6 +84,8 @@ pub struct ChannelRecord {
 /// ([`ChannelStore::history_texts`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HistoryText {
+    /// The record's sequence number ([`ChannelRecord::seq`]).
+    pub seq: u64,
     /// The role.
     pub kind: RecordKind,
     /// Who wrote it.
@@ -116,7 +118,7 @@ pub trait ChannelStore: Send + Sync + fmt::Debug {
         channel: &ChannelId,
         limit: Option<usize>,
     ) -> Result<Vec<ChannelRecord>, StoreError>;
-    /// [`history`](Self::history) for a model's input: the kind, author and text of the same
+    /// [`history`](Self::history) for a model's input: the sequence number, kind, author and text of the same
     /// records in the same order (the rest of each record left out). A turn reads its channel's
     /// history with it. The default calls `history`; a store that can hand out its texts without
     /// building whole records overrides it (the memory store shares them: no copy).
@@ -131,6 +133,7 @@ pub trait ChannelStore: Send + Sync + fmt::Debug {
             .await?
             .into_iter()
             .map(|r| HistoryText {
+                seq: r.seq,
                 kind: r.record.kind,
                 author: r.record.author,
                 content: r.record.content,

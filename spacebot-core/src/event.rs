@@ -155,6 +155,12 @@ pub enum EventKind {
         /// Tool rounds used.
         rounds: u32,
     },
+    /// A turn's history no longer fitted the agent's context window: the older part was compacted
+    /// into the channel's summary (see [`crate::context`]).
+    Compacted {
+        /// The sequence number of the newest history record the summary covers.
+        through: u64,
+    },
     /// A turn hit the round limit and was stopped.
     RoundLimitReached {
         /// The limit.

@@ -55,6 +55,7 @@
 pub mod bus;
 pub mod channel;
 pub mod config;
+pub mod context;
 pub mod conversation;
 pub mod delegation;
 pub mod dialogue;

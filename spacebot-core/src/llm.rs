@@ -308,6 +308,23 @@ pub trait LlmProvider: Send + Sync + fmt::Debug {
             Ok(StreamEvent::Done(response))
         })))
     }
+
+    /// The context window of `model` (the provider's default model for `None`) in tokens, when
+    /// the provider knows it (see [`crate::context`]). The default knows none.
+    fn context_window(&self, model: Option<&str>) -> Option<u32> {
+        let _ = model;
+        None
+    }
+
+    /// The token counter for `model` (the provider's default model for `None`); `None`, the
+    /// default, lets the runtime estimate ([`EstimateCounter`](crate::context::EstimateCounter)).
+    fn token_counter(
+        &self,
+        model: Option<&str>,
+    ) -> Option<std::sync::Arc<dyn crate::context::TokenCounter>> {
+        let _ = model;
+        None
+    }
 }
 
 /// A `dyn` provider.
@@ -329,5 +346,14 @@ impl<T: LlmProvider + ?Sized> LlmProvider for std::sync::Arc<T> {
         request: ChatRequest,
     ) -> Result<BoxStream<'static, Result<StreamEvent, LlmError>>, LlmError> {
         (**self).stream(request).await
+    }
+    fn context_window(&self, model: Option<&str>) -> Option<u32> {
+        (**self).context_window(model)
+    }
+    fn token_counter(
+        &self,
+        model: Option<&str>,
+    ) -> Option<std::sync::Arc<dyn crate::context::TokenCounter>> {
+        (**self).token_counter(model)
     }
 }

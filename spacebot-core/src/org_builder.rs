@@ -38,6 +38,7 @@ pub struct OrganizationBuilder {
     executors: HashMap<AgentId, Arc<dyn TaskExecutor>>,
     behaviours: Vec<Arc<dyn Behaviour>>,
     placement: Option<(Arc<dyn Placement>, PlacementOptions)>,
+    compaction: Option<Arc<dyn crate::context::Compaction>>,
 }
 
 impl Organization {
@@ -58,6 +59,7 @@ impl Organization {
             executors: HashMap::new(),
             behaviours: Vec::new(),
             placement: None,
+            compaction: None,
         }
     }
 }
@@ -143,6 +145,13 @@ impl OrganizationBuilder {
     /// `docs/scale-out.md`.
     pub fn placement(mut self, placement: Arc<dyn Placement>, options: PlacementOptions) -> Self {
         self.placement = Some((placement, options));
+        self
+    }
+    /// The compaction hook (default [`ModelSummary`](crate::context::ModelSummary)): how history
+    /// that no longer fits an agent's context window is summarized. `[settings] compaction =
+    /// false` turns compaction off whatever this says. See [`crate::context`].
+    pub fn compaction(mut self, compaction: Arc<dyn crate::context::Compaction>) -> Self {
+        self.compaction = Some(compaction);
         self
     }
     /// A tool every agent gets.
@@ -236,10 +245,19 @@ impl OrganizationBuilder {
             let spec = agent_spec(agent, &self.agent_outbounds, &default_outbound)?;
             agents.insert(agent.id.clone(), Slot::Stopped(Arc::new(spec)));
         }
+        let counter = llm
+            .token_counter(None)
+            .unwrap_or_else(|| Arc::new(crate::context::EstimateCounter));
+        let compaction = config.settings.compaction.then(|| {
+            self.compaction
+                .unwrap_or_else(|| Arc::new(crate::context::ModelSummary))
+        });
         let org = Organization {
             inner: Arc::new(OrgInner {
                 stores,
                 llm,
+                counter,
+                compaction,
                 loops: crate::runtime::executor::LoopExecutor::new(spawner.clone(), self.runners),
                 background: Arc::default(),
                 spawner,

@@ -242,7 +242,7 @@ fn error_unknown_field() {
     );
     assert_eq!(
         single_issue("[settings]\nmax_depth = 3"),
-        "settings: field \"max_depth\": unknown field; expected approval, max_delegation_depth, max_tool_rounds, queue_capacity, conversation_turn_budget, task_concurrency, max_tool_calls_per_response, limits, agent_limits, org_limits, prices"
+        "settings: field \"max_depth\": unknown field; expected approval, max_delegation_depth, max_tool_rounds, queue_capacity, conversation_turn_budget, task_concurrency, max_tool_calls_per_response, limits, agent_limits, org_limits, prices, context_window, compaction"
     );
     // A top-level table other than agents, links, settings is a behaviour's section: kept by the
     // parser, refused when no behaviour claims it (the build checks; so does `spacebot check`).

@@ -1,6 +1,7 @@
 //! Behaviour scenarios through the public API, each taking the stores to run on.
 #![allow(unreachable_pub)]
 pub mod agent;
+pub mod context;
 pub mod conversation_group;
 pub mod conversation_mirrored;
 pub mod delegation_adversarial;

@@ -5,6 +5,7 @@
 //! id = "support"
 //! name = "Support Agent"          # optional, defaults to the id
 //! workspace = "agents/support"    # optional: where SOUL.md, IDENTITY.md, USER.md, ROLE.md live
+//! context_window = 16384          # optional: this agent's model's window in tokens
 //!
 //! [[agents]]
 //! id = "engineering"
@@ -22,6 +23,8 @@
 //! max_tool_rounds = 16
 //! queue_capacity = 256
 //! conversation_turn_budget = 20
+//! context_window = 8192           # tokens, for agents without their own (see `context`)
+//! compaction = true               # summarize history that no longer fits (default true)
 //! ```
 //!
 //! A top-level table (or array of tables) that is none of these, such as `[[notes]]`, is a
@@ -85,6 +88,10 @@ pub struct AgentConfig {
     /// 50000 }`), besides [`Settings::agent_limits`]: see [`crate::limits`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<crate::limits::PeriodLimits>,
+    /// The context window of the agent's model in tokens (see [`crate::context`]); `None`: the
+    /// organization's `[settings] context_window`, else the provider's, else the default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_window: Option<u32>,
     /// The entry's other fields, as written: each is a behaviour's per-agent setting (MCP's
     /// `tools = ["files:*"]`, say), read and checked by the behaviour that claims it (see
     /// [`Behaviour::agent_fields`](crate::Behaviour::agent_fields)); a field no behaviour claims
@@ -181,6 +188,13 @@ pub struct Settings {
     /// cost, and `cost` limits bind. Looked up by [`LlmProvider::default_model`](crate::llm::LlmProvider::default_model).
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub prices: std::collections::BTreeMap<String, crate::limits::Price>,
+    /// The context window in tokens of agents without their own (`[[agents]] context_window`);
+    /// `None` (the default): what the provider reports, else
+    /// [`DEFAULT_CONTEXT_WINDOW`](crate::context::DEFAULT_CONTEXT_WINDOW). See [`crate::context`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub context_window: Option<u32>,
+    /// Whether history that no longer fits the window is summarized (default true) or left out.
+    pub compaction: bool,
 }
 
 impl Default for Settings {
@@ -197,6 +211,8 @@ impl Default for Settings {
             agent_limits: None,
             org_limits: None,
             prices: std::collections::BTreeMap::new(),
+            context_window: None,
+            compaction: true,
         }
     }
 }
@@ -213,6 +229,7 @@ impl OrgConfig {
     ///     name: "A".into(),
     ///     workspace: None,
     ///     limits: None,
+    ///     context_window: None,
     ///     fields: Default::default(),
     /// };
     /// let config = OrgConfig { agents: vec![agent.clone(), agent], ..Default::default() };

@@ -364,7 +364,12 @@ impl OrgConfig {
             // claims them (`OrgConfig::check_agent_fields` refuses the rest at the build).
             let fields: toml::Table = table
                 .iter()
-                .filter(|(k, _)| !matches!(k.as_str(), "id" | "name" | "workspace" | "limits"))
+                .filter(|(k, _)| {
+                    !matches!(
+                        k.as_str(),
+                        "id" | "name" | "workspace" | "limits" | "context_window"
+                    )
+                })
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect();
             let id = e.agent_id("id");
@@ -375,6 +380,7 @@ impl OrgConfig {
             let issues_before = e.issues.len();
             let limits = e.opt_period_limits("limits");
             let limits_bad = e.issues.len() > issues_before;
+            let window = e.opt_count("context_window", u64::from(u32::MAX));
             if let Some(id) = &id {
                 if let Some(first) = first_seen.get(id) {
                     e.issue(
@@ -386,14 +392,17 @@ impl OrgConfig {
                 }
                 first_seen.insert(id.clone(), i);
             }
-            out.push(match id {
-                Some(id) if !name_bad && !workspace_bad && !limits_bad => Some(AgentConfig {
-                    name: name.unwrap_or_else(|| id.to_string()),
-                    id,
-                    workspace,
-                    limits,
-                    fields,
-                }),
+            out.push(match (id, window) {
+                (Some(id), Ok(window)) if !name_bad && !workspace_bad && !limits_bad => {
+                    Some(AgentConfig {
+                        name: name.unwrap_or_else(|| id.to_string()),
+                        id,
+                        workspace,
+                        limits,
+                        context_window: window.and_then(|n| u32::try_from(n).ok()),
+                        fields,
+                    })
+                }
                 _ => None,
             });
         }
@@ -517,6 +526,8 @@ impl OrgConfig {
             "agent_limits",
             "org_limits",
             "prices",
+            "context_window",
+            "compaction",
         ]);
         if let Ok(Some(approval)) = e.opt_enum::<ApprovalPolicy>("approval") {
             settings.approval = approval;
@@ -539,6 +550,12 @@ impl OrgConfig {
         }
         if let Ok(Some(n)) = e.opt_count("max_tool_calls_per_response", small) {
             settings.max_tool_calls_per_response = u32::try_from(n).unwrap_or(u32::MAX);
+        }
+        if let Ok(Some(n)) = e.opt_count("context_window", small) {
+            settings.context_window = u32::try_from(n).ok();
+        }
+        if let Ok(Some(on)) = e.opt_bool("compaction") {
+            settings.compaction = on;
         }
         match e.table.get("limits") {
             None => {}

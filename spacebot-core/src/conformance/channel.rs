@@ -276,6 +276,7 @@ pub async fn channel_store_round_trip(store: &dyn ChannelStore) -> Result<(), Co
         expected[1..]
             .iter()
             .map(|r| crate::channel::HistoryText {
+                seq: r.seq,
                 kind: r.record.kind,
                 author: r.record.author.clone(),
                 content: r.record.content.clone(),

@@ -214,6 +214,7 @@ impl ChannelStore for MemoryChannelStore {
             .tail(channel, limit)
             .iter()
             .map(|kept| HistoryText {
+                seq: kept.seq,
                 kind: kept.kind,
                 author: kept.author.clone(),
                 content: kept.content.clone(),

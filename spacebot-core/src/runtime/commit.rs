@@ -14,7 +14,8 @@ use crate::ids::{AgentId, ChannelId};
 use crate::runtime::host::{AgentRuntime, Host};
 use crate::text::Text;
 
-/// How many history records of a channel a turn sends to the model.
+/// How many of a channel's newest records a turn reads to recall its reply source (what a turn
+/// sends of the history is chosen by tokens: see [`crate::context`]).
 pub(crate) const HISTORY_LIMIT: usize = 50;
 
 /// The first wait after a store failure; it doubles up to [`MAX_BACKOFF`].

@@ -21,6 +21,7 @@ pub fn to_messages(records: &[ChannelRecord]) -> Vec<crate::llm::ChatMessage> {
     extend_messages(
         &mut messages,
         records.iter().map(|r| HistoryText {
+            seq: r.seq,
             kind: r.record.kind,
             author: r.record.author.clone(),
             content: r.record.content.clone(),
@@ -38,16 +39,19 @@ pub(crate) fn extend_messages(
     messages: &mut Vec<ChatMessage>,
     records: impl IntoIterator<Item = HistoryText>,
 ) {
-    messages.extend(records.into_iter().filter_map(|rec| {
-        Some(match rec.kind {
-            RecordKind::User if rec.author == "user" => ChatMessage::user(rec.content),
-            RecordKind::User => ChatMessage::user(["[", &rec.author, "] ", &rec.content].concat()),
-            RecordKind::Assistant => ChatMessage::assistant(rec.content),
-            RecordKind::Sent => ChatMessage::assistant(["(sent) ", &rec.content].concat()),
-            RecordKind::System => ChatMessage::system(rec.content),
-            _ => return None,
-        })
-    }));
+    messages.extend(records.into_iter().filter_map(to_message));
+}
+
+/// One record of a history read as the message a model sees (`None`: tool chatter, left out).
+pub(crate) fn to_message(rec: HistoryText) -> Option<ChatMessage> {
+    Some(match rec.kind {
+        RecordKind::User if rec.author == "user" => ChatMessage::user(rec.content),
+        RecordKind::User => ChatMessage::user(["[", &rec.author, "] ", &rec.content].concat()),
+        RecordKind::Assistant => ChatMessage::assistant(rec.content),
+        RecordKind::Sent => ChatMessage::assistant(["(sent) ", &rec.content].concat()),
+        RecordKind::System => ChatMessage::system(rec.content),
+        _ => return None,
+    })
 }
 
 #[cfg(test)]

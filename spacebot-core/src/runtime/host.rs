@@ -113,6 +113,9 @@ pub(crate) struct AgentRuntime {
     /// The last external source seen per channel: a reply to a system message (a retrigger) in that
     /// channel goes to the same place. Kept in memory only.
     pub(crate) reply_sources: Mutex<HashMap<ChannelId, Source>>,
+    /// What the agent keeps of each channel's history between its turns (see
+    /// `runtime/window.rs`). Kept in memory only.
+    pub(crate) memories: crate::runtime::window::Memories,
 }
 
 impl AgentRuntime {
@@ -253,6 +256,10 @@ pub(crate) struct Host {
     pub(crate) settle_waiters: Mutex<Vec<oneshot::Sender<()>>>,
     /// This process's part in placement, when the organization spans several processes.
     pub(crate) hosting: Option<Arc<crate::runtime::hosting::Hosting>>,
+    /// Counts the tokens of what turns send (the provider's counter, else the estimate).
+    pub(crate) counter: Arc<dyn crate::context::TokenCounter>,
+    /// The compaction hook; `None` when `[settings] compaction = false`.
+    pub(crate) compaction: Option<Arc<dyn crate::context::Compaction>>,
 }
 
 /// A behaviour's doorbell: its name and the sending end.

@@ -88,6 +88,7 @@ impl Host {
             known: Mutex::default(),
             loaded: Mutex::default(),
             reply_sources: Mutex::new(HashMap::new()),
+            memories: Default::default(),
         });
         {
             let mut agents = self.write_agents();

@@ -23,6 +23,7 @@ pub mod replies;
 pub mod steer;
 pub(crate) mod steps;
 pub(crate) mod turn;
+pub(crate) mod window;
 
 pub use outbound::{
     ChannelOutbound, Outbound, OutboundError, OutboundItem, Reply, ReplyDelta, ReplyKind,

@@ -5,14 +5,16 @@
 use std::sync::Arc;
 
 use crate::channel::{NewRecord, RecordKind};
+use crate::context::{CompactionInput, CompactionPlan, SUMMARY_NAMESPACE};
 use crate::envelope::{Envelope, EnvelopeKind};
+use crate::error::LlmError;
 use crate::event::EventKind;
 use crate::ids::{AgentId, ChannelId, EnvelopeId};
 use crate::limits::{self, Spend};
 use crate::llm::{ChatMessage, ChatRequest, ChatResponse, ToolDefinition};
+use crate::records::RecordWrite;
 use crate::runtime::behaviour::{Behaviour, BehaviourContext};
 use crate::runtime::commit::*;
-use crate::runtime::history;
 use crate::runtime::host::{AgentRuntime, Host};
 use crate::runtime::prompt::*;
 use crate::runtime::steer::merge_backlog;
@@ -21,6 +23,7 @@ use crate::runtime::turn::{
     TurnOutcome, answers_outbound, deliver_answer, failure, owes_an_answer, put_back, resume_text,
     stream_model, tool_called,
 };
+use crate::runtime::window::{self, TurnContext};
 use crate::tools::{ToolCapability, ToolContext};
 use tracing::Instrument;
 
@@ -46,7 +49,8 @@ pub(crate) struct Turn<'a> {
     base_round: u32,
     /// The levels the model answers, the steers on top.
     frames: Vec<Frame>,
-    messages: Vec<ChatMessage>,
+    /// What the turn may send: its history and its own messages (see `runtime/window.rs`).
+    context: TurnContext,
     scope: ToolCapability,
     ctx: BehaviourContext,
     /// The behaviour owning the claimed work the turn runs, if any.
@@ -83,10 +87,9 @@ impl<'a> Turn<'a> {
             rounds: 0,
         }];
         // A store that fails here is retried (the envelope stays where it is), never a failed turn.
-        let past = retry_store(host, agent, "reading the channel's history", || {
-            host.stores
-                .channels
-                .history_texts(&me, &channel, Some(HISTORY_LIMIT))
+        let window = window::window_of(host, &me);
+        let (summary, past) = retry_store(host, agent, "reading the channel's history", || {
+            window::load(host, agent, &channel, window)
         })
         .await
         .map_err(|e| failure(e, &frames))?;
@@ -99,17 +102,21 @@ impl<'a> Turn<'a> {
         log.flush_records(host, &me).await;
         let system =
             cached_system_prompt(host, agent, &channel).map_err(|e| failure(e, &frames))?;
-        let mut messages = Vec::with_capacity(past.len() + 4);
-        messages.push(ChatMessage::system(system));
-        history::extend_messages(&mut messages, past);
-        messages.push(ChatMessage::user(merge_backlog(&frames[0].envelopes)));
-
         let scope = ToolCapability::new(host.clone(), me.clone());
         let owner = options
             .work
             .as_ref()
             .and_then(|w| host.behaviour(&w.owner).cloned());
         let definitions = cached_definitions(host, &scope);
+        let mut context = TurnContext::new(
+            window,
+            host.counter.clone(),
+            ChatMessage::system(system),
+            &definitions,
+            summary,
+            past,
+        );
+        context.push(ChatMessage::user(merge_backlog(&frames[0].envelopes)));
         let call_cap =
             usize::try_from(host.settings.max_tool_calls_per_response.max(1)).unwrap_or(usize::MAX);
         let mut started = host.event(&me, EventKind::TurnStarted);
@@ -125,7 +132,7 @@ impl<'a> Turn<'a> {
             cause,
             base_round,
             frames,
-            messages,
+            context,
             scope,
             ctx: BehaviourContext::new(host.clone()),
             owner,
@@ -144,8 +151,13 @@ impl<'a> Turn<'a> {
     }
 
     /// The request for the top frame; `None` when no frame is left. Fails when the round limit
-    /// is reached (saying so with an event).
-    pub(crate) fn next_request(&mut self) -> Result<Option<ChatRequest>, TurnFailure> {
+    /// is reached (saying so with an event). What it sends of the history and of the turn's own
+    /// messages fits the agent's context window; when something older has to be left out, the
+    /// compaction hook summarizes it first (see [`crate::context`]).
+    pub(crate) async fn next_request(
+        &mut self,
+        log: &mut TurnLog,
+    ) -> Result<Option<ChatRequest>, TurnFailure> {
         let Some(top) = self.frames.last() else {
             return Ok(None);
         };
@@ -163,14 +175,93 @@ impl<'a> Turn<'a> {
             .channel()
             .cloned()
             .unwrap_or_else(|| self.channel.clone());
+        let kind = top.kind();
+        let budget = self.context.budget(None);
+        let mut selection = self.fit(budget)?;
+        if self.context.drops(&selection) && self.compact(budget, log).await? {
+            selection = self.fit(budget)?;
+        }
         Ok(Some(ChatRequest {
             agent: Some(self.me.clone()),
-            messages: self.messages.clone(),
+            messages: self.context.messages(&selection),
             tools: self.definitions.clone(),
             channel: Some(self.reply_channel.clone()),
-            envelope_kind: top.kind(),
+            envelope_kind: kind,
             ..ChatRequest::default()
         }))
+    }
+
+    /// What of the turn's context fits `budget`; fails the turn when not even its mandatory
+    /// part does.
+    fn fit(&self, budget: u64) -> Result<window::Selection, TurnFailure> {
+        self.context.select(budget).map_err(|needed| {
+            let window = self.context.window;
+            self.failure(TurnError::ContextOverflow {
+                needed: needed + (window - budget),
+                window,
+            })
+        })
+    }
+
+    /// Compacts the context: what is older than what fits half of `budget` goes to the
+    /// compaction hook, and its summary (stored durably for the channel) replaces it. Whether
+    /// anything changed.
+    async fn compact(&mut self, budget: u64, log: &mut TurnLog) -> Result<bool, TurnFailure> {
+        let Some(hook) = self.host.compaction.clone() else {
+            return Ok(false);
+        };
+        let older = self.context.older(budget / 2);
+        if older.is_empty() {
+            return Ok(false);
+        }
+        let plan = hook.plan(
+            &CompactionInput {
+                previous: self.context.summary_text(),
+                messages: &older.messages,
+                window: self.context.window,
+            },
+            self.host.counter.as_ref(),
+        );
+        let text = match plan {
+            CompactionPlan::Summary(text) => Some(text),
+            CompactionPlan::Ask(mut request) => {
+                request.agent = Some(self.me.clone());
+                request.channel = Some(self.reply_channel.clone());
+                let response = self.call_model(request, false, log).await?;
+                hook.read_summary(&response)
+            }
+            _ => None,
+        };
+        let Some(summary) = self.context.apply(&older, text) else {
+            return Ok(true);
+        };
+        let mut event = self.host.event(
+            &self.me,
+            EventKind::Compacted {
+                through: summary.through,
+            },
+        );
+        event.channel = Some(self.channel.clone());
+        event.task = self.options.task.clone();
+        self.host.emit(event);
+        window::remember_summary(self.agent, &self.channel, &summary);
+        let write = RecordWrite::new(
+            SUMMARY_NAMESPACE,
+            window::summary_key(&self.me, &self.channel),
+            serde_json::to_value(&summary).unwrap_or_default(),
+            self.me.as_str(),
+        )
+        .at(self.host.clock.now());
+        if let Err(e) = self.host.stores.records.write(write).await {
+            // The next turn compacts again: nothing is lost but a model call.
+            report_error(
+                self.host,
+                &self.me,
+                Some(&self.channel),
+                format!("a summary of the channel's history was not stored: {e}"),
+            );
+        }
+        Ok(true)
     }
 
     /// Reserves the model call against the request's limits (see [`crate::limits`]), capping its
@@ -211,18 +302,68 @@ impl<'a> Turn<'a> {
     }
 
     /// Asks the model, streaming the answer when the top frame answers an outbound that wants
-    /// deltas; counts the usage, and settles the call's reservation with it.
+    /// deltas; counts the usage, and settles the call's reservation with it. When the server
+    /// says the prompt is too long, compacts and sends once more; a second refusal fails the
+    /// turn with [`TurnError::ContextTooLong`].
     pub(crate) async fn ask_model(
         &mut self,
-        mut request: ChatRequest,
+        request: ChatRequest,
         log: &mut TurnLog,
     ) -> Result<ChatResponse, TurnFailure> {
-        let reservation = self.reserve(&mut request).await?;
         let (host, agent, me) = (self.host, self.agent, &self.me);
-        let streams_to = self
+        let streams = self
             .frames
             .last()
-            .filter(|f| agent.spec.outbound.wants_deltas() && answers_outbound(host, me, f));
+            .is_some_and(|f| agent.spec.outbound.wants_deltas() && answers_outbound(host, me, f));
+        let retry = request.clone();
+        match self.call_model_raw(request, streams, log).await? {
+            Err(LlmError::ContextTooLong { message }) => {
+                tracing::warn!(agent = %self.me, "the prompt was too long for the model: {message}; compacting");
+                let budget = self.context.budget(None);
+                self.compact(budget, log).await?;
+                let selection = self.fit(budget)?;
+                let request = ChatRequest {
+                    messages: self.context.messages(&selection),
+                    ..retry
+                };
+                match self.call_model_raw(request, streams, log).await? {
+                    Err(LlmError::ContextTooLong { message }) => {
+                        Err(self.failure(TurnError::ContextTooLong {
+                            window: self.context.window,
+                            message,
+                        }))
+                    }
+                    other => other.map_err(|e| self.failure(e)),
+                }
+            }
+            other => other.map_err(|e| self.failure(e)),
+        }
+    }
+
+    /// One model call of the turn (reserved, settled, its usage counted): the answer, or the
+    /// model's error.
+    async fn call_model(
+        &self,
+        request: ChatRequest,
+        streams: bool,
+        log: &mut TurnLog,
+    ) -> Result<ChatResponse, TurnFailure> {
+        self.call_model_raw(request, streams, log)
+            .await?
+            .map_err(|e| self.failure(e))
+    }
+
+    /// [`call_model`](Self::call_model), with the model's error as a value (a refused
+    /// reservation fails the turn).
+    async fn call_model_raw(
+        &self,
+        mut request: ChatRequest,
+        streams: bool,
+        log: &mut TurnLog,
+    ) -> Result<Result<ChatResponse, LlmError>, TurnFailure> {
+        let reservation = self.reserve(&mut request).await?;
+        let (host, agent, me) = (self.host, self.agent, &self.me);
+        let streams_to = self.frames.last().filter(|_| streams);
         let (provider, model) = (host.llm.provider_name(), request.model.clone());
         let model = model
             .as_deref()
@@ -254,8 +395,9 @@ impl<'a> Turn<'a> {
                 tracing::warn!(agent = %me, "a model call's spend was not settled: {e}");
             }
         }
-        let response = response.map_err(|e| self.failure(e))?;
-        if let Some(usage) = response.usage {
+        if let Ok(r) = &response
+            && let Some(usage) = r.usage
+        {
             log.usage = log.usage.plus(usage);
         }
         Ok(response)
@@ -324,8 +466,8 @@ impl<'a> Turn<'a> {
         match self.frames.last() {
             None => Step::Done(TurnOutcome::Answer(text)),
             Some(below) => {
-                self.messages.push(ChatMessage::assistant(text.clone()));
-                self.messages.push(ChatMessage::user(resume_text(below)));
+                self.context.push(ChatMessage::assistant(text.clone()));
+                self.context.push(ChatMessage::user(resume_text(below)));
                 self.last_text = text;
                 Step::Resumed
             }
@@ -363,7 +505,7 @@ impl<'a> Turn<'a> {
         // The frame's own round: a steer elsewhere in the turn does not shift the keys of the
         // effects this frame asks for, so a turn run again after a crash asks under the same keys.
         let round_index = self.frames.last().map_or(self.total_rounds, |f| f.rounds);
-        self.messages.push(response.to_message());
+        self.context.push(response.to_message());
         // The calls that will run count against the request's tool-call limit, all or none.
         let running = response.tool_calls.len().min(self.call_cap) as u64;
         match self.host.charge_tools(&self.me, &self.cause, running).await {
@@ -418,7 +560,7 @@ impl<'a> Turn<'a> {
                 ok,
                 log,
             );
-            self.messages.push(ChatMessage::tool(call.id.clone(), text));
+            self.context.push(ChatMessage::tool(call.id.clone(), text));
         }
         let Some(text) = ended else {
             log.flush_records(host, &me).await;
@@ -432,7 +574,7 @@ impl<'a> Turn<'a> {
             None => Ok(Step::Done(TurnOutcome::Ended(text))),
             Some(below) => {
                 log.flush_records(host, &me).await;
-                self.messages.push(ChatMessage::user(resume_text(below)));
+                self.context.push(ChatMessage::user(resume_text(below)));
                 Ok(Step::Resumed)
             }
         }
@@ -519,7 +661,7 @@ impl<'a> Turn<'a> {
         event.channel = steering.first().map(|e| e.channel.clone());
         event.task = self.options.task.clone();
         host.emit(event);
-        self.messages
+        self.context
             .push(ChatMessage::user(merge_backlog(&steering)));
         self.frames.push(Frame {
             envelopes: steering,

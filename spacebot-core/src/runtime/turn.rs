@@ -40,6 +40,30 @@ pub enum TurnError {
     /// The request reached one of its limits; the call was not made (see [`crate::limits`]).
     #[error(transparent)]
     LimitReached(#[from] crate::limits::LimitReached),
+    /// Not even the turn's system prompt, tools, message, newest tool round and the answer's
+    /// room fit the agent's context window (see [`crate::context`]); the model was not called.
+    #[error(
+        "the turn needs {needed} tokens (system prompt, tools, the message, the latest tool round \
+         and room for the answer), more than the context window of {window}"
+    )]
+    ContextOverflow {
+        /// The tokens the turn needs at least.
+        needed: u64,
+        /// The agent's context window.
+        window: u64,
+    },
+    /// The server refused the prompt as too long for the model's context window, again after
+    /// the turn compacted its history and sent it once more.
+    #[error(
+        "the conversation does not fit the model's context window ({window} tokens configured), \
+         even after compaction: {message}"
+    )]
+    ContextTooLong {
+        /// The agent's context window, as configured or reported.
+        window: u64,
+        /// The server's explanation.
+        message: String,
+    },
     /// The model answered with no text and no tool call, again when asked once more.
     #[error("the model gave an empty answer {attempts} times in a row")]
     EmptyAnswer {
@@ -190,7 +214,7 @@ pub(crate) async fn run_turn(
 ) -> Result<TurnOutcome, TurnFailure> {
     let mut turn = Turn::begin(inner, agent, first, options, log).await?;
     loop {
-        let Some(request) = turn.next_request()? else {
+        let Some(request) = turn.next_request(log).await? else {
             return Ok(TurnOutcome::Answer(std::mem::take(&mut turn.last_text)));
         };
         let response = turn.ask_model(request, log).await?;
