@@ -23,6 +23,11 @@
 //! note's history may hold no line written twice (a turn's keyed write applied again) and must hold
 //! every acknowledged write.
 //!
+//! A fourth sweep runs the limits workload (`Workload::Limits`): one request under a limit of model
+//! calls fanned out over two hops to two workers, killed at every write boundary (between a
+//! reservation and its settlement among them); after each restart the model calls made, counted by
+//! the model itself, may not exceed the limit, and the user must have been told.
+//!
 //! `SPACEBOT_CRASH_SEED` sets the seed of the random kills (printed), `SPACEBOT_CRASH_RANDOM` their
 //! number per backend (default 50 for the organization, 16 for the budget workload).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -47,6 +52,8 @@ const RANDOM_KILLS: u64 = 32;
 const RANDOM_KILLS_BUDGET: u64 = 16;
 /// Random kills per backend of the notes workload.
 const RANDOM_KILLS_NOTES: u64 = 16;
+/// Random kills per backend of the limits workload.
+const RANDOM_KILLS_LIMITS: u64 = 12;
 /// The claim-kill sequences of the budget workload: kills in a row between a claim and its model
 /// call, on one directory, before the restart that runs to the end. 3 is the task's attempts (a
 /// kill counted as an attempt would fail it 3/3 with its model never run), 9 and 10 are just under
@@ -305,6 +312,7 @@ fn crash_test(gate: Gate) {
             Workload::Org => RANDOM_KILLS,
             Workload::Budget => RANDOM_KILLS_BUDGET,
             Workload::Notes => RANDOM_KILLS_NOTES,
+            Workload::Limits => RANDOM_KILLS_LIMITS,
         });
     let kills = if only.is_some() { 0 } else { kills };
     let mut rng = Rng(seed ^ backend.len() as u64 ^ ((workload as u64) << 8));
@@ -468,6 +476,13 @@ fn crash_test(gate: Gate) {
             ),
         ]);
     }
+    if workload == Workload::Limits {
+        report.push(row(
+            "model calls beyond the request's limit",
+            sweep.overspent,
+            random.overspent,
+        ));
+    }
     report.push(format!(
         "{backend} ({} workload): {:.1} s in all",
         workload.as_str(),
@@ -542,5 +557,16 @@ fn sigkill_around_shared_note_writes_redb() {
     crash_test(Gate {
         backend: "redb",
         workload: Workload::Notes,
+    });
+}
+
+/// The limits workload: a request's limit of model calls, killed at every write boundary
+/// (reservations and settlements among them). SQLite only: the ledger's records go through the
+/// same `RecordStore` contract on every backend, and the other workloads kill redb's.
+#[test]
+fn sigkill_never_overspends_a_request_limit_sqlite() {
+    crash_test(Gate {
+        backend: "sqlite",
+        workload: Workload::Limits,
     });
 }

@@ -413,4 +413,5 @@ on_every_backend!(context:
     compaction_keeps_tool_calls_with_their_results,
     without_compaction_older_history_is_left_out,
     a_summary_survives_a_restart,
+    an_oversized_message_fails_only_against_a_known_window,
 );

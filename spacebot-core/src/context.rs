@@ -11,9 +11,11 @@
 //! schemas, the message it answers and its newest tool round; then, newest first, the turn's
 //! earlier tool rounds, the channel's history, and the summary of older history, as long as the
 //! budget (the window less the answer's room) lasts. The first message that does not fit ends the
-//! choice: nothing older goes in. An assistant message with tool calls goes in with all its tool
+//! choice: nothing older goes in. When not even that mandatory part fits a window that was
+//! configured or reported, the turn fails without calling the model; with the default window
+//! (nobody gave one), the mandatory part is sent alone and the server decides. An assistant message with tool calls goes in with all its tool
 //! results or not at all; a tool result never goes in without its call. Tokens are counted by the
-//! provider's [`TokenCounter`] (the OpenAI provider uses the model's own tokenizer), else by
+//! provider's [`TokenCounter`] (when it gives one), else by
 //! [`EstimateCounter`] (a third of the text's bytes plus 4 per message). Each history record is
 //! counted once, when it is first read.
 //!

@@ -8,8 +8,8 @@ use spacebot::task::TaskFilter;
 use spacebot::{ChannelId, ChannelRecord, RecordKind, StoreError, Stores, Task, TaskStatus};
 
 use super::workload::{
-    AGAIN, BUDGET, BUDGET_JOBS, JOBS, NOTE, NOTE_START, NOTES_JOBS, Workload, id, job_ids,
-    read_acks, read_model_runs, read_replies, try_open,
+    AGAIN, BUDGET, BUDGET_JOBS, JOBS, LIMIT_CALLS, LIMITS_JOBS, NOTE, NOTE_START, NOTES_JOBS,
+    Workload, id, job_ids, read_acks, read_model_calls, read_model_runs, read_replies, try_open,
 };
 
 /// The counts of one run (or a sum of runs).
@@ -47,6 +47,8 @@ pub struct Counts {
     /// Acknowledged shared-note writes missing from the note, or versions that are not their
     /// predecessor plus one line.
     pub notes_lost: u64,
+    /// Model calls made beyond the request's limit (the limits workload).
+    pub overspent: u64,
 }
 
 impl Counts {
@@ -65,6 +67,7 @@ impl Counts {
         self.claim_kills += o.claim_kills;
         self.notes_twice += o.notes_twice;
         self.notes_lost += o.notes_lost;
+        self.overspent += o.overspent;
     }
 
     /// Everything that must be 0.
@@ -81,6 +84,7 @@ impl Counts {
             + self.errors_untrue
             + self.notes_twice
             + self.notes_lost
+            + self.overspent
     }
 }
 
@@ -189,6 +193,7 @@ pub async fn verify(dir: &Path, backend: &str, workload: Workload) -> (Counts, V
         Workload::Org => check(dir, backend, &mut counts, &mut symptoms).await,
         Workload::Budget => check_budget(dir, backend, &mut counts, &mut symptoms).await,
         Workload::Notes => check_notes(dir, backend, &mut counts, &mut symptoms).await,
+        Workload::Limits => check_limits(dir, backend, &mut counts, &mut symptoms).await,
     };
     if let Err(e) = checked {
         counts.stores_refused += 1;
@@ -641,5 +646,55 @@ async fn check_notes(
         }
     }
     stores.close().await;
+    Ok(())
+}
+
+/// The limits workload's checks: the model calls made (logged before each answer) never exceed
+/// the request's limit; the user was told (an answer or a failure); the acknowledged envelope is
+/// not left pending; every task of the tree ended; no task was delegated twice.
+async fn check_limits(
+    dir: &Path,
+    backend: &str,
+    counts: &mut Counts,
+    symptoms: &mut Vec<String>,
+) -> Result<(), StoreError> {
+    let calls = read_model_calls(dir);
+    if calls > LIMIT_CALLS {
+        counts.overspent += calls - LIMIT_CALLS;
+        symptoms.push(format!(
+            "{calls} model calls made under a limit of {LIMIT_CALLS}"
+        ));
+    }
+    let replies = read_replies(dir);
+    let mut by_key: BTreeMap<String, u64> = BTreeMap::new();
+    for r in &replies {
+        *by_key.entry(r.key()).or_default() += 1;
+    }
+    counts.replies_repeated = by_key.values().map(|n| n - 1).sum();
+    let stores = try_open(backend, &dir.join("data")).await?;
+    for (verb, job, envelope) in read_acks(dir) {
+        if verb != "ack" || !LIMITS_JOBS.contains(&job.as_str()) {
+            continue;
+        }
+        if !replies.iter().any(|r| r.tells_limits_job(&envelope)) {
+            counts.never_answered += 1;
+            symptoms.push(format!("{job} ({envelope}): the user was never told"));
+        }
+        let pending = stores.deliveries.pending(&id("chief")).await?;
+        if pending.iter().any(|e| e.id.to_string() == envelope) {
+            counts.acked_lost += 1;
+            symptoms.push(format!("{job} ({envelope}) still pending"));
+        }
+    }
+    for board in ["lead", "w1", "w2"] {
+        let tasks = self::board(&stores, board).await?;
+        duplicates(&tasks, board, counts, symptoms);
+        for t in &tasks {
+            if !t.status.is_terminal() {
+                counts.notices_lost += 1;
+                symptoms.push(format!("{board}#{} left {:?}", t.number, t.status));
+            }
+        }
+    }
     Ok(())
 }

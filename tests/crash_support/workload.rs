@@ -29,6 +29,14 @@
 //! resumed frame continues from its own last tool result, as a model reading its conversation
 //! would, so a write acknowledged before the steer is not asked for again under a new key.
 //!
+//! The limits workload (`SPACEBOT_CRASH_WORKLOAD=limits`) has one job, `job-11`, delivered to
+//! `chief` with a limit of [`LIMIT_CALLS`] model calls (`InboundMessage::with_limits`): the chief
+//! delegates to `lead`, who delegates to `w1` and `w2` in one response; the tree needs more
+//! calls than the limit, so the request is stopped and the user told. Every model call is logged
+//! (`call <agent>` in `models.log`, synced before the model answers): however the kills fall
+//! (between a reservation and its settlement, after a call and before its turn's commit), the
+//! calls made never exceed the limit.
+//!
 //! Files in the run directory: `ack.log` (`ack <job> <envelope>` once `deliver` returned Ok,
 //! `spawn <job> <child>` once `spawn_child` did), `replies.jsonl` (every reply to the application's
 //! outbound), `models.log` (`run <agent> <channel>` before the model answers a task's turn: how
@@ -78,6 +86,8 @@ pub enum Workload {
     Budget,
     /// Turns that write a shared note: jobs 7 to 10.
     Notes,
+    /// A request under a limit of model calls fanned out over two hops: job 11.
+    Limits,
 }
 
 impl Workload {
@@ -86,6 +96,7 @@ impl Workload {
             Self::Org => "org",
             Self::Budget => "budget",
             Self::Notes => "notes",
+            Self::Limits => "limits",
         }
     }
 
@@ -94,6 +105,7 @@ impl Workload {
             "org" => Self::Org,
             "budget" => Self::Budget,
             "notes" => Self::Notes,
+            "limits" => Self::Limits,
             other => panic!("unknown workload {other}"),
         }
     }
@@ -104,6 +116,7 @@ impl Workload {
             Self::Org => &JOBS,
             Self::Budget => &BUDGET_JOBS,
             Self::Notes => &NOTES_JOBS,
+            Self::Limits => &LIMITS_JOBS,
         }
     }
 
@@ -113,6 +126,7 @@ impl Workload {
             Self::Org => &["chief", "lead", "worker", "ann", "bob", "late"],
             Self::Budget => &["a", "b", "c"],
             Self::Notes => &["w1", "w2"],
+            Self::Limits => &["chief", "lead", "w1", "w2"],
         }
     }
 }
@@ -128,6 +142,43 @@ pub const BUDGET_JOBS: [&str; 1] = ["job-6"];
 
 /// The jobs of the notes workload, answered in this order.
 pub const NOTES_JOBS: [&str; 4] = ["job-7", "job-8", "job-9", "job-10"];
+
+/// The job of the limits workload.
+pub const LIMITS_JOBS: [&str; 1] = ["job-11"];
+
+/// The limit of model calls of the limits workload's request: the tree needs more (the chief,
+/// the lead, two workers, the lead woken, the chief woken), so it is reached in every run.
+pub const LIMIT_CALLS: u64 = 4;
+
+pub const LIMITS_CONFIG: &str = r#"
+[settings]
+max_tool_rounds = 6
+
+[[agents]]
+id = "chief"
+[[agents]]
+id = "lead"
+[[agents]]
+id = "w1"
+[[agents]]
+id = "w2"
+
+[[links]]
+from = "chief"
+to = "lead"
+direction = "one_way"
+relationship = "superior"
+[[links]]
+from = "lead"
+to = "w1"
+direction = "one_way"
+relationship = "superior"
+[[links]]
+from = "lead"
+to = "w2"
+direction = "one_way"
+relationship = "superior"
+"#;
 
 /// The shared note the notes workload writes, and its first text.
 pub const NOTE: &str = "log";
@@ -412,6 +463,16 @@ impl ReplyLine {
         }
     }
 
+    /// Whether this reply tells the user of the limits workload's job (delivered as `envelope`):
+    /// its answer, or the failure naming the limit (in reply to the notice that woke the chief).
+    pub fn tells_limits_job(&self, envelope: &str) -> bool {
+        self.agent == "chief"
+            && (self.in_reply_to.iter().any(|e| e == envelope)
+                || self.finals().iter().any(|j| j == LIMITS_JOBS[0])
+                || (self.kind == ReplyKind::Failure
+                    && self.content.contains("limit on model calls")))
+    }
+
     /// `in_reply_to` as one string.
     pub fn key(&self) -> String {
         self.in_reply_to.join("+")
@@ -515,6 +576,102 @@ impl spacebot::EventSink for LogSink {
     }
 }
 
+/// The model of the limits workload (see the module's documentation), logging every call in
+/// `models.log` (`call <agent>`, synced) before it answers.
+fn limits_model(dir: &Path) -> FnLlm {
+    let log = dir.join("models.log");
+    FnLlm::new(move |req| {
+        let me = req
+            .agent
+            .as_ref()
+            .map(AgentId::as_str)
+            .unwrap_or("")
+            .to_string();
+        append_synced(&log, &format!("call {me}"));
+        let text = last_user(&req.messages);
+        let tool_round = in_tool_round(&req.messages);
+        let delegate = |targets: &[&str]| {
+            ChatResponse::tool_calls(
+                targets
+                    .iter()
+                    .map(|t| {
+                        tool_call(
+                            "send_agent_message",
+                            json!({"target": t, "message": format!("job-11 part for {t}")}),
+                        )
+                    })
+                    .collect(),
+            )
+        };
+        Ok(match me.as_str() {
+            "chief" if req.envelope_kind == Some(EnvelopeKind::UserMessage) && !tool_round => {
+                delegate(&["lead"])
+            }
+            "chief" => ChatResponse::text("FINAL job-11 (chief)"),
+            "lead" if text.contains("have ended") || tool_round => {
+                ChatResponse::text("lead result job-11")
+            }
+            "lead" => delegate(&["w1", "w2"]),
+            _ => ChatResponse::text(format!("{me} result job-11")),
+        })
+    })
+}
+
+/// The model calls logged in `models.log` by the limits workload.
+pub fn read_model_calls(dir: &Path) -> u64 {
+    complete_lines(&dir.join("models.log"))
+        .iter()
+        .filter(|l| l.starts_with("call "))
+        .count() as u64
+}
+
+/// The limits workload (see the module's documentation).
+async fn run_limits(dir: &Path, backend: &str, failpoint: Arc<Failpoint>) -> u64 {
+    let stores = failpoint.wrap(open(backend, &dir.join("data")).await);
+    let acked = read_acks(dir);
+    let llm = Arc::new(limits_model(dir));
+    let agents = Workload::Limits.agents();
+    let (org, _rx) = start_org(dir, LIMITS_CONFIG, stores, llm, BTreeSet::new(), agents).await;
+    let job = LIMITS_JOBS[0];
+    let envelope = match acked.iter().find(|(verb, j, _)| verb == "ack" && j == job) {
+        Some((_, _, envelope)) => envelope.clone(),
+        None => {
+            let limits = spacebot::limits::Limits {
+                model_calls: Some(LIMIT_CALLS),
+                ..spacebot::limits::Limits::NONE
+            };
+            let envelope = org
+                .deliver(
+                    "chief",
+                    InboundMessage::new("portal", "u1", format!("{job}: fan out"))
+                        .with_idempotency_key(job)
+                        .with_limits(limits),
+                )
+                .await
+                .expect("deliver")
+                .to_string();
+            append_synced(&dir.join("ack.log"), &format!("ack {job} {envelope}"));
+            envelope
+        }
+    };
+    // The user is told (an answer or a failure naming the limit), and every agent goes idle.
+    wait_until(&format!("{job} answered"), || {
+        let told = read_replies(dir)
+            .iter()
+            .any(|r| r.tells_limits_job(&envelope));
+        async move { told }
+    })
+    .await;
+    for agent in agents {
+        tokio::time::timeout(RUN_TIMEOUT, org.wait_idle(&id(agent)))
+            .await
+            .unwrap_or_else(|_| panic!("{agent} not idle within {RUN_TIMEOUT:?}"))
+            .expect("wait_idle");
+    }
+    org.shutdown().await.expect("shutdown");
+    failpoint.writes()
+}
+
 /// Opens the backend named by `backend` in `dir`.
 pub async fn try_open(backend: &str, dir: &Path) -> Result<Stores, spacebot::StoreError> {
     match backend {
@@ -552,6 +709,7 @@ pub fn child_main(
             Workload::Org => run(dir, backend, failpoint).await,
             Workload::Budget => run_budget(dir, backend, failpoint).await,
             Workload::Notes => run_notes(dir, backend, failpoint).await,
+            Workload::Limits => run_limits(dir, backend, failpoint).await,
         }
     });
     let mut out = std::io::stdout().lock();

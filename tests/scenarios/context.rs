@@ -183,6 +183,59 @@ pub async fn without_compaction_older_history_is_left_out(stores: Stores) {
     );
 }
 
+/// A message larger than a configured window fails the turn without calling the model, and the
+/// user is told why; the same message with no window known (the default) is sent, alone with
+/// what the turn must send, and answered: the server decides.
+pub async fn an_oversized_message_fails_only_against_a_known_window(stores: Stores) {
+    let big = format!("please read {}", "word ".repeat(4_000));
+    let llm = model(0);
+    let mut h = build(config(""), stores, llm.clone(), vec![]).await;
+    h.org.start_all().await.unwrap();
+    h.org.deliver("a", chat("a", &big)).await.unwrap();
+    let reply = h.reply().await;
+    assert!(reply.is_failure(), "{reply:?}");
+    assert!(
+        reply
+            .content
+            .contains("more than the context window of 2000"),
+        "{}",
+        reply.content
+    );
+    assert!(llm.requests().is_empty(), "the model was not called");
+
+    let stores = Stores::memory();
+    seed(&stores, 50).await;
+    let llm = model(0);
+    let mut h = build(
+        "[[agents]]\nid = \"a\"\n".into(),
+        stores,
+        llm.clone(),
+        vec![],
+    )
+    .await;
+    h.org.start_all().await.unwrap();
+    h.org.deliver("a", chat("a", &big)).await.unwrap();
+    assert_eq!(h.reply().await.content, "answered");
+    let requests: Vec<ChatRequest> = llm
+        .requests()
+        .into_iter()
+        .filter(|r| !is_summary_request(r))
+        .collect();
+    assert_eq!(requests.len(), 1);
+    assert_eq!(
+        spacebot::testing::last_user_text(&requests[0].messages),
+        big,
+        "the message is sent whole"
+    );
+    assert!(
+        !requests[0]
+            .messages
+            .iter()
+            .any(|m| matches!(m, ChatMessage::User { content } if content.contains("old message"))),
+        "no history goes with a message over the default window"
+    );
+}
+
 /// The summary is stored: after a restart on the same stores the first request sends it and only
 /// the records after it, with no new compaction.
 pub async fn a_summary_survives_a_restart(stores: Stores) {

@@ -51,6 +51,8 @@ pub(crate) struct Turn<'a> {
     frames: Vec<Frame>,
     /// What the turn may send: its history and its own messages (see `runtime/window.rs`).
     context: TurnContext,
+    /// Whether the window was configured or reported by the provider (not the default).
+    window_known: bool,
     scope: ToolCapability,
     ctx: BehaviourContext,
     /// The behaviour owning the claimed work the turn runs, if any.
@@ -87,7 +89,7 @@ impl<'a> Turn<'a> {
             rounds: 0,
         }];
         // A store that fails here is retried (the envelope stays where it is), never a failed turn.
-        let window = window::window_of(host, &me);
+        let (window, window_known) = window::window_of(host, &me);
         let (summary, past) = retry_store(host, agent, "reading the channel's history", || {
             window::load(host, agent, &channel, window)
         })
@@ -133,6 +135,7 @@ impl<'a> Turn<'a> {
             base_round,
             frames,
             context,
+            window_known,
             scope,
             ctx: BehaviourContext::new(host.clone()),
             owner,
@@ -193,8 +196,14 @@ impl<'a> Turn<'a> {
 
     /// What of the turn's context fits `budget`; fails the turn when not even its mandatory
     /// part does.
+    /// With a window nobody gave (the default), a mandatory part over it is sent alone: the
+    /// server, which knows its window, decides (a context-length error compacts and resends).
     fn fit(&self, budget: u64) -> Result<window::Selection, TurnFailure> {
-        self.context.select(budget).map_err(|needed| {
+        let selected = match self.context.select(budget) {
+            Err(needed) if !self.window_known => self.context.select(needed),
+            other => other,
+        };
+        selected.map_err(|needed| {
             let window = self.context.window;
             self.failure(TurnError::ContextOverflow {
                 needed: needed + (window - budget),

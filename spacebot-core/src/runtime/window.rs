@@ -33,18 +33,19 @@ pub(crate) fn summary_key(agent: &AgentId, channel: &ChannelId) -> String {
     format!("{agent}/{channel}")
 }
 
-/// The context window of `agent`, in tokens (see [`crate::context`]).
-pub(crate) fn window_of(host: &Host, agent: &AgentId) -> u64 {
+/// The context window of `agent`, in tokens (see [`crate::context`]), and whether it is known
+/// (configured or reported by the provider) rather than [`DEFAULT_CONTEXT_WINDOW`]
+/// (crate::context::DEFAULT_CONTEXT_WINDOW).
+pub(crate) fn window_of(host: &Host, agent: &AgentId) -> (u64, bool) {
     let configured = host
         .config
         .agent(agent.as_str())
         .and_then(|a| a.context_window)
         .or(host.settings.context_window);
-    u64::from(
-        configured
-            .or_else(|| host.llm.context_window(None))
-            .unwrap_or(crate::context::DEFAULT_CONTEXT_WINDOW),
-    )
+    match configured.or_else(|| host.llm.context_window(None)) {
+        Some(window) => (u64::from(window), true),
+        None => (u64::from(crate::context::DEFAULT_CONTEXT_WINDOW), false),
+    }
 }
 
 /// Reads a channel's summary and the history after it, joined to what the agent kept of it.
