@@ -112,7 +112,7 @@ impl ChannelStore for SqliteChannelStore {
         )
         .bind(channel.as_str())
         .bind(limit)
-        .fetch_all(&db.reader)
+        .fetch_all(&mut *db.read("taking a reader connection").await?)
         .await
         .map_err(|e| db_error(&db.location, "reading a channel history", e))?;
         rows.iter()
@@ -140,7 +140,7 @@ impl ChannelStore for SqliteChannelStore {
     async fn channels(&self, agent: &AgentId) -> Result<Vec<ChannelId>, StoreError> {
         let db = self.0.agent(agent).await?;
         let ids: Vec<String> = sqlx::query_scalar("SELECT id FROM channels ORDER BY id")
-            .fetch_all(&db.reader)
+            .fetch_all(&mut *db.read("taking a reader connection").await?)
             .await
             .map_err(|e| db_error(&db.location, "listing channels", e))?;
         Ok(ids.into_iter().map(ChannelId::new).collect())

@@ -215,9 +215,8 @@ impl ConversationStore for SqliteConversationStore {
     async fn get(&self, id: &ConversationId) -> Result<Option<Conversation>, StoreError> {
         let db = self.0.instance();
         // One read transaction: the rows and their members come from the same snapshot.
-        let mut conn = db
-            .reader
-            .begin()
+        let mut reader = db.read("reading a conversation").await?;
+        let mut conn = sqlx::Connection::begin(&mut *reader)
             .await
             .map_err(|e| db_error(&db.location, "reading a conversation", e))?;
         let mut q = select();
@@ -282,9 +281,8 @@ impl ConversationStore for SqliteConversationStore {
     async fn find_open(&self, pair_key: &str) -> Result<Option<Conversation>, StoreError> {
         let db = self.0.instance();
         // One read transaction: the rows and their members come from the same snapshot.
-        let mut conn = db
-            .reader
-            .begin()
+        let mut reader = db.read("reading a conversation").await?;
+        let mut conn = sqlx::Connection::begin(&mut *reader)
             .await
             .map_err(|e| db_error(&db.location, "reading a conversation", e))?;
         let mut q = select();
@@ -296,9 +294,8 @@ impl ConversationStore for SqliteConversationStore {
     async fn list(&self, filter: &ConversationFilter) -> Result<Vec<Conversation>, StoreError> {
         let db = self.0.instance();
         // One read transaction: the rows and their members come from the same snapshot.
-        let mut conn = db
-            .reader
-            .begin()
+        let mut reader = db.read("listing conversations").await?;
+        let mut conn = sqlx::Connection::begin(&mut *reader)
             .await
             .map_err(|e| db_error(&db.location, "listing conversations", e))?;
         let mut q = select();

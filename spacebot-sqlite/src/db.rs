@@ -12,6 +12,7 @@ use sqlx::{Connection, Row, SqliteConnection, TypeInfo, ValueRef};
 
 use crate::error::{BACKEND, Location, corrupt, db_error, migrate_error};
 use crate::options::{OpenCheck, SqliteOptions};
+use crate::readers::Readers;
 use crate::writer::Writer;
 
 /// Migrations of every agent's `spacebot.db`.
@@ -73,7 +74,7 @@ pub(crate) struct Db {
     /// Serializes every write of this process to the file.
     pub(crate) writer: SqlitePool,
     /// Serves reads concurrently (WAL lets them run beside the writer).
-    pub(crate) reader: SqlitePool,
+    pub(crate) reader: Readers,
     /// The file (or `:memory:`), for error messages; remembers damage seen in it.
     pub(crate) location: Location,
     /// The writer task: runs write operations in shared transactions (group commit).
@@ -83,7 +84,7 @@ pub(crate) struct Db {
 /// A database's pools before its writer task starts.
 struct Pools {
     writer: SqlitePool,
-    reader: SqlitePool,
+    reader: Readers,
     location: Location,
 }
 
@@ -115,7 +116,14 @@ impl Db {
         tx.commit()
             .await
             .map_err(|e| db_error(&db.location, "committing migrations", e))?;
-        let writes = Writer::start(db.writer.clone(), db.location.clone(), options.max_batch)?;
+        // A file database's writer pool serves the writer task alone (reads have their own pool):
+        // the task keeps its connection. In memory, the one connection also serves the reads.
+        let writes = Writer::start(
+            db.writer.clone(),
+            db.location.clone(),
+            options.max_batch,
+            path.is_some(),
+        )?;
         Ok(Self {
             writer: db.writer,
             reader: db.reader,
@@ -144,7 +152,7 @@ impl Db {
             .map_err(|e| db_error(&location, "opening an in-memory database", e))?;
         Ok(Pools {
             writer: pool.clone(),
-            reader: pool,
+            reader: Readers::Shared(pool),
             location: Location::new(location),
         })
     }
@@ -187,12 +195,7 @@ impl Db {
             )
             .await
             .map_err(|e| db_error(&location, "opening the database for writing", e))?;
-        let reader = SqlitePoolOptions::new()
-            .max_connections(options.readers.max(1))
-            .min_connections(0)
-            .idle_timeout(options.reader_idle_timeout)
-            .test_before_acquire(false)
-            .connect_lazy_with(base);
+        let reader = Readers::own(base, options.readers, options.reader_idle_timeout);
         Ok(Pools {
             writer,
             reader,
@@ -200,8 +203,8 @@ impl Db {
         })
     }
 
-    /// Finishes the queued writes, stops the writer task, then closes both pools, waiting for
-    /// connections in use to be returned.
+    /// Finishes the queued writes, stops the writer task, then closes the readers (those in use
+    /// close when given back) and the writer's pool, waiting for its connection.
     pub(crate) async fn close(&self) {
         self.writes.close().await;
         self.reader.close().await;
@@ -671,4 +674,14 @@ pub(crate) fn agent_path(dir: &Path, agent: &spacebot_core::AgentId) -> PathBuf 
         .join(agent.as_str())
         .join("data")
         .join("spacebot.db")
+}
+
+impl Db {
+    /// A reader connection for one read; `doing` names the read in the error.
+    pub(crate) async fn read(&self, doing: &str) -> Result<crate::readers::Reader, StoreError> {
+        self.reader
+            .acquire()
+            .await
+            .map_err(|e| db_error(&self.location, doing, e))
+    }
 }

@@ -59,7 +59,7 @@ impl DeliveryStore for SqliteDeliveryStore {
         let db = self.0.agent(agent).await?;
         let rows: Vec<String> =
             sqlx::query_scalar("SELECT envelope FROM pending_deliveries ORDER BY seq")
-                .fetch_all(&db.reader)
+                .fetch_all(&mut *db.read("taking a reader connection").await?)
                 .await
                 .map_err(|e| db_error(&db.location, "reading pending deliveries", e))?;
         rows.iter()
@@ -123,7 +123,7 @@ impl DeliveryStore for SqliteDeliveryStore {
         let db = self.0.agent(agent).await?;
         let found: Option<i64> = sqlx::query_scalar("SELECT 1 FROM applied_keys WHERE key = ?")
             .bind(key)
-            .fetch_optional(&db.reader)
+            .fetch_optional(&mut *db.read("taking a reader connection").await?)
             .await
             .map_err(|e| db_error(&db.location, "reading an applied key", e))?;
         Ok(found.is_some())

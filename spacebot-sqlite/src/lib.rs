@@ -54,6 +54,7 @@ mod deliveries;
 mod error;
 mod links;
 mod options;
+mod readers;
 mod records;
 mod tasks;
 mod writer;

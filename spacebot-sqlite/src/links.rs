@@ -36,7 +36,7 @@ impl SqliteStores {
             query = query.bind(*b);
         }
         let rows = query
-            .fetch_all(&db.reader)
+            .fetch_all(&mut *db.read("taking a reader connection").await?)
             .await
             .map_err(|e| db_error(&db.location, "reading links", e))?;
         rows.iter().map(|r| decode(&db.location, r)).collect()

@@ -68,7 +68,7 @@ impl SqliteStores {
             query = query.bind(v);
         }
         let rows = query
-            .fetch_all(&db.reader)
+            .fetch_all(&mut *db.read("taking a reader connection").await?)
             .await
             .map_err(|e| db_error(&db.location, "reading records", e))?;
         rows.iter().map(|r| decode(&db.location, r)).collect()

@@ -310,7 +310,7 @@ impl TaskStore for SqliteTaskStore {
         let db = self.0.agent(agent).await?;
         let row = sqlx::query(SELECT_ONE_SQL)
             .bind(n)
-            .fetch_optional(&db.reader)
+            .fetch_optional(&mut *db.read("taking a reader connection").await?)
             .await
             .map_err(|e| db_error(&db.location, "reading a task", e))?;
         row.map(|r| decode(&db.location, agent, &r)).transpose()
@@ -341,7 +341,7 @@ impl TaskStore for SqliteTaskStore {
         }
         let rows = q
             .build()
-            .fetch_all(&db.reader)
+            .fetch_all(&mut *db.read("taking a reader connection").await?)
             .await
             .map_err(|e| db_error(&db.location, "listing tasks", e))?;
         rows.iter()
@@ -452,7 +452,7 @@ impl TaskStore for SqliteTaskStore {
     async fn outbox_pending(&self, agent: &AgentId) -> Result<Vec<CompletionNotice>, StoreError> {
         let db = self.0.agent(agent).await?;
         let rows: Vec<String> = sqlx::query_scalar(OUTBOX_PENDING_SQL)
-            .fetch_all(&db.reader)
+            .fetch_all(&mut *db.read("taking a reader connection").await?)
             .await
             .map_err(|e| db_error(&db.location, "reading the outbox", e))?;
         rows.iter()
@@ -506,7 +506,7 @@ async fn exists(
         query = query.bind(value);
     }
     let found = query
-        .fetch_optional(&db.reader)
+        .fetch_optional(&mut *db.read("taking a reader connection").await?)
         .await
         .map_err(|e| db_error(&db.location, what, e))?;
     Ok(found.is_some())

@@ -8,9 +8,13 @@
 //! sends every caller its result. A commit that fails fails every operation of the batch, and
 //! nothing of it is kept. A batch of one operation runs without a savepoint.
 //!
-//! The task borrows the database's single writer connection from its pool for each batch, so a
-//! write that does not go through this task (an instance-database write, a migration) still waits
-//! for the connection and never interleaves with a batch.
+//! The task borrows the database's single writer connection from its pool, so a write that does
+//! not go through this task (a migration) still waits for the connection and never interleaves
+//! with a batch. Where nothing else uses that pool (a file database, whose reads have their own
+//! pool), the task keeps the connection between batches: returning it to the pool costs a round
+//! trip to the connection's thread (the pool tests every connection given back) and a spawned
+//! task, for every batch. After a batch that failed, the connection goes back to the pool, which
+//! replaces it if it is broken.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -19,8 +23,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use spacebot_core::StoreError;
-use sqlx::SqliteConnection;
+use sqlx::pool::PoolConnection;
 use sqlx::sqlite::SqlitePool;
+use sqlx::{Sqlite, SqliteConnection};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{BACKEND, Location, db_error};
@@ -109,10 +114,13 @@ pub(crate) struct Writer {
 
 impl Writer {
     /// Starts the writer task of the database at `location` on the current Tokio runtime.
+    /// `keep_connection`: the task keeps the pool's connection between batches (only where
+    /// nothing else takes connections from `pool`).
     pub(crate) fn start(
         pool: SqlitePool,
         location: Location,
         max_batch: usize,
+        keep_connection: bool,
     ) -> Result<Self, StoreError> {
         let runtime = tokio::runtime::Handle::try_current().map_err(|e| {
             StoreError::backend(
@@ -130,6 +138,8 @@ impl Writer {
             receiver,
             counters: counters.clone(),
             pending: VecDeque::new(),
+            keep_connection,
+            kept: None,
         };
         runtime.spawn(task.serve());
         Ok(Self {
@@ -217,6 +227,10 @@ struct Task {
     counters: Arc<Counters>,
     /// Operations taken from the queue but not run yet (after a batch broke off).
     pending: VecDeque<Job>,
+    /// Whether the connection is kept between batches (see the module's documentation).
+    keep_connection: bool,
+    /// The connection kept since the last batch, which committed.
+    kept: Option<PoolConnection<Sqlite>>,
 }
 
 impl Task {
@@ -277,7 +291,7 @@ impl Task {
     /// back by itself on some errors (a full disk, an I/O error, an interrupted statement), and
     /// the driver's count of open transactions would then stay at one for ever (every later
     /// `BEGIN` refused), whereas a `ROLLBACK` statement is harmless when nothing is open.
-    async fn run_batch(&mut self, mut batch: Vec<Job>) {
+    async fn run_batch(&mut self, batch: Vec<Job>) {
         if batch.is_empty() {
             return;
         }
@@ -285,33 +299,50 @@ impl Task {
         if let Some(damage) = self.location.damage() {
             return answer_all(batch, &damage);
         }
+        // Waits for the writer connection (a migration or a write outside this task may hold it).
+        let mut conn = match self.kept.take() {
+            Some(conn) => conn,
+            None => match self.pool.acquire().await {
+                Ok(conn) => conn,
+                Err(e) => {
+                    let e = db_error(&self.location, "taking the writer connection", e);
+                    return answer_all(batch, &e);
+                }
+            },
+        };
+        let committed = self.run_batch_on(&mut conn, batch).await;
+        if committed && self.keep_connection {
+            self.kept = Some(conn);
+        }
+    }
+
+    /// [`run_batch`](Self::run_batch) on `conn`; says whether the batch committed.
+    async fn run_batch_on(&mut self, conn: &mut SqliteConnection, mut batch: Vec<Job>) -> bool {
         let location = self.location.clone();
         let fail = |doing: &str, e| db_error(&location, doing, e);
-        // Waits for the writer connection (a migration or a write outside this task may hold it).
-        let mut conn = match self.pool.acquire().await {
-            Ok(conn) => conn,
-            Err(e) => return answer_all(batch, &fail("taking the writer connection", e)),
-        };
         if let Err(e) = sqlx::query("BEGIN IMMEDIATE").execute(&mut *conn).await {
             // A transaction left open (a batch cancelled half-way) is ended, so the next batch can
             // begin; this one fails.
-            rollback(&mut conn).await;
-            return answer_all(batch, &fail("starting a transaction", e));
+            rollback(conn).await;
+            answer_all(batch, &fail("starting a transaction", e));
+            return false;
         }
         let mut answers: Vec<Answer> = Vec::with_capacity(batch.len());
         if batch.len() == 1 {
-            let Some(job) = batch.pop() else { return };
-            let (ok, answer) = job.run(&mut conn).await;
+            let Some(job) = batch.pop() else {
+                return true;
+            };
+            let (ok, answer) = job.run(conn).await;
             let outcome = match self.location.damage() {
                 // The operation met damage: nothing of it is kept.
                 Some(damage) => {
-                    rollback(&mut conn).await;
+                    rollback(conn).await;
                     Err(damage)
                 }
-                None if ok => commit(&mut conn, &fail).await,
+                None if ok => commit(conn, &fail).await,
                 None => {
                     // The operation failed: whatever it wrote goes; its own error is its answer.
-                    rollback(&mut conn).await;
+                    rollback(conn).await;
                     Ok(())
                 }
             };
@@ -319,7 +350,7 @@ impl Task {
                 self.count(1);
             }
             answer(outcome.as_ref().map(|_| ()));
-            return;
+            return outcome.is_ok();
         }
         let mut jobs = batch.into_iter();
         let mut broken = None;
@@ -340,7 +371,7 @@ impl Task {
                 broken = Some(e);
                 break;
             }
-            let (ok, answer) = job.run(&mut conn).await;
+            let (ok, answer) = job.run(conn).await;
             answers.push(answer);
             if let Some(damage) = self.location.damage() {
                 // Nothing of a batch that met damage is committed.
@@ -373,10 +404,10 @@ impl Task {
         }
         let outcome = match broken {
             Some(e) => {
-                rollback(&mut conn).await;
+                rollback(conn).await;
                 Err(e)
             }
-            None => commit(&mut conn, &fail).await,
+            None => commit(conn, &fail).await,
         };
         if outcome.is_ok() {
             self.count(answers.len());
@@ -389,6 +420,7 @@ impl Task {
         for answer in answers {
             answer(outcome.as_ref().map(|_| ()));
         }
+        outcome.is_ok()
     }
 
     fn count(&self, operations: usize) {
@@ -487,7 +519,7 @@ mod tests {
             }
         );
         let keys: Vec<String> = sqlx::query_scalar("SELECT key FROM applied_keys ORDER BY key")
-            .fetch_all(&db.reader)
+            .fetch_all(&mut *db.read("taking a reader connection").await.unwrap())
             .await
             .unwrap();
         assert_eq!(keys, ["a", "c"]);
@@ -495,7 +527,7 @@ mod tests {
         assert!(insert_key(&db.writes, "d", true).await.is_err());
         assert!(insert_key(&db.writes, "e", false).await.is_ok());
         let keys: Vec<String> = sqlx::query_scalar("SELECT key FROM applied_keys ORDER BY key")
-            .fetch_all(&db.reader)
+            .fetch_all(&mut *db.read("taking a reader connection").await.unwrap())
             .await
             .unwrap();
         assert_eq!(keys, ["a", "c", "e"]);
@@ -518,7 +550,7 @@ mod tests {
 
     async fn keys(db: &Db) -> Vec<String> {
         sqlx::query_scalar("SELECT key FROM applied_keys ORDER BY key")
-            .fetch_all(&db.reader)
+            .fetch_all(&mut *db.read("taking a reader connection").await.unwrap())
             .await
             .unwrap()
     }
