@@ -121,6 +121,10 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<(), CliError> {
     } else {
         HttpConfig::random_token()
     };
+    let http = match args.trace_url.filter(|t| !t.is_empty()) {
+        Some(template) => http.with_trace_url(template),
+        None => http,
+    };
     let token = http.token().map(str::to_string);
     let api = Api::new(org.clone(), chat, http)
         .map_err(|e| failed(e.to_string()))?
