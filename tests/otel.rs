@@ -454,11 +454,10 @@ fn metric_point<'a>(dump: &'a Value, name: &str, with: &[(&str, &str)]) -> Optio
         .iter()
         .filter(|m| m["name"] == name)
         .flat_map(|m| m["points"].as_array().unwrap())
-        .filter(|p| {
+        .rfind(|p| {
             with.iter()
                 .all(|(k, v)| p["attributes"][*k]["value"].as_str() == Some(*v))
         })
-        .last()
 }
 
 /// The metrics: token usage and model call durations agree with each other (every mock call of
