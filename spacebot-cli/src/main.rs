@@ -99,6 +99,10 @@ struct ServeArgs {
     /// Serve without any authentication (only on a trusted machine).
     #[arg(long, conflicts_with = "token")]
     insecure_no_auth: bool,
+    /// Where the dashboard links a task's trace: a URL with `{trace_id}` in it, such as
+    /// `http://localhost:16686/trace/{trace_id}` (Jaeger). Also read from SPACEBOT_TRACE_URL.
+    #[arg(long, env = "SPACEBOT_TRACE_URL")]
+    trace_url: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

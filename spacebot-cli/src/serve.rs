@@ -81,10 +81,45 @@ fn telemetry() -> Result<Option<spacebot::otel::Otel>, CliError> {
         .map_err(|e| failed(format!("telemetry: {e}")))
 }
 
+/// Resolves at the first Ctrl-C (SIGINT) or, on Unix, SIGTERM (what `docker stop` and systemd
+/// send). Listening starts when this is called, so a signal that comes while the organization
+/// starts is not lost (nor does it kill the process without a shutdown).
+fn stop_signal() -> Result<impl std::future::Future<Output = ()> + Send + 'static, CliError> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let listen = |kind: SignalKind, name: &str| {
+            signal(kind).map_err(|e| failed(format!("cannot listen for {name}: {e}")))
+        };
+        let mut interrupt = listen(SignalKind::interrupt(), "Ctrl-C")?;
+        let mut terminate = listen(SignalKind::terminate(), "SIGTERM")?;
+        Ok(async move {
+            tokio::select! {
+                _ = interrupt.recv() => {}
+                _ = terminate.recv() => {}
+            }
+        })
+    }
+    #[cfg(not(unix))]
+    {
+        Ok(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+    }
+}
+
 pub(crate) async fn serve(args: ServeArgs) -> Result<(), CliError> {
     #[cfg(feature = "otel")]
     let otel = telemetry()?;
     let config = OrgConfig::load(&args.config)?;
+    // The port first: an address in use is reported before anything is opened or started.
+    let listener = tokio::net::TcpListener::bind(args.addr)
+        .await
+        .map_err(|e| failed(format!("cannot listen on {}: {e}", args.addr)))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| failed(format!("cannot read the bound address: {e}")))?;
+    let stop = stop_signal()?;
     std::fs::create_dir_all(&args.data_dir)
         .map_err(|e| failed(format!("{}: {e}", args.data_dir.display())))?;
     let stores: Stores = match args.store {
@@ -97,7 +132,7 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<(), CliError> {
     let notes = spacebot_notes::Notes::new();
     let mcp = spacebot_mcp::Mcp::new();
     let org = Organization::builder(config)
-        .stores(stores)
+        .stores(stores.clone())
         .llm(llm)
         .spawner(Arc::new(TokioSpawner::current()))
         .clock(Arc::new(TokioClock))
@@ -107,13 +142,6 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<(), CliError> {
         .build()
         .await
         .map_err(|e| failed(e.to_string()))?;
-    org.start_all().await.map_err(|e| failed(e.to_string()))?;
-    #[cfg(feature = "otel")]
-    if otel.is_some() {
-        tokio::spawn(spacebot::otel::observe(org.clone()));
-        say!("telemetry: OTLP/HTTP to the collector the OTEL_* variables name");
-    }
-
     let http = if args.insecure_no_auth {
         HttpConfig::insecure_no_auth()
     } else if let Some(token) = args.token {
@@ -121,17 +149,25 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<(), CliError> {
     } else {
         HttpConfig::random_token()
     };
+    let http = match args.trace_url.filter(|t| !t.is_empty()) {
+        Some(template) => http.with_trace_url(template),
+        None => http,
+    };
     let token = http.token().map(str::to_string);
     let api = Api::new(org.clone(), chat, http)
         .map_err(|e| failed(e.to_string()))?
         .with_notes(notes);
     let app = api.router();
-    let listener = tokio::net::TcpListener::bind(args.addr)
-        .await
-        .map_err(|e| failed(format!("cannot listen on {}: {e}", args.addr)))?;
-    let addr = listener
-        .local_addr()
-        .map_err(|e| failed(format!("cannot read the bound address: {e}")))?;
+    // The agents start once everything that can refuse the settings has accepted them.
+    if let Err(e) = org.start_all().await {
+        let _ = org.shutdown().await;
+        return Err(failed(e.to_string()));
+    }
+    #[cfg(feature = "otel")]
+    if otel.is_some() {
+        tokio::spawn(spacebot::otel::observe(org.clone()));
+        say!("telemetry: OTLP/HTTP to the collector the OTEL_* variables name");
+    }
     say!(
         "spacebot: {} agents, store {:?} in {}, {llm_name}",
         org.agent_ids().len(),
@@ -149,16 +185,17 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<(), CliError> {
             say!("api:       http://{addr}/api (no authentication)");
         }
     }
-    say!("press Ctrl-C to stop");
-    // Ctrl-C ends the event streams too: a graceful shutdown waits for every connection, and an
-    // event stream would never end by itself.
+    say!("press Ctrl-C to stop (or send SIGTERM)");
+    // The signal ends the event streams too: a graceful shutdown waits for every connection, and
+    // an event stream would never end by itself.
     let served = axum::serve(listener, app)
-        .with_graceful_shutdown(api.graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        }))
+        .with_graceful_shutdown(api.graceful_shutdown(stop))
         .await;
     mcp.shutdown();
     let stopped = org.shutdown().await;
+    // Closed before the process exits: the databases' write-ahead logs folded in, the data
+    // directory's lock released.
+    stores.close().await;
     served.map_err(|e| failed(format!("server error: {e}")))?;
     stopped.map_err(|e| failed(format!("shutdown: {e}")))?;
     #[cfg(feature = "otel")]

@@ -576,15 +576,62 @@ async fn serve_prints_the_url_and_token_and_serves_the_api() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn ctrl_c_stops_serve_while_an_event_stream_is_open() {
+    stops_on_signal("INT").await;
+}
+
+/// SIGTERM (docker, systemd) stops `serve` as Ctrl-C does.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_stops_serve_like_ctrl_c() {
+    stops_on_signal("TERM").await;
+}
+
+/// `serve` on a port in use fails at once, before opening the data directory or starting any
+/// agent.
+#[test]
+fn serve_reports_an_address_in_use_before_starting_anything() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path(), ORG);
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let data = dir.path().join("data");
+    let out = spacebot()
+        .arg("serve")
+        .arg("--config")
+        .arg(&config)
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["--addr", &addr, "--insecure-no-auth"])
+        .timeout(Duration::from_secs(30))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(&format!("cannot listen on {addr}")),
+        "{}",
+        stderr(&out)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).is_empty(),
+        "nothing started: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(!data.exists(), "the data directory was not created");
+}
+
+/// Starts `serve`, opens an event stream, sends `signal` (`INT` or `TERM`): the stream ends,
+/// `stopped` is printed, the process exits with success, and its data directory opens again at
+/// once (the lock released, the databases closed).
+async fn stops_on_signal(signal: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), ORG);
+    let data = dir.path().join("data");
     let mut command = Command::cargo_bin("spacebot").unwrap();
     command
         .arg("serve")
         .arg("--config")
         .arg(&config)
         .arg("--data-dir")
-        .arg(dir.path().join("data"))
+        .arg(&data)
         .args(["--addr", "127.0.0.1:0", "--insecure-no-auth"])
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
@@ -623,10 +670,9 @@ async fn ctrl_c_stops_serve_while_an_event_stream_is_open() {
         .await
         .unwrap();
     assert_eq!(events.status(), 200);
-    // Ctrl-C.
     let pid = child.0.id().to_string();
     let status = std::process::Command::new("kill")
-        .args(["-INT", &pid])
+        .args([&format!("-{signal}"), &pid])
         .status()
         .unwrap();
     assert!(status.success());
@@ -635,14 +681,35 @@ async fn ctrl_c_stops_serve_while_an_event_stream_is_open() {
         while let Ok(Some(_)) = events.chunk().await {}
     })
     .await;
-    assert!(ended.is_ok(), "the event stream did not end after Ctrl-C");
+    assert!(
+        ended.is_ok(),
+        "the event stream did not end after SIG{signal}"
+    );
     tokio::time::timeout(Duration::from_secs(20), stopped_rx)
         .await
-        .expect("serve did not stop within 20 s of Ctrl-C")
+        .unwrap_or_else(|_| panic!("serve did not stop within 20 s of SIG{signal}"))
         .expect("serve's output ended without `stopped`");
     let exit = tokio::task::spawn_blocking(move || child.0.wait())
         .await
         .unwrap()
         .unwrap();
-    assert!(exit.success(), "{exit:?}");
+    assert!(exit.success(), "SIG{signal}: {exit:?}");
+    // Closed cleanly: no write-ahead log left, and the directory opens again at once.
+    let mut left = Vec::new();
+    let mut dirs = vec![data.clone()];
+    while let Some(d) = dirs.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.to_string_lossy().ends_with("-wal") {
+                left.push(path);
+            }
+        }
+    }
+    assert!(left.is_empty(), "SIG{signal} left {left:?}");
+    let stores = spacebot_sqlite::open(&data)
+        .await
+        .unwrap_or_else(|e| panic!("the data directory does not reopen after SIG{signal}: {e}"));
+    stores.close().await;
 }

@@ -8,9 +8,11 @@
 //! | `invoke_agent {agent}` | one per turn | `gen_ai.operation.name`, `gen_ai.agent.name`, `gen_ai.agent.id`, `gen_ai.conversation.id`, `spacebot.envelope.kind`, `spacebot.task` |
 //! | `chat {model}` | one per model call | `gen_ai.operation.name`, `gen_ai.provider.name`, `gen_ai.request.model`, `gen_ai.usage.input_tokens`, `gen_ai.usage.output_tokens`, `gen_ai.response.finish_reasons` |
 //! | `execute_tool {tool}` | one per tool call | `gen_ai.operation.name`, `gen_ai.tool.name`, `gen_ai.tool.call.id`, `gen_ai.tool.type` |
-//! | `spacebot.task.create`, `.claim`, `.complete`, `spacebot.notice.deliver` | delegation | `spacebot.task`, `spacebot.task.status` |
+//! | `spacebot.task.create`, `.claim`, `.complete`, `spacebot.notice.deliver` | delegation (a failed attempt requeued is a `.complete` reaching `ready`) | `spacebot.task`, `spacebot.task.status`, `spacebot.task.attempts` |
 //! | `spacebot.conversation.message` | a conversation message to its members | `gen_ai.conversation.id` |
 //! | `spacebot.steer` | messages steering a running turn | `spacebot.steer.merged` |
+//! | `spacebot.store.commit` | a turn's commit to the agent's store | `spacebot.store.records`, `spacebot.store.consumed`, `spacebot.store.attempts` |
+//! | `spacebot.store.retry` | one failed store write or read, and the wait before the next try | `spacebot.retry.operation`, `spacebot.retry.attempt`, `spacebot.retry.backoff_ms`, `error.type` |
 //!
 //! Prompt and answer text is never recorded unless the application asks for it
 //! ([`set_capture_content`]).
@@ -300,9 +302,54 @@ pub(crate) fn step(name: &'static str, task: &crate::ids::TaskRef, context: Opti
         otel.kind = "internal",
         spacebot.task = %task,
         spacebot.task.status = tracing::field::Empty,
+        spacebot.task.attempts = tracing::field::Empty,
     );
     continue_trace(&span, context);
     span
+}
+
+// Counts are recorded as `i64`: `tracing-opentelemetry` exports a `u64` as a string.
+
+/// The `spacebot.store.commit` span of a turn's commit: what it writes; the attempts it took are
+/// recorded when it ends ([`commit_ended`]).
+pub(crate) fn store_commit(records: usize, consumed: usize) -> Span {
+    tracing::info_span!(
+        target: "spacebot::telemetry",
+        "spacebot.store.commit",
+        otel.name = "spacebot.store.commit",
+        otel.kind = "internal",
+        otel.status_code = tracing::field::Empty,
+        spacebot.store.records = i64::try_from(records).unwrap_or(i64::MAX),
+        spacebot.store.consumed = i64::try_from(consumed).unwrap_or(i64::MAX),
+        spacebot.store.attempts = tracing::field::Empty,
+        "error.type" = tracing::field::Empty,
+    )
+}
+
+/// Records how a commit ended on its span: the attempts it took, and the error when it was given
+/// up (the agent stopping while the store failed).
+pub(crate) fn commit_ended(span: &Span, attempts: u32, failed: bool) {
+    span.record("spacebot.store.attempts", i64::from(attempts));
+    if failed {
+        span.record("otel.status_code", "ERROR");
+        span.record("error.type", "store");
+    }
+}
+
+/// The `spacebot.store.retry` span of one failed store operation (`operation` says which) and
+/// the backoff wait before its next try; enter it around the wait.
+pub(crate) fn store_retry(operation: &str, attempt: u32, backoff: Duration) -> Span {
+    tracing::info_span!(
+        target: "spacebot::telemetry",
+        "spacebot.store.retry",
+        otel.name = "spacebot.store.retry",
+        otel.kind = "internal",
+        otel.status_code = "ERROR",
+        spacebot.retry.operation = %operation,
+        spacebot.retry.attempt = i64::from(attempt),
+        spacebot.retry.backoff_ms = i64::try_from(backoff.as_millis()).unwrap_or(i64::MAX),
+        "error.type" = "store",
+    )
 }
 
 #[cfg(test)]

@@ -169,6 +169,15 @@
         card.dataset.status = t.status;
         card.append(el("span", "ref", t.reference + " "), el("span", "", t.title));
         card.append(el("span", "meta", " " + t.status + (t.delegated_by ? " · from " + t.delegated_by : "")));
+        if (t.trace_id) {
+          // The request's OpenTelemetry trace: a link when the server has a trace URL template.
+          const linked = t.trace_url && /^https?:\/\//.test(t.trace_url);
+          const trace = el(linked ? "a" : "span", "trace", "trace " + t.trace_id.slice(0, 8));
+          trace.title = "trace " + t.trace_id;
+          trace.dataset.traceId = t.trace_id;
+          if (linked) { trace.href = t.trace_url; trace.target = "_blank"; trace.rel = "noopener"; }
+          card.append(el("br"), trace);
+        }
         const actions = [];
         if (t.status === "pending_approval") actions.push(["approve", null], ["reject", { reason: "rejected from the dashboard" }]);
         if (!["done", "failed", "cancelled"].includes(t.status)) actions.push(["cancel", { reason: "cancelled from the dashboard" }]);

@@ -74,16 +74,18 @@ pub use openapi::openapi;
 
 use crate::api::AppState;
 
-/// Who may call the API.
+/// Who may call the API, and where the dashboard links a task's trace.
 #[derive(Clone, PartialEq, Eq)]
 pub struct HttpConfig {
     token: Option<String>,
+    trace_url: Option<String>,
 }
 
 impl std::fmt::Debug for HttpConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HttpConfig")
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("trace_url", &self.trace_url)
             .finish()
     }
 }
@@ -93,6 +95,7 @@ impl HttpConfig {
     pub fn with_token(token: impl Into<String>) -> Self {
         Self {
             token: Some(token.into()),
+            trace_url: None,
         }
     }
 
@@ -111,7 +114,24 @@ impl HttpConfig {
     /// for a server bound to a loopback address in a trusted machine, or behind a proxy that
     /// authenticates.
     pub fn insecure_no_auth() -> Self {
-        Self { token: None }
+        Self {
+            token: None,
+            trace_url: None,
+        }
+    }
+
+    /// Where a task's trace can be seen: a URL template in which `{trace_id}` stands for the
+    /// trace id (32 hex digits), such as `http://localhost:16686/trace/{trace_id}` (Jaeger). The
+    /// task views then carry a `trace_url` and the dashboard links each task to its trace.
+    /// [`Api::new`] refuses a template without `{trace_id}`.
+    pub fn with_trace_url(mut self, template: impl Into<String>) -> Self {
+        self.trace_url = Some(template.into());
+        self
+    }
+
+    /// The trace URL template, if any (see [`with_trace_url`](Self::with_trace_url)).
+    pub fn trace_url(&self) -> Option<&str> {
+        self.trace_url.as_deref()
     }
 
     /// The token, unless authentication is off.
@@ -127,6 +147,9 @@ pub enum HttpError {
     /// The token is empty or has characters a header cannot carry.
     #[error("invalid token: {0}")]
     InvalidToken(&'static str),
+    /// The trace URL template has no `{trace_id}` in it.
+    #[error("invalid trace URL template {0:?}: it must contain {{trace_id}}")]
+    InvalidTraceUrl(String),
     /// [`Api::new`] was called outside a Tokio runtime (it spawns the task that forwards events).
     #[error("spacebot-http needs a Tokio runtime: call Api::new inside one")]
     NoRuntime,
@@ -154,6 +177,11 @@ impl Api {
                 ));
             }
         }
+        if let Some(template) = &config.trace_url
+            && !template.contains("{trace_id}")
+        {
+            return Err(HttpError::InvalidTraceUrl(template.clone()));
+        }
         let handle = tokio::runtime::Handle::try_current().map_err(|_| HttpError::NoRuntime)?;
         let hub = chat.hub.clone();
         let events = org.subscribe();
@@ -163,6 +191,7 @@ impl Api {
                 org,
                 hub,
                 token: config.token,
+                trace_url: config.trace_url,
                 closing: tokio::sync::watch::channel(false).0,
                 notes: std::sync::RwLock::new(None),
             }),

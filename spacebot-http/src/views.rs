@@ -283,6 +283,39 @@ pub struct TaskView {
     pub created_at: i64,
     /// Last change, milliseconds since the Unix epoch.
     pub updated_at: i64,
+    /// The OpenTelemetry trace the task belongs to (32 hex digits), when the organization stores
+    /// trace contexts (the `otel` feature of `spacebot`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
+    /// Where the trace can be seen, when the server has a trace URL template
+    /// ([`HttpConfig::with_trace_url`](crate::HttpConfig::with_trace_url)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_url: Option<String>,
+}
+
+impl TaskView {
+    /// Fills [`trace_url`](Self::trace_url) from `template` (`{trace_id}` replaced), when the
+    /// task has a trace id.
+    pub fn with_trace_url(mut self, template: Option<&str>) -> Self {
+        self.trace_url = match (template, &self.trace_id) {
+            (Some(template), Some(id)) => Some(template.replace("{trace_id}", id)),
+            _ => None,
+        };
+        self
+    }
+}
+
+/// The trace id of a stored W3C trace context (`traceparent`, perhaps followed by a line of
+/// `tracestate`): `00-{32 hex}-{16 hex}-{2 hex}`. `None` for anything else, or the invalid
+/// all-zero id.
+pub(crate) fn trace_id(context: &str) -> Option<String> {
+    let parent = context.lines().next()?.trim();
+    let mut parts = parent.split('-');
+    let (_version, id) = (parts.next()?, parts.next()?);
+    let valid = id.len() == 32
+        && id.bytes().all(|b| b.is_ascii_hexdigit())
+        && id.bytes().any(|b| b != b'0');
+    valid.then(|| id.to_ascii_lowercase())
 }
 
 impl From<Task> for TaskView {
@@ -310,6 +343,8 @@ impl From<Task> for TaskView {
             error: t.error,
             created_at: t.created_at.0,
             updated_at: t.updated_at.0,
+            trace_id: t.metadata.trace_context.as_deref().and_then(trace_id),
+            trace_url: None,
         }
     }
 }

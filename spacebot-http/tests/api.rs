@@ -780,3 +780,79 @@ async fn a_chat_message_posted_again_with_its_key_is_answered_once() {
         "not {again}"
     );
 }
+
+#[tokio::test]
+async fn a_task_shows_its_trace_id_and_links_to_its_trace() {
+    let s = serve_with(Options {
+        http: HttpConfig::with_token(TOKEN)
+            .with_trace_url("http://localhost:16686/trace/{trace_id}"),
+        ..Options::default()
+    })
+    .await;
+    let tasks = &s.org.stores().tasks;
+    let mut traced = spacebot_core::NewTask::new("traced", "with a stored trace context");
+    traced.status = spacebot_core::TaskStatus::Backlog;
+    traced.metadata.trace_context =
+        Some("00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01\nvendor=x".into());
+    let mut untraced = spacebot_core::NewTask::new("untraced", "no trace context");
+    untraced.status = spacebot_core::TaskStatus::Backlog;
+    let mut zero = spacebot_core::NewTask::new("zero", "an invalid context");
+    zero.status = spacebot_core::TaskStatus::Backlog;
+    zero.metadata.trace_context =
+        Some("00-00000000000000000000000000000000-00f067aa0ba902b7-01".into());
+    for task in [traced, untraced, zero] {
+        tasks
+            .create(&id("cm"), task, spacebot_core::Timestamp(0))
+            .await
+            .unwrap();
+    }
+    let (status, body) = s.get("/api/agents/cm/tasks/1").await;
+    assert_eq!(status, 200);
+    assert_eq!(body["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736");
+    assert_eq!(
+        body["trace_url"],
+        "http://localhost:16686/trace/4bf92f3577b34da6a3ce929d0e0e4736"
+    );
+    let (_, board) = s.get("/api/agents/cm/tasks").await;
+    assert_eq!(board[0]["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736");
+    for untraced in [&board[1], &board[2]] {
+        assert!(untraced.get("trace_id").is_none(), "{untraced}");
+        assert!(untraced.get("trace_url").is_none(), "{untraced}");
+    }
+
+    // Without a template: the id, no link.
+    let plain = serve().await;
+    let mut traced = spacebot_core::NewTask::new("traced", "with a stored trace context");
+    traced.status = spacebot_core::TaskStatus::Backlog;
+    traced.metadata.trace_context =
+        Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into());
+    plain
+        .org
+        .stores()
+        .tasks
+        .create(&id("cm"), traced, spacebot_core::Timestamp(0))
+        .await
+        .unwrap();
+    let (_, body) = plain.get("/api/agents/cm/tasks/1").await;
+    assert_eq!(body["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736");
+    assert!(body.get("trace_url").is_none(), "{body}");
+}
+
+#[tokio::test]
+async fn a_trace_url_template_needs_the_trace_id() {
+    let org =
+        spacebot_core::Organization::builder(spacebot_core::OrgConfig::from_toml_str(ORG).unwrap())
+            .stores(spacebot_core::Stores::memory())
+            .llm(std::sync::Arc::new(
+                spacebot_core::testing::ScriptedLlm::new(),
+            ))
+            .build()
+            .await
+            .unwrap();
+    let config = HttpConfig::with_token(TOKEN).with_trace_url("http://localhost:16686/trace/");
+    let err = spacebot_http::Api::new(org, spacebot_http::WebChat::new(), config).unwrap_err();
+    assert!(
+        matches!(err, spacebot_http::HttpError::InvalidTraceUrl(_)),
+        "{err}"
+    );
+}

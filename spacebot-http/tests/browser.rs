@@ -174,6 +174,7 @@ async fn the_dashboard_delegates_through_the_chat_and_shows_it_live() {
     }
     let s = serve_with(Options {
         llm: Some(model()),
+        http: spacebot_http::HttpConfig::with_token(TOKEN).with_trace_url(TRACE_URL),
         ..Options::default()
     })
     .await;
@@ -283,7 +284,29 @@ async fn run(s: &Server, client: &Client) {
     )
     .await;
     screenshot(client, "dashboard-link-disabled.png").await;
+
+    // A task with a stored trace context links to its trace.
+    let mut traced = spacebot_core::NewTask::new("traced", "a task of a traced request");
+    traced.status = spacebot_core::TaskStatus::Backlog;
+    traced.metadata.trace_context = Some(format!("00-{TRACE_ID}-00f067aa0ba902b7-01"));
+    s.org
+        .stores()
+        .tasks
+        .create(&id("cm"), traced, spacebot_core::Timestamp(0))
+        .await
+        .unwrap();
+    select(client, "#board-agent", "cm").await;
+    let href = TRACE_URL.replace("{trace_id}", TRACE_ID);
+    wait_js(
+        client,
+        "the task's trace link",
+        &format!("const a = document.querySelector('#tasks .task[data-task=\"cm#1\"] a.trace'); return a !== null && a.href === '{href}' && a.dataset.traceId === '{TRACE_ID}';"),
+    )
+    .await;
 }
+
+const TRACE_URL: &str = "http://localhost:16686/trace/{trace_id}";
+const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 
 /// The notes panel's organization: the chief writes the release plan, the lead reads it.
 fn notes_org() -> String {

@@ -320,10 +320,12 @@ async fn record_transition(org: &BehaviourContext, me: &AgentId, number: u64, ev
     loop {
         match task_transition(org, me, number, event.clone()).await {
             Ok(t) => {
-                tracing::Span::current().record(
+                let span = tracing::Span::current();
+                span.record(
                     "spacebot.task.status",
                     tracing::field::display(t.task.status),
                 );
+                span.record("spacebot.task.attempts", i64::from(t.task.attempts));
                 return;
             }
             Err(
@@ -349,7 +351,14 @@ async fn record_transition(org: &BehaviourContext, me: &AgentId, number: u64, ev
                 let wait = Duration::from_millis(50)
                     .saturating_mul(1u32 << attempt.min(7))
                     .min(Duration::from_secs(5));
-                org.clock().sleep(wait).await;
+                org.clock()
+                    .sleep(wait)
+                    .instrument(crate::telemetry::store_retry(
+                        "updating a task",
+                        attempt + 1,
+                        wait,
+                    ))
+                    .await;
                 attempt += 1;
             }
         }

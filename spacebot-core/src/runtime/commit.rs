@@ -6,6 +6,8 @@ use std::collections::HashSet;
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use tracing::Instrument;
+
 use crate::channel::{NewRecord, RecordKind};
 use crate::envelope::{Envelope, EnvelopeKind, Source, TurnCommit};
 use crate::error::StoreError;
@@ -90,11 +92,15 @@ pub(crate) fn report_error(
     org.emit(event);
 }
 
-pub(crate) async fn backoff_sleep(org: &Host, attempt: u32) {
-    let wait = FIRST_BACKOFF
+/// The wait before try `attempt + 1` of a failing store operation.
+pub(crate) fn backoff(attempt: u32) -> Duration {
+    FIRST_BACKOFF
         .saturating_mul(1u32 << attempt.min(10))
-        .min(MAX_BACKOFF);
-    org.clock.sleep(wait).await;
+        .min(MAX_BACKOFF)
+}
+
+pub(crate) async fn backoff_sleep(org: &Host, attempt: u32) {
+    org.clock.sleep(backoff(attempt)).await;
 }
 
 /// Runs a store operation until it succeeds, waiting longer after each failure (an Error event
@@ -123,7 +129,11 @@ where
                 if agent.queue.is_closed() {
                     return Err(e);
                 }
-                backoff_sleep(org, attempt).await;
+                let wait = backoff(attempt);
+                org.clock
+                    .sleep(wait)
+                    .instrument(crate::telemetry::store_retry(what, attempt + 1, wait))
+                    .await;
                 attempt = attempt.saturating_add(1);
             }
         }
@@ -139,12 +149,22 @@ pub(crate) async fn commit(org: &Host, agent: &AgentRuntime, log: TurnLog) {
         return;
     }
     let me = agent.id();
+    let span = crate::telemetry::store_commit(log.commit.records.len(), log.commit.consumed.len());
+    let attempts = std::sync::atomic::AtomicU32::new(0);
     let result = retry_store(org, agent, "committing a turn", || {
+        attempts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         org.stores
             .deliveries
             .commit(me, &log.commit, org.clock.now())
     })
+    .instrument(span.clone())
     .await;
+    crate::telemetry::commit_ended(
+        &span,
+        attempts.load(std::sync::atomic::Ordering::Relaxed),
+        result.is_err(),
+    );
+    drop(span);
     match result {
         Ok(()) => {}
         Err(e) => report_error(

@@ -59,6 +59,10 @@ pub struct OrgHarnessBuilder {
     behaviours: Vec<Arc<dyn crate::Behaviour>>,
     executors: Vec<(AgentId, Arc<dyn TaskExecutor>)>,
     outbound: Option<Arc<dyn crate::runtime::Outbound>>,
+    placement: Option<(
+        Arc<dyn crate::placement::Placement>,
+        crate::placement::PlacementOptions,
+    )>,
 }
 
 /// An organization wired for tests: its replies, its events, its stores, and waits that fail the
@@ -91,6 +95,7 @@ impl OrgHarness {
             behaviours: Vec::new(),
             executors: Vec::new(),
             outbound: None,
+            placement: None,
         }
     }
 
@@ -352,6 +357,18 @@ impl OrgHarnessBuilder {
         self
     }
 
+    /// Hosts agents under `placement` (see
+    /// [`OrganizationBuilder::placement`](crate::OrganizationBuilder::placement)): the organization
+    /// shares its stores with other processes and runs only the agents it holds.
+    pub fn placement(
+        mut self,
+        placement: Arc<dyn crate::placement::Placement>,
+        options: crate::placement::PlacementOptions,
+    ) -> Self {
+        self.placement = Some((placement, options));
+        self
+    }
+
     /// Builds the organization (agents stopped). Must run inside a Tokio runtime.
     pub async fn build(self) -> OrgHarness {
         let config = OrgConfig::from_toml_str(&self.config).expect("a valid configuration");
@@ -375,6 +392,9 @@ impl OrgHarnessBuilder {
         }
         for (agent, executor) in self.executors {
             builder = builder.task_executor(agent, executor);
+        }
+        if let Some((placement, options)) = self.placement {
+            builder = builder.placement(placement, options);
         }
         let custom_outbound = self.outbound.is_some();
         if let Some(outbound) = self.outbound {

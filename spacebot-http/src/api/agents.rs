@@ -163,7 +163,7 @@ pub(crate) async fn delegate(
             DelegationOrigin::new(channel),
         )
         .await?;
-    Ok((StatusCode::CREATED, Json(task.into())))
+    Ok((StatusCode::CREATED, Json(st.task_view(task))))
 }
 
 /// An agent's channels.

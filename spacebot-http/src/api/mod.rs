@@ -36,6 +36,8 @@ pub(crate) struct AppState {
     pub(crate) org: Organization,
     pub(crate) hub: Arc<Hub>,
     pub(crate) token: Option<String>,
+    /// The trace URL template (`{trace_id}` in it), if any.
+    pub(crate) trace_url: Option<String>,
     /// True once [`crate::Api::shutdown`] was called: every event stream ends.
     pub(crate) closing: watch::Sender<bool>,
     /// The shared notes, when the API was given them ([`crate::Api::with_notes`]).
@@ -43,6 +45,13 @@ pub(crate) struct AppState {
 }
 
 pub(crate) type St = State<Arc<AppState>>;
+
+impl AppState {
+    /// A task as the API shows it, linked to its trace when a trace URL template is set.
+    pub(crate) fn task_view(&self, task: spacebot_core::Task) -> crate::views::TaskView {
+        crate::views::TaskView::from(task).with_trace_url(self.trace_url.as_deref())
+    }
+}
 
 type ApiResult<T> = Result<T, ApiError>;
 

@@ -29,7 +29,7 @@ pub(crate) async fn list_tasks(
         ..TaskFilter::default()
     };
     let tasks = st.org.stores().tasks.list(&id, &filter).await?;
-    Ok(Json(tasks.into_iter().map(TaskView::from).collect()))
+    Ok(Json(tasks.into_iter().map(|t| st.task_view(t)).collect()))
 }
 
 /// One task.
@@ -48,7 +48,7 @@ pub(crate) async fn get_task(
     let found = st.org.task(&task).await?.ok_or_else(|| {
         ApiError::not_found(format!("task {task} not found")).with_field("number")
     })?;
-    Ok(Json(found.into()))
+    Ok(Json(st.task_view(found)))
 }
 
 async fn existing_task(
@@ -76,7 +76,7 @@ pub(crate) async fn approve_task(
     Path((agent, number)): Path<(String, String)>,
 ) -> ApiResult<Json<TaskView>> {
     let task = existing_task(&st, &agent, &number).await?;
-    Ok(Json(st.org.approve_task(&task).await?.into()))
+    Ok(Json(st.task_view(st.org.approve_task(&task).await?)))
 }
 
 /// Rejects a task waiting for approval; its delegator is told.
@@ -94,7 +94,9 @@ pub(crate) async fn reject_task(
 ) -> ApiResult<Json<TaskView>> {
     let reason = optional_reason(&body.map_err(body_rejection)?)?;
     let task = existing_task(&st, &agent, &number).await?;
-    Ok(Json(st.org.reject_task(&task, &reason).await?.into()))
+    Ok(Json(
+        st.task_view(st.org.reject_task(&task, &reason).await?),
+    ))
 }
 
 /// Cancels a task that has not ended; its delegator is told.
@@ -112,5 +114,7 @@ pub(crate) async fn cancel_task(
 ) -> ApiResult<Json<TaskView>> {
     let reason = optional_reason(&body.map_err(body_rejection)?)?;
     let task = existing_task(&st, &agent, &number).await?;
-    Ok(Json(st.org.cancel_task(&task, &reason).await?.into()))
+    Ok(Json(
+        st.task_view(st.org.cancel_task(&task, &reason).await?),
+    ))
 }
