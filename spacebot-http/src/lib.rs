@@ -12,6 +12,7 @@
 //! | `/api/notes...` | shared notes ([`Api::with_notes`]): list, one, history, compare-and-set write, grants |
 //! | `GET /api/events` (also `/events`) | server-sent events: organization events and chat replies, with ids and a replay window |
 //! | `GET /api/openapi.json` | the OpenAPI description of all of the above |
+//! | `/mcp` | the organization as an MCP server over streamable HTTP ([`Api::with_mcp`], feature `mcp`) |
 //!
 //! Every error is `{"error": {"code": "...", "message": "...", "field": "..."}}` with a 4xx status
 //! for anything the client can fix. `/api/*` needs `Authorization: Bearer <token>` unless the
@@ -136,6 +137,8 @@ pub enum HttpError {
 #[derive(Debug, Clone)]
 pub struct Api {
     state: Arc<AppState>,
+    #[cfg(feature = "mcp")]
+    mcp: Option<spacebot_mcp::OrgServer>,
 }
 
 impl Api {
@@ -159,6 +162,8 @@ impl Api {
         let events = org.subscribe();
         handle.spawn(hub::forward(events, Arc::downgrade(&hub)));
         Ok(Self {
+            #[cfg(feature = "mcp")]
+            mcp: None,
             state: Arc::new(AppState {
                 org,
                 hub,
@@ -224,6 +229,17 @@ impl Api {
             .notes
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(notes);
+        self
+    }
+
+    /// Serves the organization as an MCP server at `/mcp` (streamable HTTP), behind the same
+    /// bearer token as `/api`: see [`spacebot_mcp::OrgServer`]. Without a token
+    /// ([`HttpConfig::insecure_no_auth`]) it also refuses requests whose `Host` is not a loopback
+    /// name (against DNS rebinding); with one, the token is what keeps other callers out.
+    #[cfg(feature = "mcp")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "mcp")))]
+    pub fn with_mcp(mut self, server: spacebot_mcp::OrgServer) -> Self {
+        self.mcp = Some(server);
         self
     }
 
@@ -304,10 +320,23 @@ impl Api {
             .method_not_allowed_fallback(method_not_allowed)
             .route_layer(middleware::from_fn_with_state(self.state.clone(), auth))
             .with_state(self.state.clone());
-        Router::new()
+        let router = Router::new()
             .route("/api/openapi.json", get(openapi::serve))
             .merge(dashboard::routes())
-            .merge(api)
+            .merge(api);
+        #[cfg(feature = "mcp")]
+        let router = match &self.mcp {
+            Some(server) => {
+                let service = server.http_service(self.state.token.is_none());
+                router.merge(
+                    Router::new()
+                        .nest_service("/mcp", service)
+                        .layer(middleware::from_fn_with_state(self.state.clone(), auth)),
+                )
+            }
+            None => router,
+        };
+        router
     }
 }
 

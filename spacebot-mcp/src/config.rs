@@ -20,6 +20,7 @@
 //! [[agents]]
 //! id = "support"
 //! tools = ["files:*", "search:query"] # every tool of files, the tool query of search
+//! mcp_expose = true                   # MCP clients may ask it (`ask_support`, see OrgServer)
 //! ```
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -33,6 +34,9 @@ use spacebot_core::{AgentId, ConfigError, OrgConfig};
 pub const SECTION: &str = "mcp_servers";
 /// The `[[agents]]` field holding an agent's grants.
 pub const AGENT_FIELD: &str = "tools";
+/// The `[[agents]]` field that exposes an agent to MCP clients as the tool `ask_{agent}`
+/// (`mcp_expose = true`; default false: no agent is exposed unless the operator says so).
+pub const EXPOSE_FIELD: &str = "mcp_expose";
 /// The per-call timeout when `timeout_ms` is not given.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 /// The result cap when `max_result_bytes` is not given.
@@ -181,6 +185,8 @@ pub struct McpConfig {
     pub servers: Vec<ServerConfig>,
     /// Each agent's grants from its `tools` field.
     pub grants: BTreeMap<AgentId, BTreeSet<Grant>>,
+    /// The agents whose `mcp_expose` is true: the ones MCP clients may ask.
+    pub exposed: BTreeSet<AgentId>,
 }
 
 impl McpConfig {
@@ -254,7 +260,19 @@ impl McpConfig {
             }
         }
         let mut grants = BTreeMap::new();
+        let mut exposed = BTreeSet::new();
         for (i, agent) in config.agents.iter().enumerate() {
+            match agent.fields.get(EXPOSE_FIELD) {
+                None | Some(toml::Value::Boolean(false)) => {}
+                Some(toml::Value::Boolean(true)) => {
+                    exposed.insert(agent.id.clone());
+                }
+                Some(_) => issues.push(issue(
+                    &format!("agents[{i}] ({})", agent.id),
+                    Some(EXPOSE_FIELD),
+                    "expected true or false",
+                )),
+            }
             let Some(value) = agent.fields.get(AGENT_FIELD) else {
                 continue;
             };
@@ -301,7 +319,11 @@ impl McpConfig {
             grants.insert(agent.id.clone(), mine);
         }
         if issues.is_empty() {
-            Ok(Self { servers, grants })
+            Ok(Self {
+                servers,
+                grants,
+                exposed,
+            })
         } else {
             Err(ConfigError::Invalid { path: None, issues })
         }

@@ -14,7 +14,7 @@ use spacebot_core::{
     AgentId, AgentWorker, Behaviour, BehaviourContext, OrgError, StoreError, WeakBehaviourContext,
 };
 
-use crate::config::{AGENT_FIELD, Grant, McpConfig, SECTION, Start};
+use crate::config::{AGENT_FIELD, EXPOSE_FIELD, Grant, McpConfig, SECTION, Start};
 use crate::result::{cap_text, render};
 use crate::server::{CallError, McpTool, Server, ServerState};
 
@@ -50,6 +50,12 @@ pub enum McpError {
         /// Its state then.
         state: ServerState,
     },
+    /// The configuration's MCP fields do not check.
+    #[error("{0}")]
+    InvalidConfig(String),
+    /// An MCP session could not be served.
+    #[error("MCP transport: {0}")]
+    Transport(String),
 }
 
 /// MCP tools for agents: the tools of the servers in `[[mcp_servers]]`, offered to each agent as
@@ -292,7 +298,7 @@ impl Behaviour for Mcp {
     }
 
     fn agent_fields(&self) -> &'static [&'static str] {
-        &[AGENT_FIELD]
+        &[AGENT_FIELD, EXPOSE_FIELD]
     }
 
     fn tool_sets(&self) -> Vec<Arc<dyn ToolSet>> {
