@@ -310,6 +310,16 @@ impl OrgServer {
         loop {
             tokio::select! {
                 answer = &mut reply => {
+                    // The events already published tell the steps before the answer.
+                    while let Ok(Some(event)) = events.try_recv() {
+                        if let Some(step) = progress.note(&event)
+                            && let Some(token) = &token
+                        {
+                            let param = ProgressNotificationParam::new(token.clone(), f64::from(progress.step))
+                                .with_message(step);
+                            let _ = context.peer.notify_progress(param).await;
+                        }
+                    }
                     return Ok(match answer {
                         Ok(reply) if reply.kind == ReplyKind::Answer => {
                             CallToolResult::success(vec![ContentBlock::text(reply.content.to_string())])
