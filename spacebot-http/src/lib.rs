@@ -12,7 +12,8 @@
 //! | `/api/notes...` | shared notes ([`Api::with_notes`]): list, one, history, compare-and-set write, grants |
 //! | `GET /api/events` (also `/events`) | server-sent events: organization events and chat replies, with ids and a replay window |
 //! | `GET /api/openapi.json` | the OpenAPI description of all of the above |
-//! | `/mcp` | the organization as an MCP server over streamable HTTP ([`Api::with_mcp`], feature `mcp`) |
+//! | `/api/mcp...` | MCP servers, their state and grants; calls waiting for approval ([`Api::with_mcp_tools`]) |
+//! | `/mcp` | the organization as an MCP server over streamable HTTP ([`Api::with_mcp`]) |
 //!
 //! Every error is `{"error": {"code": "...", "message": "...", "field": "..."}}` with a 4xx status
 //! for anything the client can fix. `/api/*` needs `Authorization: Bearer <token>` unless the
@@ -137,7 +138,6 @@ pub enum HttpError {
 #[derive(Debug, Clone)]
 pub struct Api {
     state: Arc<AppState>,
-    #[cfg(feature = "mcp")]
     mcp: Option<spacebot_mcp::OrgServer>,
 }
 
@@ -162,7 +162,6 @@ impl Api {
         let events = org.subscribe();
         handle.spawn(hub::forward(events, Arc::downgrade(&hub)));
         Ok(Self {
-            #[cfg(feature = "mcp")]
             mcp: None,
             state: Arc::new(AppState {
                 org,
@@ -170,6 +169,7 @@ impl Api {
                 token: config.token,
                 closing: tokio::sync::watch::channel(false).0,
                 notes: std::sync::RwLock::new(None),
+                mcp: std::sync::RwLock::new(None),
             }),
         })
     }
@@ -232,12 +232,24 @@ impl Api {
         self
     }
 
+    /// Serves the MCP tools behaviour's state under `/api/mcp` (give the same
+    /// [`Mcp`](spacebot_mcp::Mcp) handle the organization was built with): the servers, their
+    /// state and the agents' grants (`GET /api/mcp/servers`, also on the dashboard), and the calls
+    /// waiting for approval (`GET /api/mcp/calls`, `POST /api/mcp/calls/{id}/approve` and
+    /// `/reject`). Without it those routes answer 404.
+    pub fn with_mcp_tools(self, mcp: spacebot_mcp::Mcp) -> Self {
+        *self
+            .state
+            .mcp
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(mcp);
+        self
+    }
+
     /// Serves the organization as an MCP server at `/mcp` (streamable HTTP), behind the same
     /// bearer token as `/api`: see [`spacebot_mcp::OrgServer`]. Without a token
     /// ([`HttpConfig::insecure_no_auth`]) it also refuses requests whose `Host` is not a loopback
     /// name (against DNS rebinding); with one, the token is what keeps other callers out.
-    #[cfg(feature = "mcp")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "mcp")))]
     pub fn with_mcp(mut self, server: spacebot_mcp::OrgServer) -> Self {
         self.mcp = Some(server);
         self
@@ -314,6 +326,10 @@ impl Api {
                 "/api/notes/{name}/access/{agent}",
                 put(notes::grant_note_access).delete(notes::revoke_note_access),
             )
+            .route("/api/mcp/servers", get(api::mcp_servers))
+            .route("/api/mcp/calls", get(api::mcp_calls))
+            .route("/api/mcp/calls/{id}/approve", post(api::approve_mcp_call))
+            .route("/api/mcp/calls/{id}/reject", post(api::reject_mcp_call))
             .route("/api/events", get(api::events))
             .route("/events", get(api::events))
             .fallback(api_not_found)
@@ -324,7 +340,6 @@ impl Api {
             .route("/api/openapi.json", get(openapi::serve))
             .merge(dashboard::routes())
             .merge(api);
-        #[cfg(feature = "mcp")]
         let router = match &self.mcp {
             Some(server) => {
                 let service = server.http_service(self.state.token.is_none());

@@ -4,7 +4,6 @@
 //!
 //! Needs SPACEBOT_PYTHON (a Python with PyPI's `mcp`, made by `.ci/python`); without it each test
 //! says so and returns, unless SPACEBOT_REQUIRE_PYTHON=1 (CI), when it fails.
-#![cfg(feature = "mcp")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::PathBuf;
