@@ -127,6 +127,7 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<(), CliError> {
     let api = Api::new(org.clone(), chat, http)
         .map_err(|e| failed(e.to_string()))?
         .with_notes(notes)
+        .with_mcp_tools(mcp.clone())
         .with_mcp(
             spacebot_mcp::OrgServer::new(org.clone(), mcp_chat)
                 .map_err(|e| failed(e.to_string()))?,

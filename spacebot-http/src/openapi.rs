@@ -4,7 +4,7 @@ use axum::Json;
 use utoipa::OpenApi;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 
-use crate::api::{self, McpCallView, McpGrantsView, McpServerView, McpView};
+use crate::api;
 use crate::error::{ErrorBody, ErrorDetail};
 use crate::notes::{self, *};
 use crate::views::*;

@@ -132,9 +132,10 @@ async fn python_client_asks_the_organization_over_streamable_http() {
     script(&llm);
     let web = WebChat::new();
     let chat = McpChat::new().with_fallback(Arc::new(web.clone()));
+    let mcp = Mcp::new();
     let mut h = OrgHarness::builder(ORG)
         .llm(Arc::new(Hanging(llm.clone())))
-        .behaviour(Arc::new(Mcp::new()))
+        .behaviour(Arc::new(mcp.clone()))
         .outbound(Arc::new(chat.clone()))
         .build()
         .await;
@@ -144,6 +145,7 @@ async fn python_client_asks_the_organization_over_streamable_http() {
     assert_eq!(server.exposed(), [agent("chief")]);
     let api = Api::new(h.org.clone(), web, HttpConfig::with_token(TOKEN))
         .unwrap()
+        .with_mcp_tools(mcp)
         .with_mcp(server);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -151,6 +153,26 @@ async fn python_client_asks_the_organization_over_streamable_http() {
         let _ = axum::serve(listener, api.router()).await;
     });
     let url = format!("http://{addr}/mcp");
+
+    // The MCP routes of the API: servers and grants, calls waiting for approval.
+    let http = reqwest::Client::new();
+    let servers: Value = http
+        .get(format!("http://{addr}/api/mcp/servers"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(servers, json!({"servers": [], "grants": []}));
+    let unknown = http
+        .post(format!("http://{addr}/api/mcp/calls/nope/approve"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unknown.status(), 404);
 
     let lines = client(&python, &["http", &url, TOKEN]).await;
 
