@@ -100,5 +100,11 @@ async fn python_client_asks_the_organization_over_stdio() {
             .any(|p| p.as_str().unwrap().starts_with("lead: task created")),
         "the delegation is told: {progress:?}"
     );
-    assert_eq!(step("resources")["topology"]["agents"].as_array().unwrap().len(), 3);
+    assert_eq!(
+        step("resources")["topology"]["agents"]
+            .as_array()
+            .unwrap()
+            .len(),
+        3
+    );
 }

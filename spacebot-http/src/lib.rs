@@ -340,7 +340,7 @@ impl Api {
             .route("/api/openapi.json", get(openapi::serve))
             .merge(dashboard::routes())
             .merge(api);
-        let router = match &self.mcp {
+        match &self.mcp {
             Some(server) => {
                 let service = server.http_service(self.state.token.is_none());
                 router.merge(
@@ -350,8 +350,7 @@ impl Api {
                 )
             }
             None => router,
-        };
-        router
+        }
     }
 }
 

@@ -206,7 +206,9 @@ async fn python_client_asks_the_organization_over_streamable_http() {
         .map(|p| p.as_str().unwrap())
         .collect();
     assert!(
-        progress.iter().any(|p| p.starts_with("chief: turn started")),
+        progress
+            .iter()
+            .any(|p| p.starts_with("chief: turn started")),
         "{progress:?}"
     );
     assert!(

@@ -166,7 +166,10 @@ pub(crate) async fn run_approved(
                 return match call.result {
                     Some(Ok(text)) => Ok(ToolOutput::text(text)),
                     Some(Err(text)) => Err(ToolError::failed(name, text)),
-                    None => Err(ToolError::failed(name, "the call ran; its result was not kept")),
+                    None => Err(ToolError::failed(
+                        name,
+                        "the call ran; its result was not kept",
+                    )),
                 };
             }
             ApprovalStatus::Approved | ApprovalStatus::Running => {

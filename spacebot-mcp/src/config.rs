@@ -302,7 +302,9 @@ impl McpConfig {
                             && t.get("approval").is_none_or(toml::Value::is_bool) =>
                     {
                         (
-                            t.get("tool").and_then(toml::Value::as_str).unwrap_or_default(),
+                            t.get("tool")
+                                .and_then(toml::Value::as_str)
+                                .unwrap_or_default(),
                             t.get("approval")
                                 .and_then(toml::Value::as_bool)
                                 .unwrap_or(false),

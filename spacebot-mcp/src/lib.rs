@@ -65,11 +65,11 @@ mod result;
 mod serve;
 mod server;
 
-pub use config::{
-    AGENT_FIELD, DEFAULT_MAX_RESULT_BYTES, DEFAULT_TIMEOUT, EXPOSE_FIELD, Grant, MAX_ID_LEN, McpConfig, SECTION,
-    ServerConfig, Start, Transport,
-};
 pub use approvals::{APPROVALS_NAMESPACE, ApprovalStatus, PendingCall};
+pub use config::{
+    AGENT_FIELD, DEFAULT_MAX_RESULT_BYTES, DEFAULT_TIMEOUT, EXPOSE_FIELD, Grant, MAX_ID_LEN,
+    McpConfig, SECTION, ServerConfig, Start, Transport,
+};
 pub use mcp::{Mcp, McpError};
 pub use names::{MAX_NAME_LEN, exposed_name};
 pub use serve::{McpChat, OrgServer, PLATFORM, TASKS_URI, TOPOLOGY_URI};

@@ -11,7 +11,8 @@ use serde_json::{Map, Value};
 use spacebot_core::llm::ToolDefinition;
 use spacebot_core::tools::{ToolCapability, ToolContext, ToolError, ToolOutput, ToolSet};
 use spacebot_core::{
-    Records, AgentId, AgentWorker, Behaviour, BehaviourContext, OrgError, StoreError, WeakBehaviourContext,
+    AgentId, AgentWorker, Behaviour, BehaviourContext, OrgError, Records, StoreError,
+    WeakBehaviourContext,
 };
 
 use crate::approvals::{APPROVALS_NAMESPACE, ApprovalStatus, PendingCall, decide, run_approved};

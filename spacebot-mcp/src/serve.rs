@@ -156,8 +156,8 @@ impl OrgServer {
     /// # Errors
     /// [`McpError::InvalidConfig`] when the configuration's MCP fields do not check.
     pub fn new(org: Organization, chat: McpChat) -> Result<Self, McpError> {
-        let config =
-            McpConfig::from_org(org.config()).map_err(|e| McpError::InvalidConfig(e.to_string()))?;
+        let config = McpConfig::from_org(org.config())
+            .map_err(|e| McpError::InvalidConfig(e.to_string()))?;
         Ok(Self {
             org,
             chat,
@@ -379,7 +379,10 @@ impl Progress {
     /// Whether `event` is part of the call's work, and how to tell it.
     fn note(&mut self, event: &Event) -> Option<String> {
         let ours_channel = event.agent == self.agent
-            && event.channel.as_ref().is_some_and(|c| c.as_str() == self.channel);
+            && event
+                .channel
+                .as_ref()
+                .is_some_and(|c| c.as_str() == self.channel);
         let mine = match &event.kind {
             EventKind::TurnStarted if ours_channel => {
                 self.running = true;
@@ -394,7 +397,10 @@ impl Progress {
                 // its turn on the call's channel runs is the call's; so is any task made for
                 // one of those.
                 let by_us = self.running && created_by == &format!("agent:{}", self.agent);
-                let under_ours = event.parent.as_ref().is_some_and(|p| self.tasks.contains(p));
+                let under_ours = event
+                    .parent
+                    .as_ref()
+                    .is_some_and(|p| self.tasks.contains(p));
                 match &event.task {
                     Some(task) if by_us || under_ours => {
                         self.tasks.insert(task.clone());

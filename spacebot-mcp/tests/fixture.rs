@@ -349,7 +349,12 @@ async fn stdio_a_delegated_worker_uses_an_mcp_tool_and_grants_change_at_run_time
 }
 
 /// An agent's organization on SQLite in `dir`, with `a` granted `fx:bump` under approval.
-async fn approval_org(python: &str, dir: &std::path::Path, llm: &ScriptedLlm, mcp: &Mcp) -> OrgHarness {
+async fn approval_org(
+    python: &str,
+    dir: &std::path::Path,
+    llm: &ScriptedLlm,
+    mcp: &Mcp,
+) -> OrgHarness {
     let log = dir.join("bumps.log");
     let config = format!(
         "[[agents]]\nid = \"a\"\ntools = [\"fx:add\", {{ tool = \"fx:bump\", approval = true }}]\n\
@@ -453,7 +458,10 @@ async fn approval_pending_across_a_sigkill_then_run_once_or_rejected() {
     })
     .await
     .expect("the child's call was pending within 60 s");
-    assert_eq!((pending.server.as_str(), pending.tool.as_str()), ("fx", "bump"));
+    assert_eq!(
+        (pending.server.as_str(), pending.tool.as_str()),
+        ("fx", "bump")
+    );
     assert_eq!(pending.arguments["note"], "first");
     let id = pending.id.clone();
     child.kill().await.unwrap();

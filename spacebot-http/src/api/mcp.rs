@@ -104,13 +104,17 @@ fn mcp(st: &super::AppState) -> ApiResult<Mcp> {
         .read()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .clone()
-        .ok_or_else(|| ApiError::not_found("MCP tools are not served by this API (Api::with_mcp_tools)"))
+        .ok_or_else(|| {
+            ApiError::not_found("MCP tools are not served by this API (Api::with_mcp_tools)")
+        })
 }
 
 fn mcp_error(e: McpError) -> ApiError {
     match e {
         McpError::NoSuchCall { .. } => ApiError::not_found(e.to_string()).with_field("id"),
-        McpError::NotPending { .. } => ApiError::new(StatusCode::CONFLICT, "conflict", e.to_string()),
+        McpError::NotPending { .. } => {
+            ApiError::new(StatusCode::CONFLICT, "conflict", e.to_string())
+        }
         other => ApiError::internal(other.to_string()),
     }
 }
@@ -181,7 +185,10 @@ pub(crate) async fn approve_mcp_call(
     State(st): St,
     Path(id): Path<String>,
 ) -> ApiResult<Json<McpCallView>> {
-    let call = mcp(&st)?.approve(&id, "operator").await.map_err(mcp_error)?;
+    let call = mcp(&st)?
+        .approve(&id, "operator")
+        .await
+        .map_err(mcp_error)?;
     Ok(Json(call.into()))
 }
 
