@@ -33,6 +33,11 @@ enum Command {
     /// answered); built with `--features openai`, a real provider is used when OPENAI_API_KEY,
     /// OPENAI_BASE_URL, SPACEBOT_MODEL or SPACEBOT_DIALECT is set.
     Serve(ServeArgs),
+    /// Serve the organization as an MCP server over standard input and output, for an MCP client
+    /// that starts it as a child process: the agents with `mcp_expose = true` are the tools
+    /// `ask_<agent>`; the topology and the task boards are resources. Nothing but the protocol is
+    /// written on standard output; `spacebot serve` serves the same over HTTP at `/mcp`.
+    Mcp(McpArgs),
     /// Validate an organization config and print every problem found.
     Check {
         /// The organization config (TOML).
@@ -105,6 +110,20 @@ struct ServeArgs {
     trace_url: Option<String>,
 }
 
+/// `spacebot mcp` arguments.
+#[derive(Debug, clap::Args)]
+struct McpArgs {
+    /// The organization config (TOML).
+    #[arg(long)]
+    config: PathBuf,
+    /// The data directory (created if missing).
+    #[arg(long)]
+    data_dir: PathBuf,
+    /// The storage backend.
+    #[arg(long, value_enum, default_value_t = Store::Sqlite)]
+    store: Store,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Format {
     Json,
@@ -152,6 +171,9 @@ fn run(cli: Cli) -> Result<ExitCode, CliError> {
     match cli.command {
         Command::Serve(args) => runtime()?
             .block_on(serve::serve(args))
+            .map(|()| ExitCode::SUCCESS),
+        Command::Mcp(args) => runtime()?
+            .block_on(serve::mcp_stdio(args))
             .map(|()| ExitCode::SUCCESS),
         Command::Check { config } => Ok(check(&config)),
         Command::Topology { config, format } => {

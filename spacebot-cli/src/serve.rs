@@ -6,7 +6,7 @@ use spacebot_core::rt::{TokioClock, TokioSpawner};
 use spacebot_core::{LlmProvider, OrgConfig, Organization, Stores};
 use spacebot_http::{Api, HttpConfig, WebChat};
 
-use crate::{CliError, ServeArgs, Store};
+use crate::{CliError, McpArgs, ServeArgs, Store};
 
 /// Prints a line; a closed stdout (the reader went away) does not stop the server.
 macro_rules! say {
@@ -129,6 +129,8 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<(), CliError> {
     .map_err(|e| failed(e.to_string()))?;
     let (llm, llm_name) = provider(&config)?;
     let chat = WebChat::new();
+    // MCP clients' calls get their replies; every other reply goes to the web chat.
+    let mcp_chat = spacebot_mcp::McpChat::new().with_fallback(Arc::new(chat.clone()));
     let notes = spacebot_notes::Notes::new();
     let mcp = spacebot_mcp::Mcp::new();
     let org = Organization::builder(config)
@@ -136,7 +138,7 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<(), CliError> {
         .llm(llm)
         .spawner(Arc::new(TokioSpawner::current()))
         .clock(Arc::new(TokioClock))
-        .outbound(Arc::new(chat.clone()))
+        .outbound(Arc::new(mcp_chat.clone()))
         .behaviour(Arc::new(notes.clone()))
         .behaviour(Arc::new(mcp.clone()))
         .build()
@@ -156,7 +158,12 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<(), CliError> {
     let token = http.token().map(str::to_string);
     let api = Api::new(org.clone(), chat, http)
         .map_err(|e| failed(e.to_string()))?
-        .with_notes(notes);
+        .with_notes(notes)
+        .with_mcp_tools(mcp.clone())
+        .with_mcp(
+            spacebot_mcp::OrgServer::new(org.clone(), mcp_chat)
+                .map_err(|e| failed(e.to_string()))?,
+        );
     let app = api.router();
     // The agents start once everything that can refuse the settings has accepted them.
     if let Err(e) = org.start_all().await {
@@ -178,11 +185,13 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<(), CliError> {
         Some(token) => {
             say!("dashboard: http://{addr}/#token={token}");
             say!("api:       http://{addr}/api (Authorization: Bearer {token})");
+            say!("mcp:       http://{addr}/mcp (streamable HTTP, the same bearer token)");
             say!("token:     {token}");
         }
         None => {
             say!("dashboard: http://{addr}/");
             say!("api:       http://{addr}/api (no authentication)");
+            say!("mcp:       http://{addr}/mcp (streamable HTTP, no authentication)");
         }
     }
     say!("press Ctrl-C to stop (or send SIGTERM)");
@@ -204,5 +213,47 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<(), CliError> {
         let _ = tokio::task::spawn_blocking(move || drop(otel)).await;
     }
     say!("stopped");
+    Ok(())
+}
+
+/// `spacebot mcp`: the organization as an MCP server over standard input and output. Standard
+/// output carries the protocol alone; what is said goes to standard error.
+pub(crate) async fn mcp_stdio(args: McpArgs) -> Result<(), CliError> {
+    let config = OrgConfig::load(&args.config)?;
+    std::fs::create_dir_all(&args.data_dir)
+        .map_err(|e| failed(format!("{}: {e}", args.data_dir.display())))?;
+    let stores: Stores = match args.store {
+        Store::Sqlite => spacebot_sqlite::open(&args.data_dir).await,
+        Store::Redb => spacebot_redb::open_async(&args.data_dir).await,
+    }
+    .map_err(|e| failed(e.to_string()))?;
+    let (llm, llm_name) = provider(&config)?;
+    let chat = spacebot_mcp::McpChat::new();
+    let notes = spacebot_notes::Notes::new();
+    let mcp = spacebot_mcp::Mcp::new();
+    let org = Organization::builder(config)
+        .stores(stores)
+        .llm(llm)
+        .spawner(Arc::new(TokioSpawner::current()))
+        .clock(Arc::new(TokioClock))
+        .outbound(Arc::new(chat.clone()))
+        .behaviour(Arc::new(notes))
+        .behaviour(Arc::new(mcp.clone()))
+        .build()
+        .await
+        .map_err(|e| failed(e.to_string()))?;
+    org.start_all().await.map_err(|e| failed(e.to_string()))?;
+    let server =
+        spacebot_mcp::OrgServer::new(org.clone(), chat).map_err(|e| failed(e.to_string()))?;
+    eprintln!(
+        "spacebot mcp: {} agents ({} exposed), {llm_name}; serving MCP on stdin/stdout",
+        org.agent_ids().len(),
+        server.exposed().len()
+    );
+    let served = server.serve_stdio().await;
+    mcp.shutdown();
+    let stopped = org.shutdown().await;
+    served.map_err(|e| failed(e.to_string()))?;
+    stopped.map_err(|e| failed(format!("shutdown: {e}")))?;
     Ok(())
 }

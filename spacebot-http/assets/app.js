@@ -232,6 +232,47 @@
   const notePath = (name) => "/api/notes/" + encodeURIComponent(name);
   const when = (ms) => (ms ? new Date(ms).toLocaleString() : "—");
 
+  async function refreshMcp() {
+    let view, calls;
+    try { [view, calls] = await Promise.all([api("GET", "/api/mcp/servers"), api("GET", "/api/mcp/calls")]); }
+    catch (e) {
+      if (e.status !== 404) throw e;
+      // Served without MCP tools: nothing is wrong, there is just nothing to show.
+      $("#mcp-status").textContent = "MCP tools are not served by this API.";
+      $("#mcp-status").hidden = false;
+      return;
+    }
+    $("#mcp-status").textContent = view.servers.length ? "" : "No MCP servers configured.";
+    $("#mcp-status").hidden = view.servers.length > 0;
+    $("#mcp-servers tbody").replaceChildren(...view.servers.map((sv) => {
+      const tr = el("tr", "mcp-" + sv.state);
+      tr.dataset.server = sv.id;
+      tr.append(el("td", "name", sv.id), el("td", "state", sv.detail), el("td", "starts", String(sv.starts)),
+        el("td", "tools", sv.tools.join(", ") || "—"));
+      return tr;
+    }));
+    $("#mcp-grants tbody").replaceChildren(...view.grants.map((g) => {
+      const tr = el("tr");
+      tr.append(el("td", "name", g.agent), el("td", "grants", g.grants.join(", ")), el("td", "approval", g.approval.join(", ") || "—"));
+      return tr;
+    }));
+    const pending = calls.filter((c) => c.status === "pending");
+    $("#mcp-calls tbody").replaceChildren(...pending.map((c) => {
+      const tr = el("tr");
+      const actions = el("td", "actions");
+      for (const action of ["approve", "reject"]) {
+        const button = el("button", "", action);
+        button.addEventListener("click", async () => {
+          try { await api("POST", "/api/mcp/calls/" + encodeURIComponent(c.id) + "/" + action); await refreshMcp(); }
+          catch (e) { showError(e.message); }
+        });
+        actions.append(button);
+      }
+      tr.append(el("td", "name", c.agent), el("td", "tool", c.server + ":" + c.tool), el("td", "arguments", JSON.stringify(c.arguments)), actions);
+      return tr;
+    }));
+  }
+
   function agentsWith(access, kind) {
     return Object.keys(access || {}).filter((a) => access[a] === kind).sort().join(", ") || "—";
   }
@@ -463,7 +504,9 @@
       await refreshTopology();
       $("#token-form").hidden = true;
       connect();
-      await Promise.all([refreshTasks(), refreshTimeline(), refreshNotes()]);
+      await Promise.all([refreshTasks(), refreshTimeline(), refreshNotes(), refreshMcp()]);
+      // Servers restart and calls wait for approval without an event of their own: look again.
+      setInterval(() => refreshMcp().catch((e) => showError(e.message)), 3000);
     } catch (e) { showError(e.message); }
   }
 

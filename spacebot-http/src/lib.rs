@@ -12,6 +12,8 @@
 //! | `/api/notes...` | shared notes ([`Api::with_notes`]): list, one, history, compare-and-set write, grants |
 //! | `GET /api/events` (also `/events`) | server-sent events: organization events and chat replies, with ids and a replay window |
 //! | `GET /api/openapi.json` | the OpenAPI description of all of the above |
+//! | `/api/mcp...` | MCP servers, their state and grants; calls waiting for approval ([`Api::with_mcp_tools`]) |
+//! | `/mcp` | the organization as an MCP server over streamable HTTP ([`Api::with_mcp`]) |
 //!
 //! Every error is `{"error": {"code": "...", "message": "...", "field": "..."}}` with a 4xx status
 //! for anything the client can fix. `/api/*` needs `Authorization: Bearer <token>` unless the
@@ -159,6 +161,7 @@ pub enum HttpError {
 #[derive(Debug, Clone)]
 pub struct Api {
     state: Arc<AppState>,
+    mcp: Option<spacebot_mcp::OrgServer>,
 }
 
 impl Api {
@@ -187,6 +190,7 @@ impl Api {
         let events = org.subscribe();
         handle.spawn(hub::forward(events, Arc::downgrade(&hub)));
         Ok(Self {
+            mcp: None,
             state: Arc::new(AppState {
                 org,
                 hub,
@@ -194,6 +198,7 @@ impl Api {
                 trace_url: config.trace_url,
                 closing: tokio::sync::watch::channel(false).0,
                 notes: std::sync::RwLock::new(None),
+                mcp: std::sync::RwLock::new(None),
             }),
         })
     }
@@ -253,6 +258,29 @@ impl Api {
             .notes
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(notes);
+        self
+    }
+
+    /// Serves the MCP tools behaviour's state under `/api/mcp` (give the same
+    /// [`Mcp`](spacebot_mcp::Mcp) handle the organization was built with): the servers, their
+    /// state and the agents' grants (`GET /api/mcp/servers`, also on the dashboard), and the calls
+    /// waiting for approval (`GET /api/mcp/calls`, `POST /api/mcp/calls/{id}/approve` and
+    /// `/reject`). Without it those routes answer 404.
+    pub fn with_mcp_tools(self, mcp: spacebot_mcp::Mcp) -> Self {
+        *self
+            .state
+            .mcp
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(mcp);
+        self
+    }
+
+    /// Serves the organization as an MCP server at `/mcp` (streamable HTTP), behind the same
+    /// bearer token as `/api`: see [`spacebot_mcp::OrgServer`]. Without a token
+    /// ([`HttpConfig::insecure_no_auth`]) it also refuses requests whose `Host` is not a loopback
+    /// name (against DNS rebinding); with one, the token is what keeps other callers out.
+    pub fn with_mcp(mut self, server: spacebot_mcp::OrgServer) -> Self {
+        self.mcp = Some(server);
         self
     }
 
@@ -327,16 +355,31 @@ impl Api {
                 "/api/notes/{name}/access/{agent}",
                 put(notes::grant_note_access).delete(notes::revoke_note_access),
             )
+            .route("/api/mcp/servers", get(api::mcp_servers))
+            .route("/api/mcp/calls", get(api::mcp_calls))
+            .route("/api/mcp/calls/{id}/approve", post(api::approve_mcp_call))
+            .route("/api/mcp/calls/{id}/reject", post(api::reject_mcp_call))
             .route("/api/events", get(api::events))
             .route("/events", get(api::events))
             .fallback(api_not_found)
             .method_not_allowed_fallback(method_not_allowed)
             .route_layer(middleware::from_fn_with_state(self.state.clone(), auth))
             .with_state(self.state.clone());
-        Router::new()
+        let router = Router::new()
             .route("/api/openapi.json", get(openapi::serve))
             .merge(dashboard::routes())
-            .merge(api)
+            .merge(api);
+        match &self.mcp {
+            Some(server) => {
+                let service = server.http_service(self.state.token.is_none());
+                router.merge(
+                    Router::new()
+                        .nest_service("/mcp", service)
+                        .layer(middleware::from_fn_with_state(self.state.clone(), auth)),
+                )
+            }
+            None => router,
+        }
     }
 }
 

@@ -26,7 +26,8 @@ use crate::views::*;
         notes::list_notes, notes::get_note, notes::note_history, notes::write_note,
         notes::grant_note_access, notes::revoke_note_access,
         api::request_spend, api::set_request_limits, api::resume_request, api::agent_spend,
-        api::org_spend,
+        api::org_spend, api::mcp_servers, api::mcp_calls, api::approve_mcp_call,
+        api::reject_mcp_call,
     ),
     components(schemas(
         ErrorBody, ErrorDetail, AgentView, AgentStatus, LinkView, Direction, Relationship,
@@ -34,7 +35,8 @@ use crate::views::*;
         ReasonBody, RecordView, TimelineView, ConversationView, MemberView, ChatMessageBody,
         Accepted, DelegateBody, Health, NoteView, NoteVersionView, NoteAccess, WriteNoteBody,
         NoteAccessBody, NoteAccessView, NoteConflictBody, LimitsBody, SpendView, ReachedView,
-        RequestSpendView, ResumeBody, PeriodSpendView,
+        RequestSpendView, ResumeBody, PeriodSpendView, McpView, McpServerView, McpGrantsView,
+        McpCallView,
     )),
     modifiers(&Bearer),
     tags(
@@ -47,6 +49,7 @@ use crate::views::*;
         (name = "chat", description = "The web chat gateway"),
         (name = "events", description = "Server-sent events"),
         (name = "notes", description = "Shared notes: versioned texts and per-agent grants"),
+        (name = "mcp", description = "MCP servers, grants and calls waiting for approval"),
         (name = "meta", description = "Health"),
     )
 )]

@@ -4,7 +4,8 @@
 //! change when a core type gains a field.
 
 pub use crate::api::{
-    LimitsBody, PeriodSpendView, ReachedView, RequestSpendView, ResumeBody, SpendView,
+    LimitsBody, McpCallView, McpGrantsView, McpServerView, McpView, PeriodSpendView, ReachedView,
+    RequestSpendView, ResumeBody, SpendView,
 };
 use serde::{Deserialize, Serialize};
 use spacebot_core::channel::ChannelRecord;

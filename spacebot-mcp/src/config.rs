@@ -20,6 +20,9 @@
 //! [[agents]]
 //! id = "support"
 //! tools = ["files:*", "search:query"] # every tool of files, the tool query of search
+//! # tools = ["files:read_file", { tool = "files:write_file", approval = true }]
+//! #   (a call of files:write_file waits for a human's approval; see Mcp::approve)
+//! mcp_expose = true                   # MCP clients may ask it (`ask_support`, see OrgServer)
 //! ```
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -33,6 +36,9 @@ use spacebot_core::{AgentId, ConfigError, OrgConfig};
 pub const SECTION: &str = "mcp_servers";
 /// The `[[agents]]` field holding an agent's grants.
 pub const AGENT_FIELD: &str = "tools";
+/// The `[[agents]]` field that exposes an agent to MCP clients as the tool `ask_{agent}`
+/// (`mcp_expose = true`; default false: no agent is exposed unless the operator says so).
+pub const EXPOSE_FIELD: &str = "mcp_expose";
 /// The per-call timeout when `timeout_ms` is not given.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 /// The result cap when `max_result_bytes` is not given.
@@ -181,6 +187,11 @@ pub struct McpConfig {
     pub servers: Vec<ServerConfig>,
     /// Each agent's grants from its `tools` field.
     pub grants: BTreeMap<AgentId, BTreeSet<Grant>>,
+    /// Each agent's grants whose calls wait for a human's approval
+    /// (`{ tool = "files:write", approval = true }`); each is in [`grants`](Self::grants) too.
+    pub approvals: BTreeMap<AgentId, BTreeSet<Grant>>,
+    /// The agents whose `mcp_expose` is true: the ones MCP clients may ask.
+    pub exposed: BTreeSet<AgentId>,
 }
 
 impl McpConfig {
@@ -254,7 +265,20 @@ impl McpConfig {
             }
         }
         let mut grants = BTreeMap::new();
+        let mut exposed = BTreeSet::new();
+        let mut approvals = BTreeMap::new();
         for (i, agent) in config.agents.iter().enumerate() {
+            match agent.fields.get(EXPOSE_FIELD) {
+                None | Some(toml::Value::Boolean(false)) => {}
+                Some(toml::Value::Boolean(true)) => {
+                    exposed.insert(agent.id.clone());
+                }
+                Some(_) => issues.push(issue(
+                    &format!("agents[{i}] ({})", agent.id),
+                    Some(EXPOSE_FIELD),
+                    "expected true or false",
+                )),
+            }
             let Some(value) = agent.fields.get(AGENT_FIELD) else {
                 continue;
             };
@@ -268,17 +292,39 @@ impl McpConfig {
                 continue;
             };
             let mut mine = BTreeSet::new();
+            let mut mine_approval = BTreeSet::new();
             for item in items {
-                let Some(text) = item.as_str() else {
-                    issues.push(issue(
-                        &entry,
-                        Some(AGENT_FIELD),
-                        "expected an array of strings such as \"files:*\"",
-                    ));
-                    continue;
+                let (text, approval) = match item {
+                    toml::Value::String(text) => (text.as_str(), false),
+                    toml::Value::Table(t)
+                        if t.keys().all(|k| k == "tool" || k == "approval")
+                            && t.get("tool").is_some_and(toml::Value::is_str)
+                            && t.get("approval").is_none_or(toml::Value::is_bool) =>
+                    {
+                        (
+                            t.get("tool")
+                                .and_then(toml::Value::as_str)
+                                .unwrap_or_default(),
+                            t.get("approval")
+                                .and_then(toml::Value::as_bool)
+                                .unwrap_or(false),
+                        )
+                    }
+                    _ => {
+                        issues.push(issue(
+                            &entry,
+                            Some(AGENT_FIELD),
+                            "expected an array of grants: strings such as \"files:*\", or tables \
+                             such as { tool = \"files:write\", approval = true }",
+                        ));
+                        continue;
+                    }
                 };
                 match Grant::parse(text) {
                     Ok(grant) if seen.contains_key(&grant.server) => {
+                        if approval {
+                            mine_approval.insert(grant.clone());
+                        }
                         if !mine.insert(grant) {
                             issues.push(issue(
                                 &entry,
@@ -299,9 +345,17 @@ impl McpConfig {
                 }
             }
             grants.insert(agent.id.clone(), mine);
+            if !mine_approval.is_empty() {
+                approvals.insert(agent.id.clone(), mine_approval);
+            }
         }
         if issues.is_empty() {
-            Ok(Self { servers, grants })
+            Ok(Self {
+                servers,
+                grants,
+                approvals,
+                exposed,
+            })
         } else {
             Err(ConfigError::Invalid { path: None, issues })
         }

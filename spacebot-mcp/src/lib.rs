@@ -19,6 +19,10 @@
 //!   to the model), the call runs within the server's `timeout_ms`, its result (text, structured
 //!   content, resources, placeholders for images and audio) is cut at `max_result_bytes`, and a
 //!   turn that is cancelled cancels its calls (`notifications/cancelled`).
+//! - **The organization as an MCP server** ([`OrgServer`]): the agents the operator exposes
+//!   (`mcp_expose = true`) are the tools `ask_{agent}`, answered with the agent's final reply and
+//!   told in progress notifications meanwhile; the topology and the task boards are resources;
+//!   over streamable HTTP (spacebot-http mounts it at `/mcp`) or stdio (`spacebot mcp`).
 //! - **Effects**: the call's idempotency key (the runtime's `ToolContext::key`) goes to the
 //!   server in `_meta` under [`IDEMPOTENCY_META_KEY`]. An MCP call is an external effect: after
 //!   a crash mid-turn the turn runs again and so may the call (see `docs/mcp.md`).
@@ -53,16 +57,20 @@
 //! # }
 //! ```
 
+mod approvals;
 mod config;
 mod mcp;
 mod names;
 mod result;
+mod serve;
 mod server;
 
+pub use approvals::{APPROVALS_NAMESPACE, ApprovalStatus, PendingCall};
 pub use config::{
-    AGENT_FIELD, DEFAULT_MAX_RESULT_BYTES, DEFAULT_TIMEOUT, Grant, MAX_ID_LEN, McpConfig, SECTION,
-    ServerConfig, Start, Transport,
+    AGENT_FIELD, DEFAULT_MAX_RESULT_BYTES, DEFAULT_TIMEOUT, EXPOSE_FIELD, Grant, MAX_ID_LEN,
+    McpConfig, SECTION, ServerConfig, Start, Transport,
 };
 pub use mcp::{Mcp, McpError};
 pub use names::{MAX_NAME_LEN, exposed_name};
+pub use serve::{McpChat, OrgServer, PLATFORM, TASKS_URI, TOPOLOGY_URI};
 pub use server::{IDEMPOTENCY_META_KEY, ServerState};

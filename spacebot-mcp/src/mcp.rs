@@ -7,14 +7,16 @@ use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use serde_json::Value;
+use serde_json::{Map, Value};
 use spacebot_core::llm::ToolDefinition;
 use spacebot_core::tools::{ToolCapability, ToolContext, ToolError, ToolOutput, ToolSet};
 use spacebot_core::{
-    AgentId, AgentWorker, Behaviour, BehaviourContext, OrgError, StoreError, WeakBehaviourContext,
+    AgentId, AgentWorker, Behaviour, BehaviourContext, OrgError, Records, StoreError,
+    WeakBehaviourContext,
 };
 
-use crate::config::{AGENT_FIELD, Grant, McpConfig, SECTION, Start};
+use crate::approvals::{APPROVALS_NAMESPACE, ApprovalStatus, PendingCall, decide, run_approved};
+use crate::config::{AGENT_FIELD, EXPOSE_FIELD, Grant, McpConfig, SECTION, Start};
 use crate::result::{cap_text, render};
 use crate::server::{CallError, McpTool, Server, ServerState};
 
@@ -50,6 +52,29 @@ pub enum McpError {
         /// Its state then.
         state: ServerState,
     },
+    /// The configuration's MCP fields do not check.
+    #[error("{0}")]
+    InvalidConfig(String),
+    /// An MCP session could not be served.
+    #[error("MCP transport: {0}")]
+    Transport(String),
+    /// The store of calls waiting for approval failed.
+    #[error("the approval store failed: {0}")]
+    Store(String),
+    /// No call waiting for approval has this id.
+    #[error("no MCP call {id:?} waits for approval")]
+    NoSuchCall {
+        /// The id given.
+        id: String,
+    },
+    /// The call was decided already.
+    #[error("the MCP call {id:?} is not pending (it is {status:?})")]
+    NotPending {
+        /// The call.
+        id: String,
+        /// Where it is.
+        status: ApprovalStatus,
+    },
 }
 
 /// MCP tools for agents: the tools of the servers in `[[mcp_servers]]`, offered to each agent as
@@ -67,6 +92,18 @@ struct Inner {
     attached: RwLock<Option<Attached>>,
     /// Each agent's grants now.
     grants: RwLock<BTreeMap<AgentId, BTreeSet<Grant>>>,
+    /// Each agent's grants whose calls wait for approval.
+    approvals: RwLock<BTreeMap<AgentId, BTreeSet<Grant>>>,
+    /// Rings when a call is approved or rejected in this process.
+    decided: Decided,
+}
+
+struct Decided(tokio::sync::watch::Sender<u64>);
+
+impl Default for Decided {
+    fn default() -> Self {
+        Self(tokio::sync::watch::Sender::new(0))
+    }
 }
 
 #[derive(Clone)]
@@ -74,6 +111,8 @@ struct Attached {
     /// Weak: the organization holds this behaviour, which must not keep it alive.
     ctx: WeakBehaviourContext,
     servers: Arc<BTreeMap<String, Arc<Server>>>,
+    /// The calls waiting for approval, and their outcome.
+    records: Records<PendingCall>,
 }
 
 impl Drop for Inner {
@@ -262,6 +301,77 @@ impl Mcp {
             .is_some_and(|grants| grants.iter().any(|g| g.server == server))
     }
 
+    /// Each agent's grants whose calls wait for a human's approval (from the configuration).
+    pub fn approval_grants(&self) -> BTreeMap<AgentId, BTreeSet<Grant>> {
+        self.inner
+            .approvals
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Whether `agent`'s calls of `tool` of `server` wait for a human's approval.
+    pub fn requires_approval(&self, agent: &AgentId, server: &str, tool: &str) -> bool {
+        self.inner
+            .approvals
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(agent)
+            .is_some_and(|grants| grants.iter().any(|g| g.covers(server, tool)))
+    }
+
+    fn records(&self) -> Result<Records<PendingCall>, McpError> {
+        self.attached().map(|a| a.records).ok_or(McpError::NotBuilt)
+    }
+
+    /// The calls waiting for approval now (stored: they survive a restart).
+    ///
+    /// # Errors
+    /// [`McpError::NotBuilt`], [`McpError::Store`].
+    pub async fn pending_calls(&self) -> Result<Vec<PendingCall>, McpError> {
+        Ok(self
+            .approval_calls()
+            .await?
+            .into_iter()
+            .filter(|c| c.status == ApprovalStatus::Pending)
+            .collect())
+    }
+
+    /// Every call that needed approval, whatever its status, by id.
+    ///
+    /// # Errors
+    /// [`McpError::NotBuilt`], [`McpError::Store`].
+    pub async fn approval_calls(&self) -> Result<Vec<PendingCall>, McpError> {
+        let records = self.records()?;
+        let all = records
+            .list("")
+            .await
+            .map_err(|e| McpError::Store(e.to_string()))?;
+        Ok(all.into_iter().map(|r| r.value).collect())
+    }
+
+    /// Approves the pending call `id` (`by`: who, as recorded): it runs once, and its result
+    /// goes to the model.
+    ///
+    /// # Errors
+    /// [`McpError::NoSuchCall`], [`McpError::NotPending`] (decided already), [`McpError::Store`].
+    pub async fn approve(&self, id: &str, by: &str) -> Result<PendingCall, McpError> {
+        let call = decide(&self.records()?, id, by, None).await?;
+        self.inner.decided.0.send_modify(|n| *n += 1);
+        Ok(call)
+    }
+
+    /// Rejects the pending call `id`: it never runs; the model is answered that a human
+    /// rejected it, with `reason`.
+    ///
+    /// # Errors
+    /// As [`approve`](Self::approve).
+    pub async fn reject(&self, id: &str, by: &str, reason: &str) -> Result<PendingCall, McpError> {
+        let call = decide(&self.records()?, id, by, Some(reason)).await?;
+        self.inner.decided.0.send_modify(|n| *n += 1);
+        Ok(call)
+    }
+
     /// Stops every server (their child processes are killed). Calls are answered as errors
     /// from then on.
     pub fn shutdown(&self) {
@@ -292,7 +402,7 @@ impl Behaviour for Mcp {
     }
 
     fn agent_fields(&self) -> &'static [&'static str] {
-        &[AGENT_FIELD]
+        &[AGENT_FIELD, EXPOSE_FIELD]
     }
 
     fn tool_sets(&self) -> Vec<Arc<dyn ToolSet>> {
@@ -316,6 +426,12 @@ impl Behaviour for Mcp {
             .grants
             .write()
             .unwrap_or_else(PoisonError::into_inner) = config.grants;
+        *self
+            .inner
+            .approvals
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = config.approvals;
+        let records = Records::new(ctx.stores().records.clone(), APPROVALS_NAMESPACE)?;
         let previous = self
             .inner
             .attached
@@ -324,6 +440,7 @@ impl Behaviour for Mcp {
             .replace(Attached {
                 ctx: ctx.downgrade(),
                 servers: Arc::new(servers),
+                records,
             });
         if let Some(previous) = previous {
             for server in previous.servers.values() {
@@ -391,6 +508,21 @@ impl ToolSet for McpTools {
         if !self.0.granted(&ctx.agent, &server.config.id, &tool.name) {
             return None;
         }
+        if self
+            .0
+            .requires_approval(&ctx.agent, &server.config.id, &tool.name)
+        {
+            let records = match self.0.records() {
+                Ok(r) => r,
+                Err(e) => return Some(Err(ToolError::failed(&tool.exposed, e.to_string()))),
+            };
+            let args = match validate(&tool, args) {
+                Ok(a) => a,
+                Err(e) => return Some(Err(e)),
+            };
+            let decided = self.0.inner.decided.0.subscribe();
+            return Some(run_approved(&records, decided, &server, &tool, ctx, args).await);
+        }
         Some(run(&server, &tool, ctx, args).await)
     }
 }
@@ -401,6 +533,15 @@ async fn run(
     ctx: &ToolContext,
     args: Value,
 ) -> Result<ToolOutput, ToolError> {
+    let args = validate(tool, args)?;
+    execute(server, tool, ctx, args)
+        .await
+        .map(ToolOutput::text)
+        .map_err(|e| ToolError::failed(&tool.exposed, e))
+}
+
+/// The arguments, checked against the tool's input schema.
+pub(crate) fn validate(tool: &McpTool, args: Value) -> Result<Map<String, Value>, ToolError> {
     let name = tool.exposed.as_str();
     if let Some(validator) = &tool.validator {
         let problems: Vec<String> = validator
@@ -432,37 +573,34 @@ async fn run(
             "the arguments must be one JSON object",
         ));
     };
+    Ok(args)
+}
+
+/// Runs the call: the text shown to the model, or the failure's.
+pub(crate) async fn execute(
+    server: &Server,
+    tool: &McpTool,
+    ctx: &ToolContext,
+    args: Map<String, Value>,
+) -> Result<String, String> {
     let cap = server.config.max_result_bytes;
     match server.call(&tool.name, args, &ctx.key).await {
         Ok(result) => {
             let (text, is_error) = render(&result, cap);
-            if is_error {
-                Err(ToolError::failed(name, text))
-            } else {
-                Ok(ToolOutput::text(text))
-            }
+            if is_error { Err(text) } else { Ok(text) }
         }
-        Err(CallError::NotReady(state)) => Err(ToolError::failed(
-            name,
-            format!(
-                "the MCP server {} is not available now ({state}); it is being started again, \
-                 try again later",
-                server.config.id
-            ),
+        Err(CallError::NotReady(state)) => Err(format!(
+            "the MCP server {} is not available now ({state}); it is being started again, \
+             try again later",
+            server.config.id
         )),
-        Err(CallError::Timeout(after)) => Err(ToolError::failed(
-            name,
-            format!(
-                "no answer within {} ms; the call was cancelled",
-                after.as_millis()
-            ),
+        Err(CallError::Timeout(after)) => Err(format!(
+            "no answer within {} ms; the call was cancelled",
+            after.as_millis()
         )),
-        Err(CallError::Failed(e)) => Err(ToolError::failed(
-            name,
-            cap_text(
-                format!("the MCP server {} failed to answer: {e}", server.config.id),
-                cap,
-            ),
+        Err(CallError::Failed(e)) => Err(cap_text(
+            format!("the MCP server {} failed to answer: {e}", server.config.id),
+            cap,
         )),
     }
 }

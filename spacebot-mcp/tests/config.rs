@@ -131,7 +131,7 @@ fn every_mistake_names_its_entry_and_field() {
         "agents[0] (a): field \"tools\": grant \"ghost:*\" names the server \"ghost\", which is not in [[mcp_servers]]",
         "agents[0] (a): field \"tools\": grant \"files\" must be \"server:*\"",
         "agents[0] (a): field \"tools\": grant \"files:*\" is listed twice",
-        "agents[0] (a): field \"tools\": expected an array of strings",
+        "agents[0] (a): field \"tools\": expected an array of grants: strings such as",
         "agents[1] (b): field \"tools\": expected an array of grants",
     ];
     for want in expected {

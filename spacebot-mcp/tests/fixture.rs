@@ -347,3 +347,166 @@ async fn stdio_a_delegated_worker_uses_an_mcp_tool_and_grants_change_at_run_time
     mcp.shutdown();
     h.org.shutdown().await.unwrap();
 }
+
+/// An agent's organization on SQLite in `dir`, with `a` granted `fx:bump` under approval.
+async fn approval_org(
+    python: &str,
+    dir: &std::path::Path,
+    llm: &ScriptedLlm,
+    mcp: &Mcp,
+) -> OrgHarness {
+    let log = dir.join("bumps.log");
+    let config = format!(
+        "[[agents]]\nid = \"a\"\ntools = [\"fx:add\", {{ tool = \"fx:bump\", approval = true }}]\n\
+         [[mcp_servers]]\nid = \"fx\"\ncommand = {python:?}\nargs = [{:?}]\nstart = \"eager\"\n\
+         timeout_ms = 20000\nenv = {{ SPACEBOT_FIXTURE_LOG = {:?} }}\n",
+        fixture(),
+        log.display().to_string()
+    );
+    let stores = spacebot_sqlite::open(dir.join("data")).await.unwrap();
+    let mut h = OrgHarness::builder(config)
+        .stores(stores)
+        .llm(Arc::new(llm.clone()))
+        .behaviour(Arc::new(mcp.clone()))
+        .build()
+        .await;
+    h.timeout = Duration::from_secs(30);
+    h.org.start_all().await.unwrap();
+    mcp.wait_ready("fx", Duration::from_secs(20)).await.unwrap();
+    h
+}
+
+async fn wait_pending(mcp: &Mcp) -> Vec<spacebot_mcp::PendingCall> {
+    let started = std::time::Instant::now();
+    loop {
+        let pending = mcp.pending_calls().await.unwrap();
+        if !pending.is_empty() {
+            return pending;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no call became pending within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn bumps(dir: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(dir.join("bumps.log"))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The first life of the approval test, run by it as a child process and killed (SIGKILL) once
+/// the call is pending: the model calls bump, the call waits for a human.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the child process of approval_pending_across_a_sigkill_then_run_once_or_rejected"]
+async fn approval_child() {
+    let (Ok(python), Ok(dir)) = (
+        std::env::var("SPACEBOT_PYTHON"),
+        std::env::var("SPACEBOT_APPROVAL_DIR"),
+    ) else {
+        panic!("run by approval_pending_across_a_sigkill_then_run_once_or_rejected only");
+    };
+    let dir = PathBuf::from(dir);
+    let a = agent("a");
+    let llm = ScriptedLlm::new();
+    llm.push_tool_call(&a, "fx__bump", json!({"note": "first"}));
+    let mcp = Mcp::new();
+    let h = approval_org(&python, &dir, &llm, &mcp).await;
+    assert!(mcp.requires_approval(&a, "fx", "bump"));
+    assert!(!mcp.requires_approval(&a, "fx", "add"));
+    h.org
+        .deliver("a", InboundMessage::new("portal", "u1", "bump it"))
+        .await
+        .unwrap();
+    let pending = wait_pending(&mcp).await;
+    assert_eq!(pending.len(), 1);
+    assert!(bumps(&dir).is_empty(), "nothing ran before approval");
+    println!("PENDING {}", serde_json::to_string(&pending[0]).unwrap());
+    futures::future::pending::<()>().await;
+}
+
+/// A grant requiring approval: the call is stored as pending, survives a SIGKILL of the process
+/// and a new organization on the same stores, runs once after approval; a rejection is answered
+/// to the model; a call decided already cannot be decided again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approval_pending_across_a_sigkill_then_run_once_or_rejected() {
+    let Some(python) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let a = agent("a");
+
+    // The first life, in a child process killed once the call is pending.
+    let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
+        .args(["approval_child", "--exact", "--ignored", "--nocapture"])
+        .env("SPACEBOT_APPROVAL_DIR", dir.path())
+        .env("SPACEBOT_PYTHON", &python)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let pending: spacebot_mcp::PendingCall = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if let Some(json) = line.strip_prefix("PENDING ") {
+                return serde_json::from_str(json).unwrap();
+            }
+        }
+        panic!("the child ended before its call was pending");
+    })
+    .await
+    .expect("the child's call was pending within 60 s");
+    assert_eq!(
+        (pending.server.as_str(), pending.tool.as_str()),
+        ("fx", "bump")
+    );
+    assert_eq!(pending.arguments["note"], "first");
+    let id = pending.id.clone();
+    child.kill().await.unwrap();
+    assert!(bumps(dir.path()).is_empty(), "nothing ran before approval");
+
+    // The second life on the same stores: the call is still pending; the turn runs again and
+    // waits on the same call.
+    let llm = ScriptedLlm::new();
+    llm.push_tool_call(&a, "fx__bump", json!({"note": "first"}));
+    llm.push_text(&a, "bumped after approval");
+    let mcp = Mcp::new();
+    let mut h = approval_org(&python, dir.path(), &llm, &mcp).await;
+    let pending = wait_pending(&mcp).await;
+    assert_eq!(pending.len(), 1, "{pending:?}");
+    assert_eq!(pending[0].id, id, "the same call, not a second one");
+    let approved = mcp.approve(&id, "operator").await.unwrap();
+    assert_eq!(approved.decided_by.as_deref(), Some("operator"));
+    let reply = h.reply().await;
+    assert_eq!(reply.content.to_string(), "bumped after approval");
+    assert_eq!(tool_results(&llm, "a"), ["bumped 1"]);
+    assert_eq!(bumps(dir.path()), ["first"], "run exactly once");
+    assert!(matches!(
+        mcp.approve(&id, "operator").await,
+        Err(spacebot_mcp::McpError::NotPending { .. })
+    ));
+    assert!(mcp.pending_calls().await.unwrap().is_empty());
+
+    // A rejection is answered to the model; the tool never runs.
+    llm.push_tool_call(&a, "fx__bump", json!({"note": "second"}));
+    llm.push_text(&a, "it was rejected");
+    h.org
+        .deliver("a", InboundMessage::new("portal", "u1", "bump again"))
+        .await
+        .unwrap();
+    let pending = wait_pending(&mcp).await;
+    mcp.reject(&pending[0].id, "operator", "not today")
+        .await
+        .unwrap();
+    assert_eq!(h.reply().await.content.to_string(), "it was rejected");
+    let results = tool_results(&llm, "a");
+    assert!(
+        results[0].contains("a human rejected this call (operator): not today"),
+        "{results:?}"
+    );
+    assert_eq!(bumps(dir.path()), ["first"]);
+    assert!(mcp.approve("nope", "operator").await.is_err());
+    mcp.shutdown();
+}

@@ -6,6 +6,7 @@ mod conversations;
 mod events;
 mod limits;
 mod links;
+mod mcp;
 mod tasks;
 
 use std::sync::Arc;
@@ -28,6 +29,8 @@ pub use limits::{
     LimitsBody, PeriodSpendView, ReachedView, RequestSpendView, ResumeBody, SpendView,
 };
 pub(crate) use links::*;
+pub(crate) use mcp::*;
+pub use mcp::{McpCallView, McpGrantsView, McpServerView, McpView};
 pub(crate) use tasks::*;
 
 /// What every handler shares.
@@ -42,6 +45,8 @@ pub(crate) struct AppState {
     pub(crate) closing: watch::Sender<bool>,
     /// The shared notes, when the API was given them ([`crate::Api::with_notes`]).
     pub(crate) notes: std::sync::RwLock<Option<spacebot_notes::Notes>>,
+    /// The MCP tools behaviour, when the API was given it ([`crate::Api::with_mcp_tools`]).
+    pub(crate) mcp: std::sync::RwLock<Option<spacebot_mcp::Mcp>>,
 }
 
 pub(crate) type St = State<Arc<AppState>>;
