@@ -276,6 +276,7 @@ impl OrganizationBuilder {
                 states: Mutex::new(HashMap::new()),
                 limits_in_use: std::sync::atomic::AtomicBool::new(limited),
                 settle_waiters: Mutex::new(Vec::new()),
+                reserving: Mutex::new(std::collections::HashSet::new()),
                 handing_over: Mutex::new(HashSet::new()),
                 idle_waiters: std::sync::atomic::AtomicUsize::new(0),
                 behaviours,

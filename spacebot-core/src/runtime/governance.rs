@@ -184,6 +184,7 @@ impl Host {
                 }
             }
             let Some(refusal) = refusal else {
+                lock(&self.reserving).insert(key.to_owned());
                 return Ok(Ok(Some(granted.spend(granted.max_output))));
             };
             // One scope refused: the others' reservations go.
@@ -193,7 +194,12 @@ impl Host {
             self.ledger().release(request, key, now).await?;
             match refusal {
                 Refusal::Reached(reached) => return Ok(Err(reached)),
-                Refusal::Busy(over) if rounds >= BUSY_ROUNDS => {
+                // In one process, room held by no reservation of this host's was left by a run
+                // that crashed before settling: it stays counted, and nothing will free it.
+                Refusal::Busy(over)
+                    if rounds >= BUSY_ROUNDS
+                        || (self.hosting.is_none() && lock(&self.reserving).is_empty()) =>
+                {
                     let spent = self
                         .ledger()
                         .get(request)
@@ -223,6 +229,7 @@ impl Host {
         key: &str,
         spent: Spend,
     ) -> Result<(), StoreError> {
+        lock(&self.reserving).remove(key);
         let now = self.clock.now();
         let spent = spent.priced(self.price().as_ref());
         let mut settled = self.ledger().settle(request, key, spent, now).await;

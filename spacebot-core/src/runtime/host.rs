@@ -254,6 +254,10 @@ pub(crate) struct Host {
     /// Calls waiting for a settlement of their request's reservations (see
     /// `runtime/governance.rs`).
     pub(crate) settle_waiters: Mutex<Vec<oneshot::Sender<()>>>,
+    /// The keys of the model-call reservations this host made and has not settled yet: when
+    /// the organization runs in one process, a reservation not among them was left by a run
+    /// that ended without settling it (a crash), and no call waits for it.
+    pub(crate) reserving: Mutex<std::collections::HashSet<String>>,
     /// This process's part in placement, when the organization spans several processes.
     pub(crate) hosting: Option<Arc<crate::runtime::hosting::Hosting>>,
     /// Counts the tokens of what turns send (the provider's counter, else the estimate).
