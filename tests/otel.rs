@@ -47,19 +47,7 @@ struct Receiver {
 
 impl Receiver {
     fn start() -> Option<Self> {
-        let python = match std::env::var("SPACEBOT_PYTHON") {
-            Ok(p) if !p.is_empty() => p,
-            _ => {
-                assert!(
-                    std::env::var("SPACEBOT_REQUIRE_PYTHON").as_deref() != Ok("1"),
-                    "SPACEBOT_REQUIRE_PYTHON=1 but SPACEBOT_PYTHON is not set"
-                );
-                eprintln!(
-                    "skipped: SPACEBOT_PYTHON is not set (a Python with opentelemetry-proto; see .ci/python)"
-                );
-                return None;
-            }
-        };
+        let python = spacebot::testing::external::python()?;
         let script = concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/tests/fixtures/otlp_receiver.py"
@@ -719,21 +707,6 @@ const CHILD_DIR: &str = "SPACEBOT_OTEL_CHILD_DIR";
 #[cfg(feature = "postgres")]
 const CHILD_SCHEMA: &str = "SPACEBOT_OTEL_CHILD_SCHEMA";
 
-#[cfg(feature = "postgres")]
-fn database_url() -> Option<String> {
-    match std::env::var("DATABASE_URL") {
-        Ok(url) if !url.trim().is_empty() => Some(url),
-        _ => {
-            assert!(
-                std::env::var("SPACEBOT_REQUIRE_POSTGRES").as_deref() != Ok("1"),
-                "DATABASE_URL not set but SPACEBOT_REQUIRE_POSTGRES=1"
-            );
-            eprintln!("skipped: DATABASE_URL is not set (see README)");
-            None
-        }
-    }
-}
-
 /// A process hosting `agents` of the `p` organization on the shared schema.
 #[cfg(feature = "postgres")]
 async fn placed(
@@ -832,7 +805,7 @@ async fn nothing_waits(stores: &Stores) -> bool {
 #[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_trace_per_request_across_two_processes_on_postgres() {
-    let Some(url) = database_url() else {
+    let Some(url) = spacebot::testing::external::database_url() else {
         return;
     };
     let Some(shared) = shared() else {

@@ -33,18 +33,8 @@ relationship = "superior"
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_client_asks_the_organization_over_stdio() {
-    let python = match std::env::var("SPACEBOT_PYTHON") {
-        Ok(p) if !p.is_empty() => p,
-        _ => {
-            assert!(
-                std::env::var("SPACEBOT_REQUIRE_PYTHON").as_deref() != Ok("1"),
-                "SPACEBOT_REQUIRE_PYTHON=1 but SPACEBOT_PYTHON is not set"
-            );
-            eprintln!(
-                "skipped: SPACEBOT_PYTHON is not set (a Python with PyPI's mcp; see .ci/python)"
-            );
-            return;
-        }
+    let Some(python) = spacebot_core::testing::external::python() else {
+        return;
     };
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("org.toml");

@@ -6,6 +6,7 @@
 //! says so and returns, unless SPACEBOT_REQUIRE_PYTHON=1 (CI), when it fails.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use spacebot_core::testing::external::python;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,22 +38,6 @@ from = "lead"
 to = "worker"
 relationship = "superior"
 "#;
-
-fn python() -> Option<String> {
-    match std::env::var("SPACEBOT_PYTHON") {
-        Ok(p) if !p.is_empty() => Some(p),
-        _ => {
-            assert!(
-                std::env::var("SPACEBOT_REQUIRE_PYTHON").as_deref() != Ok("1"),
-                "SPACEBOT_REQUIRE_PYTHON=1 but SPACEBOT_PYTHON is not set"
-            );
-            eprintln!(
-                "skipped: SPACEBOT_PYTHON is not set (a Python with PyPI's mcp; see .ci/python)"
-            );
-            None
-        }
-    }
-}
 
 fn agent(id: &str) -> AgentId {
     AgentId::parse(id).unwrap()

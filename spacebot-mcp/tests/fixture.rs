@@ -6,6 +6,7 @@
 //! says so and returns, unless SPACEBOT_REQUIRE_PYTHON=1 (CI), when it fails.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use spacebot_core::testing::external::python;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,22 +16,6 @@ use spacebot_core::testing::{OrgHarness, ScriptedLlm};
 use spacebot_core::{AgentId, ChatMessage, ChatRequest, InboundMessage};
 use spacebot_mcp::{Mcp, ServerState};
 use tokio::io::AsyncBufReadExt;
-
-fn python() -> Option<String> {
-    match std::env::var("SPACEBOT_PYTHON") {
-        Ok(p) if !p.is_empty() => Some(p),
-        _ => {
-            assert!(
-                std::env::var("SPACEBOT_REQUIRE_PYTHON").as_deref() != Ok("1"),
-                "SPACEBOT_REQUIRE_PYTHON=1 but SPACEBOT_PYTHON is not set"
-            );
-            eprintln!(
-                "skipped: SPACEBOT_PYTHON is not set (a Python with PyPI's mcp; see .ci/python)"
-            );
-            None
-        }
-    }
-}
 
 fn fixture() -> String {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

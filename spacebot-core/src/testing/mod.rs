@@ -22,6 +22,7 @@
 //! - helpers to build tool calls and read requests ([`tool_call`], [`last_user_text`],
 //!   [`tool_results`]) and messages and channels ([`user`], [`chat`], [`portal`], [`link`]).
 
+pub mod external;
 mod fn_llm;
 #[cfg(feature = "tokio")]
 mod harness;
