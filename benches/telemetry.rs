@@ -11,6 +11,11 @@
 //! cargo bench --bench telemetry --features testing
 //! cargo bench --bench telemetry --features testing,otel
 //! ```
+//!
+//! With `SPACEBOT_BENCH_TURNS=N` set, the binary runs N turns with no subscriber and exits instead
+//! (no criterion): run it under `perf stat -e instructions:u` with N and 2N turns, and the
+//! difference divided by N is the instructions one turn costs, free of the timing noise of a shared
+//! machine (docs/observability.md).
 
 #![allow(clippy::expect_used, clippy::unwrap_used)] // A benchmark set-up that fails should stop the run.
 
@@ -168,7 +173,31 @@ fn exported(_c: &mut Criterion) {}
 
 criterion_group!(benches, no_subscriber, exported);
 
+/// Runs `turns` turns with no subscriber (see the module's documentation).
+fn count_turns(turns: u64) {
+    let rt = runtime();
+    rt.block_on(async {
+        let (org, mut replies) = organization().await;
+        let start = Instant::now();
+        for _ in 0..turns {
+            org.deliver("a", InboundMessage::new("portal", "u", "hi"))
+                .await
+                .unwrap();
+            replies.next().await.unwrap();
+        }
+        println!("{turns} turns in {:?}", start.elapsed());
+        org.shutdown().await.unwrap();
+    });
+}
+
 fn main() {
+    if let Some(turns) = std::env::var("SPACEBOT_BENCH_TURNS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        count_turns(turns);
+        return;
+    }
     benches();
     Criterion::default().configure_from_args().final_summary();
 }
