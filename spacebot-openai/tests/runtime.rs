@@ -457,3 +457,158 @@ async fn a_transport_failure_reply_names_no_url() {
     );
     assert!(!notice.record.content.contains("http://"));
 }
+
+/// The server's answer when a prompt is over its window (OpenAI's error body).
+fn context_length_exceeded() -> Reply {
+    Reply::raw(
+        400,
+        r#"{"error":{"message":"This model's maximum context length is 4000 tokens. However, your messages resulted in 4711 tokens.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}"#,
+    )
+    .header("content-type", "application/json")
+}
+
+/// An agent with a configured window of 4,000 tokens.
+const WINDOWED: &str =
+    "[settings]\ncontext_window = 4000\n[[agents]]\nid = \"a\"\nname = \"Alpha\"\n";
+
+/// Three long notes (about 600 tokens each by the runtime's estimate), each answered: history the
+/// runtime thinks fits its configured window, but which a server with a smaller one refuses.
+async fn three_long_notes(h: &mut OrgHarness) {
+    for n in 1..=3 {
+        let note = format!("note {n}: {}", "lorem ipsum dolor sit amet ".repeat(66));
+        h.org
+            .deliver("a", InboundMessage::new("portal", "u1", note))
+            .await
+            .unwrap();
+        assert_eq!(h.reply().await.content, format!("noted {n}"));
+    }
+}
+
+fn messages_of(received: &support::Received) -> Vec<serde_json::Value> {
+    received.body["messages"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// A context-length error from the server (past the runtime's own choice of history, which
+/// fitted the configured window): the turn compacts once (a summary asked of the model), sends
+/// once more with the summary instead of the older messages, and answers; the summary is stored.
+#[tokio::test]
+async fn a_context_length_error_compacts_once_and_resends_once() {
+    let server = FixtureServer::start(vec![
+        completion(Some("noted 1"), None, 11),
+        completion(Some("noted 2"), None, 12),
+        completion(Some("noted 3"), None, 13),
+        context_length_exceeded(),
+        completion(Some("SUMMARY: the user sent three long notes."), None, 14),
+        completion(Some("You sent three notes."), None, 15),
+    ])
+    .await;
+    let mut h = OrgHarness::builder(WINDOWED)
+        .stores(Stores::memory())
+        .llm(provider(&server, false))
+        .build()
+        .await;
+    h.org.start_all().await.unwrap();
+    three_long_notes(&mut h).await;
+    h.org
+        .deliver("a", InboundMessage::new("portal", "u1", "what did I send?"))
+        .await
+        .unwrap();
+    let reply = h.reply().await;
+    assert!(!reply.is_failure(), "{reply:?}");
+    assert_eq!(reply.content, "You sent three notes.");
+    let a = AgentId::parse("a").unwrap();
+    tokio::time::timeout(Duration::from_secs(10), h.org.wait_idle(&a))
+        .await
+        .unwrap()
+        .unwrap();
+
+    let received = server.requests();
+    assert_eq!(
+        received.len(),
+        6,
+        "one refused send, one summary, one resend"
+    );
+    let refused = messages_of(&received[3]);
+    let summary_request = serde_json::to_string(&received[4].body).unwrap();
+    let resent = messages_of(&received[5]);
+    assert!(
+        serde_json::to_string(&refused).unwrap().contains("note 1:"),
+        "the refused request held the whole history"
+    );
+    assert!(
+        summary_request.contains("note 1:"),
+        "the summary is asked of the older messages"
+    );
+    let resent_text = serde_json::to_string(&resent).unwrap();
+    assert!(
+        resent_text.contains("SUMMARY: the user sent three long notes."),
+        "the resend carries the summary: {resent_text}"
+    );
+    assert!(
+        !resent_text.contains("note 1:"),
+        "the resend leaves the summarized messages out"
+    );
+    assert!(
+        resent_text.contains("what did I send?"),
+        "the resend still asks the question"
+    );
+    assert!(resent.len() < refused.len(), "the resend is shorter");
+    let compactions = h
+        .events
+        .events()
+        .iter()
+        .filter(|e| matches!(e.kind, spacebot_core::event::EventKind::Compacted { .. }))
+        .count();
+    assert_eq!(compactions, 1, "compacted once");
+    let summaries = h
+        .stores
+        .records
+        .list(spacebot_core::context::SUMMARY_NAMESPACE, "a/")
+        .await
+        .unwrap();
+    assert_eq!(summaries.len(), 1, "the summary is stored");
+}
+
+/// The server refuses the resend too: the turn fails with a reply saying the prompt was too long
+/// for the model, after exactly one compaction and one resend (nothing loops).
+#[tokio::test]
+async fn a_second_context_length_error_is_a_failure_reply() {
+    let server = FixtureServer::start(vec![
+        completion(Some("noted 1"), None, 11),
+        completion(Some("noted 2"), None, 12),
+        completion(Some("noted 3"), None, 13),
+        context_length_exceeded(),
+        completion(Some("SUMMARY: three notes."), None, 14),
+        context_length_exceeded(),
+        completion(Some("never asked"), None, 15),
+    ])
+    .await;
+    let mut h = OrgHarness::builder(WINDOWED)
+        .stores(Stores::memory())
+        .llm(provider(&server, false))
+        .build()
+        .await;
+    h.org.start_all().await.unwrap();
+    three_long_notes(&mut h).await;
+    h.org
+        .deliver("a", InboundMessage::new("portal", "u1", "what did I send?"))
+        .await
+        .unwrap();
+    let reply = h.reply().await;
+    assert!(reply.is_failure(), "{reply:?}");
+    assert!(
+        reply.content.contains("too long") || reply.content.contains("context"),
+        "the failure says why: {}",
+        reply.content
+    );
+    let a = AgentId::parse("a").unwrap();
+    tokio::time::timeout(Duration::from_secs(10), h.org.wait_idle(&a))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(server.count(), 6, "one compaction, one resend, no more");
+    assert_eq!(server.unused_replies(), 1);
+}

@@ -35,7 +35,9 @@ impl Host {
         self.limits_in_use.load(Ordering::Acquire)
     }
 
-    /// At build: a message bound limits before a restart.
+    /// Whether a message bound limits before a restart (read at build) or, under a placement, in
+    /// another process since (read at the start of each turn until found: a message's limits are
+    /// bound before it is queued, so before any turn of its request begins).
     pub(crate) async fn load_limits_marker(&self) -> Result<(), StoreError> {
         if self.limits_in_use() {
             return Ok(());

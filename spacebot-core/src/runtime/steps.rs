@@ -89,6 +89,15 @@ impl<'a> Turn<'a> {
             rounds: 0,
         }];
         // A store that fails here is retried (the envelope stays where it is), never a failed turn.
+        if host.hosting.is_some() && !host.limits_in_use() {
+            // Under a placement another process may have bound a message's limits since this
+            // one was built: the request this turn belongs to may be limited.
+            retry_store(host, agent, "reading whether limits are in use", || {
+                host.load_limits_marker()
+            })
+            .await
+            .map_err(|e| failure(e, &frames))?;
+        }
         let (window, window_known) = window::window_of(host, &me);
         let (summary, past) = retry_store(host, agent, "reading the channel's history", || {
             window::load(host, agent, &channel, window)

@@ -1,0 +1,317 @@
+//! A request's limits bind across processes: two processes on one PostgreSQL schema spend from one
+//! request at once, and together never pass its limit.
+//!
+//! The chief and worker `w1` run in this process, worker `w2` in a second one (this test binary
+//! again, hosting only `w2` through the placement). The chief delegates to both workers in one
+//! response; each worker's model never stops working (every answer is another tool call), so the
+//! two processes race for the request's budget until the limit refuses them. Needs `DATABASE_URL`
+//! (see README); without it the test says so and returns, unless SPACEBOT_REQUIRE_POSTGRES=1 (CI).
+#![cfg(all(feature = "postgres", feature = "testing"))]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
+
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use spacebot::event::EventKind;
+use spacebot::limits::{Limit, Limits, RequestLedger};
+use spacebot::llm::{ChatResponse, Usage};
+use spacebot::placement::{PlacementOptions, ProcessId};
+use spacebot::postgres::{PgOptions, PgStores};
+use spacebot::testing::{FnLlm, OrgHarness, last_user_text, tool_call};
+use spacebot::{AgentId, ChatMessage, InboundMessage, ReplyKind, Stores, TaskStatus};
+
+/// Set in the second process: the run directory (where `stop` appears and the child writes how
+/// many model calls it made).
+const CHILD_DIR: &str = "SPACEBOT_LIMITS_CHILD_DIR";
+/// Set in the second process: the PostgreSQL schema both processes share.
+const CHILD_SCHEMA: &str = "SPACEBOT_LIMITS_CHILD_SCHEMA";
+
+/// The request's limit on model calls: the chief's first call, then the two workers race.
+const CALLS: u64 = 12;
+/// Tokens each call reports.
+const INPUT: u32 = 100;
+const OUTPUT: u32 = 20;
+
+const CONFIG: &str = r#"
+[[agents]]
+id = "chief"
+name = "Chief"
+[[agents]]
+id = "w1"
+name = "Worker One"
+[[agents]]
+id = "w2"
+name = "Worker Two"
+[[links]]
+from = "chief"
+to = "w1"
+relationship = "superior"
+[[links]]
+from = "chief"
+to = "w2"
+relationship = "superior"
+"#;
+
+fn id(a: &str) -> AgentId {
+    AgentId::parse(a).unwrap()
+}
+
+/// The chief delegates to both workers at once and sums up when told they ended; a worker never
+/// stops: every answer is one more tool call (`task_list`), a fresh call id each time.
+fn model() -> FnLlm {
+    FnLlm::new(|request| {
+        let me = request.agent.as_ref().map(AgentId::as_str).unwrap_or("");
+        let mut response = match me {
+            "chief" if last_user_text(&request.messages).contains("task #") => {
+                ChatResponse::text("both workers are done")
+            }
+            "chief" => ChatResponse::tool_calls(
+                ["w1", "w2"]
+                    .iter()
+                    .map(|w| {
+                        tool_call(
+                            "send_agent_message",
+                            json!({"target": w, "message": format!("Work on part {w}.")}),
+                        )
+                    })
+                    .collect(),
+            ),
+            _ => {
+                let done = request
+                    .messages
+                    .iter()
+                    .filter(|m| matches!(m, ChatMessage::Tool { .. }))
+                    .count();
+                let mut call = tool_call("task_list", json!({}));
+                call.id = format!("{me}-step-{done}");
+                ChatResponse::tool_calls(vec![call])
+            }
+        };
+        response.usage = Some(Usage {
+            prompt_tokens: INPUT,
+            completion_tokens: OUTPUT,
+            total_tokens: INPUT + OUTPUT,
+        });
+        Ok(response)
+    })
+}
+
+/// A process of the organization on the shared schema, hosting `agents`.
+async fn placed(stores: &PgStores, process: &str, agents: &[&str], llm: &FnLlm) -> OrgHarness {
+    let options = PlacementOptions::new(ProcessId::new(process).unwrap())
+        .with_lease(
+            Duration::from_secs(5),
+            Duration::from_millis(500),
+            Duration::from_secs(1),
+        )
+        .with_check_interval(Duration::from_millis(100))
+        .with_agents(agents.iter().map(|a| id(a)));
+    let mut h = OrgHarness::builder(CONFIG)
+        .stores(stores.stores())
+        .llm(Arc::new(llm.clone()))
+        .placement(Arc::new(stores.placement()), options)
+        .build()
+        .await;
+    h.timeout = Duration::from_secs(60);
+    h
+}
+
+/// The second process: hosts `w2` until `stop` appears in the run directory, then writes how many
+/// model calls it made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the second process of the two-process limits test (run by it with SPACEBOT_LIMITS_CHILD_DIR set)"]
+async fn limits_child() {
+    let Ok(dir) = std::env::var(CHILD_DIR) else {
+        return;
+    };
+    let dir = std::path::PathBuf::from(dir);
+    let url = std::env::var("DATABASE_URL").unwrap();
+    let pg = PgOptions::new()
+        .schema(std::env::var(CHILD_SCHEMA).unwrap())
+        .max_connections(4)
+        .connect(&url)
+        .await
+        .unwrap();
+    let llm = model();
+    let h = placed(&pg, "b", &["w2"], &llm).await;
+    h.org.start_all().await.unwrap();
+    std::fs::write(dir.join("started"), b"").unwrap();
+    h.wait_until("the first process is done", || {
+        let stop = dir.join("stop");
+        async move { stop.exists() }
+    })
+    .await;
+    h.wait_quiet().await;
+    h.org.shutdown().await.unwrap();
+    drop(h);
+    pg.close().await;
+    std::fs::write(dir.join("calls"), llm.requests().len().to_string()).unwrap();
+}
+
+/// Whether nothing waits for any agent in the shared stores.
+async fn nothing_waits(stores: &Stores) -> bool {
+    use spacebot::task::TaskFilter;
+    for agent in ["chief", "w1", "w2"] {
+        let agent = id(agent);
+        let open = TaskFilter {
+            statuses: vec![TaskStatus::Ready, TaskStatus::InProgress],
+            ..TaskFilter::default()
+        };
+        if !stores.deliveries.pending(&agent).await.unwrap().is_empty()
+            || !stores.tasks.list(&agent, &open).await.unwrap().is_empty()
+            || !stores
+                .tasks
+                .outbox_pending(&agent)
+                .await
+                .unwrap()
+                .is_empty()
+        {
+            return false;
+        }
+    }
+    true
+}
+
+/// Two processes spend from one request at once: the model calls made in both, together, stay
+/// within the request's limit (and use it up: the workers never stop on their own), the ledger's
+/// settled spend is exactly what both models were asked, both processes spent, and the user is
+/// told once, naming the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_spending_from_one_request_never_pass_its_limit() {
+    let Some(url) = spacebot::testing::external::database_url() else {
+        return;
+    };
+    let pg = PgOptions::new()
+        .max_connections(4)
+        .temporary(&url)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let stderr = std::fs::File::create(dir.path().join("child.stderr")).unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "limits_child",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--quiet",
+        ])
+        .env(CHILD_DIR, dir.path())
+        .env(CHILD_SCHEMA, pg.schema().unwrap())
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .unwrap();
+    struct Reap<'a>(&'a mut Child);
+    impl Drop for Reap<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let child = Reap(&mut child);
+    let llm = model();
+    let mut h = placed(&pg, "a", &["chief", "w1"], &llm).await;
+    h.org.start_all().await.unwrap();
+    h.wait_until("the second process hosts w2", || {
+        let started = dir.path().join("started");
+        async move { started.exists() }
+    })
+    .await;
+
+    let request = h
+        .org
+        .deliver(
+            "chief",
+            InboundMessage::new("portal", "u1", "Split the work.").with_limits(Limits {
+                model_calls: Some(CALLS),
+                ..Limits::NONE
+            }),
+        )
+        .await
+        .unwrap();
+    let reply = h.reply().await;
+    assert_eq!(reply.kind, ReplyKind::Failure, "{reply:?}");
+    assert!(
+        reply.content.contains("model calls"),
+        "the failure names the limit: {}",
+        reply.content
+    );
+
+    let stores = pg.stores();
+    h.wait_until("nothing waits in the shared stores", || {
+        let stores = stores.clone();
+        async move { nothing_waits(&stores).await }
+    })
+    .await;
+    std::fs::write(dir.path().join("stop"), b"").unwrap();
+    h.wait_until("the second process exits", || {
+        let calls = dir.path().join("calls");
+        async move { calls.exists() }
+    })
+    .await;
+    let status = child.0.wait().unwrap();
+    assert!(
+        status.success(),
+        "the second process failed: {}",
+        std::fs::read_to_string(dir.path().join("child.stderr")).unwrap_or_default()
+    );
+    drop(child);
+    h.wait_quiet().await;
+
+    let ours = llm.requests().len() as u64;
+    let theirs: u64 = std::fs::read_to_string(dir.path().join("calls"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let entry = RequestLedger::new(stores.records.clone())
+        .get(&request)
+        .await
+        .unwrap()
+        .expect("the request's spend is stored");
+    assert!(
+        ours + theirs <= CALLS,
+        "{ours} + {theirs} model calls under a limit of {CALLS}"
+    );
+    assert!(
+        theirs >= 1,
+        "the other process spent from the request too (w2 ran there)"
+    );
+    assert!(
+        llm.requests_for(&id("w1")).len() >= 1,
+        "this process's worker spent"
+    );
+    assert_eq!(
+        entry.settled.model_calls,
+        ours + theirs,
+        "the ledger settled every call both processes made: {entry:?}"
+    );
+    assert_eq!(
+        entry.settled.total_tokens,
+        (ours + theirs) * u64::from(INPUT + OUTPUT),
+        "exact token sums"
+    );
+    assert_eq!(
+        ours + theirs,
+        CALLS,
+        "workers that never stop use the whole budget, no more"
+    );
+    assert!(entry.reserved.is_empty(), "{:?}", entry.reserved);
+    assert_eq!(
+        entry.reached.as_ref().map(|r| r.over.limit),
+        Some(Limit::ModelCalls)
+    );
+    assert!(
+        h.events.events().iter().any(
+            |e| matches!(&e.kind, EventKind::LimitReached { request: r, .. } if r == &request)
+        ),
+        "an event names the limit"
+    );
+    let more = h.replies_now();
+    assert!(more.is_empty(), "told more than once: {more:?}");
+    h.org.shutdown().await.unwrap();
+    drop(h);
+    pg.close().await;
+}
