@@ -277,6 +277,7 @@ impl OrganizationBuilder {
                 limits_in_use: std::sync::atomic::AtomicBool::new(limited),
                 settle_waiters: Mutex::new(Vec::new()),
                 reserving: Mutex::new(std::collections::HashSet::new()),
+                operator_periods: Mutex::new(Vec::new()),
                 handing_over: Mutex::new(HashSet::new()),
                 idle_waiters: std::sync::atomic::AtomicUsize::new(0),
                 behaviours,

@@ -300,6 +300,14 @@ impl Api {
             .route("/api/agents/{agent}/links", get(api::agent_links))
             .route("/api/agents/{agent}/spend", get(api::agent_spend))
             .route("/api/spend", get(api::org_spend))
+            .route(
+                "/api/agents/{agent}/limits/{period}",
+                axum::routing::put(api::set_agent_limits).delete(api::clear_agent_limits),
+            )
+            .route(
+                "/api/limits/{period}",
+                axum::routing::put(api::set_org_limits).delete(api::clear_org_limits),
+            )
             .route("/api/requests/{request}/spend", get(api::request_spend))
             .route(
                 "/api/requests/{request}/limits",

@@ -856,3 +856,80 @@ async fn a_trace_url_template_needs_the_trace_id() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn period_limits_set_and_cleared_at_run_time() {
+    let s = serve().await;
+    let (status, body) = s
+        .send(
+            reqwest::Method::PUT,
+            "/api/agents/lead/limits/hour",
+            Some(json!({"model_calls": 1})),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body[0]["period"], "hour");
+    assert_eq!(body[0]["limits"]["model_calls"], 1);
+    let (_, spend) = s.get("/api/agents/lead/spend").await;
+    assert_eq!(spend, body, "the spend view shows the operator's limit");
+
+    // One call fits in the hour; the next message is refused, saying why.
+    let mut events = s.events(None).await;
+    let (status, _) = s
+        .post(
+            "/api/agents/lead/messages",
+            json!({"content": "one", "chat_id": "c1"}),
+        )
+        .await;
+    assert_eq!(status, 202);
+    let seen = events.until(|e| e.event == "reply").await;
+    assert_eq!(seen.last().unwrap().data["content"], "lead says ok");
+    s.post(
+        "/api/agents/lead/messages",
+        json!({"content": "two", "chat_id": "c1"}),
+    )
+    .await;
+    let seen = events.until(|e| e.event == "reply").await;
+    let refused = &seen.last().unwrap().data;
+    assert!(
+        refused["content"]
+            .as_str()
+            .is_some_and(|c| c.contains("agent lead (last hour)")),
+        "{refused}"
+    );
+
+    let (status, body) = s
+        .send(
+            reqwest::Method::DELETE,
+            "/api/agents/lead/limits/hour",
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body, json!([]), "cleared: nothing limits the agent's hour");
+
+    let (status, body) = s
+        .send(
+            reqwest::Method::PUT,
+            "/api/limits/day",
+            Some(json!({"total_tokens": 100000})),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body[0]["period"], "day");
+    assert_eq!(body[0]["limits"]["total_tokens"], 100000);
+
+    for (method, path, status, field) in [
+        (reqwest::Method::PUT, "/api/limits/week", 400, "period"),
+        (
+            reqwest::Method::PUT,
+            "/api/agents/ghost/limits/hour",
+            404,
+            "agent",
+        ),
+    ] {
+        let (got, answer) = s.send(method, path, Some(json!({"model_calls": 1}))).await;
+        assert_eq!(got, status, "{path}: {answer}");
+        assert_eq!(error_of(&answer).1.as_deref(), Some(field), "{answer}");
+    }
+}

@@ -6,6 +6,8 @@ mod config;
 mod error;
 mod provider;
 mod stream;
+#[cfg(feature = "tiktoken")]
+mod tokens;
 mod wire;
 
 pub use config::{
@@ -14,3 +16,5 @@ pub use config::{
 };
 pub use provider::OpenAiProvider;
 pub use stream::StreamAssembler;
+#[cfg(feature = "tiktoken")]
+pub use tokens::TiktokenCounter;

@@ -378,6 +378,25 @@ impl LlmProvider for OpenAiProvider {
         Some(&self.inner.config.model)
     }
 
+    /// OpenAI's tokenizer for models tiktoken-rs knows by name (feature `tiktoken`, on by
+    /// default: [`TiktokenCounter`](crate::TiktokenCounter)); `None` otherwise, and the runtime
+    /// estimates.
+    fn token_counter(
+        &self,
+        model: Option<&str>,
+    ) -> Option<Arc<dyn spacebot_core::context::TokenCounter>> {
+        let model = model.unwrap_or(&self.inner.config.model);
+        #[cfg(feature = "tiktoken")]
+        {
+            crate::tokens::TiktokenCounter::shared(model)
+        }
+        #[cfg(not(feature = "tiktoken"))]
+        {
+            let _ = model;
+            None
+        }
+    }
+
     async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, LlmError> {
         if self.inner.config.stream_completions && self.may_stream(&request) {
             return self.complete_streamed(request).await;

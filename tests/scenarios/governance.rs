@@ -444,3 +444,95 @@ pub async fn an_operator_raises_a_request_limit_and_resumes_it(stores: Stores) {
         .await;
     assert!(unknown.is_err());
 }
+
+/// An operator limits an agent's hour to two calls at run time (the configuration limits
+/// nothing): its third call after that is refused; the limit is stored, so it holds across a restart on the same
+/// stores; cleared, the agent may call again.
+pub async fn period_limits_set_at_run_time_hold_across_a_restart(stores: Stores) {
+    let config = "[[agents]]\nid = \"solo\"\n";
+    let llm = Arc::new(spacebot::testing::FnLlm::new(|_| {
+        let mut r = ChatResponse::text("ok");
+        r.usage = Some(Usage {
+            prompt_tokens: 10,
+            completion_tokens: 2,
+            total_tokens: 12,
+        });
+        Ok(r)
+    }));
+    let clock = spacebot::ManualClock::new(1_000_000);
+    let solo = Scope::Agent {
+        agent: AgentId::parse("solo").unwrap(),
+        period: Period::Hour,
+    };
+    let build = async |stores: &Stores| {
+        let h = OrgHarness::builder(config)
+            .stores(stores.clone())
+            .llm(llm.clone())
+            .manual_clock(clock.clone())
+            .build()
+            .await;
+        h.org.start_all().await.unwrap();
+        h
+    };
+    let ask = async |h: &mut OrgHarness, n: u32| {
+        h.org
+            .deliver("solo", InboundMessage::new("portal", format!("u{n}"), "hi"))
+            .await
+            .unwrap();
+        h.reply().await
+    };
+    let mut h = build(&stores).await;
+    assert_eq!(ask(&mut h, 1).await.kind, ReplyKind::Answer);
+    assert!(
+        h.org
+            .set_period_limits(&Scope::Request, Some(Limits::NONE))
+            .await
+            .is_err(),
+        "a request's limits are not a period's"
+    );
+    let nobody = Scope::Agent {
+        agent: AgentId::parse("nobody").unwrap(),
+        period: Period::Hour,
+    };
+    assert!(
+        h.org
+            .set_period_limits(&nobody, Some(Limits::NONE))
+            .await
+            .is_err()
+    );
+    let two = Limits {
+        model_calls: Some(2),
+        ..Limits::NONE
+    };
+    h.org.set_period_limits(&solo, Some(two)).await.unwrap();
+    assert_eq!(h.org.period_limits(&solo).await.unwrap(), Some(two));
+    // Nothing limited the organization before: the call made then was not counted (an
+    // organization without limits keeps no ledger). Two more fit in the hour, not a third.
+    assert_eq!(ask(&mut h, 2).await.kind, ReplyKind::Answer);
+    assert_eq!(ask(&mut h, 3).await.kind, ReplyKind::Answer);
+    let refused = ask(&mut h, 4).await;
+    assert_eq!(refused.kind, ReplyKind::Failure, "{refused:?}");
+    assert!(
+        refused.content.contains("agent solo (last hour)")
+            && refused.content.contains("model calls"),
+        "{}",
+        refused.content
+    );
+    h.org.shutdown().await.unwrap();
+    drop(h);
+
+    // Restarted on the same stores with the same configuration: the operator's limit holds.
+    let mut h = build(&stores).await;
+    let refused = ask(&mut h, 5).await;
+    assert_eq!(
+        refused.kind,
+        ReplyKind::Failure,
+        "forgotten on restart: {refused:?}"
+    );
+    assert_eq!(h.org.period_spend(&solo).await.unwrap().model_calls, 2);
+    // Cleared: the configuration (no limit) applies again.
+    h.org.set_period_limits(&solo, None).await.unwrap();
+    assert_eq!(h.org.period_limits(&solo).await.unwrap(), None);
+    assert_eq!(ask(&mut h, 6).await.kind, ReplyKind::Answer);
+    h.org.shutdown().await.unwrap();
+}

@@ -27,6 +27,10 @@ pub struct PeriodEntry {
     /// Open reservations by call key: `(bucket start, spend)`. A reservation a crash left open
     /// counts until its bucket leaves the period.
     pub reserved: BTreeMap<String, (i64, Spend)>,
+    /// An operator's limits for the scope, set at run time
+    /// ([`Organization::set_period_limits`](crate::Organization::set_period_limits)): they
+    /// replace the configured ones; `None`, the configuration's apply.
+    pub limits: Option<Limits>,
 }
 
 impl PeriodEntry {
@@ -67,6 +71,25 @@ pub(crate) fn scope_key(scope: &Scope) -> Option<(String, Period)> {
         }
         Scope::Organization { period } => Some((format!("org:{}", name(*period)), *period)),
     }
+}
+
+/// The period scope of a record key (the inverse of [`scope_key`]).
+fn scope_of_key(key: &str) -> Option<Scope> {
+    let period = |name: &str| match name {
+        "hour" => Some(Period::Hour),
+        "day" => Some(Period::Day),
+        _ => None,
+    };
+    if let Some(rest) = key.strip_prefix("agent:") {
+        let (agent, name) = rest.rsplit_once(':')?;
+        return Some(Scope::Agent {
+            agent: crate::ids::AgentId::parse(agent).ok()?,
+            period: period(name)?,
+        });
+    }
+    Some(Scope::Organization {
+        period: period(key.strip_prefix("org:")?)?,
+    })
 }
 
 /// The spend of agents and of the organization over rolling periods, durably in a
@@ -171,14 +194,14 @@ impl PeriodLedger {
         limits: &Limits,
         now: Timestamp,
     ) -> Result<Result<Spend, Refusal>, StoreError> {
-        let limits = Limits {
-            wall_time_ms: None,
-            ..*limits
-        };
         self.update(scope, now, |e, period| {
             if let Some((_, existing)) = e.reserved.get(key) {
                 return Ok(*existing);
             }
+            let limits = Limits {
+                wall_time_ms: None,
+                ..e.limits.unwrap_or(*limits)
+            };
             let settled = e.settled();
             match call.fit(&limits, &settled, &e.committed(), 0) {
                 Ok(reserved) => {
@@ -221,6 +244,42 @@ impl PeriodLedger {
         .map(|_| ())
     }
 
+    /// Sets (`Some`) or clears (`None`) an operator's limits for the period `scope`, replacing
+    /// the configured ones from the next call on (see [`PeriodEntry::limits`]).
+    ///
+    /// # Errors
+    /// As the store.
+    pub async fn set_limits(
+        &self,
+        scope: &Scope,
+        limits: Option<Limits>,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        self.update(scope, now, |e, _| {
+            e.limits = limits;
+            Ok::<(), ()>(())
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// Every period scope an operator set limits for, with them.
+    ///
+    /// # Errors
+    /// As the store.
+    pub async fn operator_limits(&self) -> Result<Vec<(Scope, Limits)>, StoreError> {
+        let mut found = Vec::new();
+        for record in self.records.list(PERIOD_NAMESPACE, "").await? {
+            let key = record.key.clone();
+            let entry = record.decode::<PeriodEntry>()?.value;
+            let Some(limits) = entry.limits else { continue };
+            if let Some(scope) = scope_of_key(&key) {
+                found.push((scope, limits));
+            }
+        }
+        Ok(found)
+    }
+
     /// Releases the reservation `key` without charging it.
     ///
     /// # Errors
@@ -250,11 +309,11 @@ impl PeriodLedger {
         limits: &Limits,
         now: Timestamp,
     ) -> Result<Result<(), LimitReached>, StoreError> {
-        let limits = Limits {
-            wall_time_ms: None,
-            ..*limits
-        };
         self.update(scope, now, |e, period| {
+            let limits = Limits {
+                wall_time_ms: None,
+                ..e.limits.unwrap_or(*limits)
+            };
             match limits.check(&e.committed().plus(&spent), 0) {
                 Ok(()) => {
                     let bucket = now.0.div_euclid(period.bucket_millis()) * period.bucket_millis();

@@ -39,11 +39,25 @@ impl Host {
     /// another process since (read at the start of each turn until found: a message's limits are
     /// bound before it is queued, so before any turn of its request begins).
     pub(crate) async fn load_limits_marker(&self) -> Result<(), StoreError> {
-        if self.limits_in_use() {
-            return Ok(());
-        }
-        if self.stores.records.get(MARKER.0, MARKER.1).await?.is_some() {
+        if !self.limits_in_use() {
+            if self.stores.records.get(MARKER.0, MARKER.1).await?.is_none() {
+                return Ok(());
+            }
             self.limits_in_use.store(true, Ordering::Release);
+        }
+        self.load_operator_periods().await
+    }
+
+    /// Reads which period scopes an operator set limits for.
+    pub(crate) async fn load_operator_periods(&self) -> Result<(), StoreError> {
+        let found = PeriodLedger::new(self.stores.records.clone())
+            .operator_limits()
+            .await?;
+        let mut known = lock(&self.operator_periods);
+        for (scope, _) in found {
+            if !known.contains(&scope) {
+                known.push(scope);
+            }
         }
         Ok(())
     }
@@ -112,6 +126,18 @@ impl Host {
         }
         if let Some(p) = self.settings.org_limits {
             scopes.push((Scope::Organization { period: p.period }, p.limits));
+        }
+        // An operator's limits (stored with the scope's spend) replace the configured ones when
+        // the ledger reads them; a scope only an operator limited is checked too.
+        for scope in lock(&self.operator_periods).iter() {
+            let mine = match scope {
+                Scope::Agent { agent: a, .. } => a == agent,
+                Scope::Organization { .. } => true,
+                Scope::Request => false,
+            };
+            if mine && !scopes.iter().any(|(s, _)| s == scope) {
+                scopes.push((scope.clone(), Limits::NONE));
+            }
         }
         scopes
     }
@@ -339,6 +365,62 @@ impl crate::org::Organization {
         self.inner.use_limits().await?;
         let now = self.inner.clock.now();
         Ok(self.inner.ledger().set_limits(request, limits, now).await?)
+    }
+
+    /// Sets (`Some`) or clears (`None`) an operator's limits for an agent's or the organization's
+    /// period (`scope`), from its next model or tool call on: they replace what
+    /// `[settings.agent_limits]`, the agent's `limits` or `[settings.org_limits]` say for that
+    /// scope, and a scope the configuration does not limit is checked too. Stored with the
+    /// scope's spend: kept across a restart, and read by every process at its next call in a
+    /// scope it already checks (a scope only an operator limited is picked up by another
+    /// process when it is built).
+    ///
+    /// # Errors
+    /// [`OrgError::Invalid`] for [`Scope::Request`] (see
+    /// [`set_request_limits`](Self::set_request_limits)) or an agent not in the organization;
+    /// as the store.
+    pub async fn set_period_limits(
+        &self,
+        scope: &Scope,
+        limits: Option<Limits>,
+    ) -> Result<(), OrgError> {
+        match scope {
+            Scope::Request => {
+                return Err(OrgError::Invalid(InvalidInput::new(
+                    "scope",
+                    "a request's limits are set with set_request_limits",
+                )));
+            }
+            Scope::Agent { agent, .. } if self.inner.config.agent(agent.as_str()).is_none() => {
+                return Err(OrgError::Invalid(InvalidInput::new(
+                    "agent",
+                    format!("no agent {agent} in the organization"),
+                )));
+            }
+            _ => {}
+        }
+        self.inner.use_limits().await?;
+        let now = self.inner.clock.now();
+        PeriodLedger::new(self.inner.stores.records.clone())
+            .set_limits(scope, limits, now)
+            .await?;
+        let mut known = lock(&self.inner.operator_periods);
+        if !known.contains(scope) {
+            known.push(scope.clone());
+        }
+        Ok(())
+    }
+
+    /// An operator's limits for a period scope, as stored (`None`: the configuration's apply).
+    ///
+    /// # Errors
+    /// As the store.
+    pub async fn period_limits(&self, scope: &Scope) -> Result<Option<Limits>, OrgError> {
+        let periods = PeriodLedger::new(self.inner.stores.records.clone());
+        Ok(periods
+            .get(scope, self.inner.clock.now())
+            .await?
+            .and_then(|e| e.limits))
     }
 
     /// Resumes a request that stopped at a limit (after

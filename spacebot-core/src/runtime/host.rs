@@ -258,6 +258,9 @@ pub(crate) struct Host {
     /// the organization runs in one process, a reservation not among them was left by a run
     /// that ended without settling it (a crash), and no call waits for it.
     pub(crate) reserving: Mutex<std::collections::HashSet<String>>,
+    /// The period scopes an operator set limits for at run time (read at build, added to by
+    /// `Organization::set_period_limits`): checked besides the configured ones.
+    pub(crate) operator_periods: Mutex<Vec<crate::limits::Scope>>,
     /// This process's part in placement, when the organization spans several processes.
     pub(crate) hosting: Option<Arc<crate::runtime::hosting::Hosting>>,
     /// Counts the tokens of what turns send (the provider's counter, else the estimate).

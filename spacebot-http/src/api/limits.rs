@@ -275,8 +275,39 @@ fn period_name(p: Period) -> &'static str {
     }
 }
 
+/// The spend of a period scope and the limits binding it: an operator's (set at run time) when
+/// there are any, else the configured ones; `None` when neither limits it.
+async fn period_view(
+    st: &super::AppState,
+    scope: &Scope,
+    period: Period,
+    configured: Option<Limits>,
+) -> ApiResult<Option<PeriodSpendView>> {
+    let Some(limits) = st.org.period_limits(scope).await?.or(configured) else {
+        return Ok(None);
+    };
+    let spent = st.org.period_spend(scope).await?;
+    Ok(Some(PeriodSpendView {
+        period: period_name(period).to_owned(),
+        spent: spent.into(),
+        limits: limits.into(),
+    }))
+}
+
+/// The period of a path (`hour` or `day`).
+fn period_of(raw: &str) -> ApiResult<Period> {
+    match raw {
+        "hour" => Ok(Period::Hour),
+        "day" => Ok(Period::Day),
+        _ => Err(ApiError::invalid(
+            "period",
+            format!("unknown period {raw:?}: expected \"hour\" or \"day\""),
+        )),
+    }
+}
+
 /// What an agent spent over each of its limited periods (`[settings.agent_limits]`, its own
-/// `limits`); empty when none is set.
+/// `limits`, an operator's set at run time); empty when none is set.
 #[utoipa::path(get, path = "/api/agents/{agent}/spend", tag = "limits",
     params(("agent" = String, Path, description = "Agent id")),
     responses((status = 200, body = [PeriodSpendView]), (status = 404, body = ErrorBody)),
@@ -293,41 +324,119 @@ pub(crate) async fn agent_spend(
         .find(|a| a.id == id)
         .and_then(|a| a.limits);
     let mut out: Vec<PeriodSpendView> = Vec::new();
-    for p in [config.settings.agent_limits, own].into_iter().flatten() {
+    for period in [Period::Hour, Period::Day] {
+        let configured = [config.settings.agent_limits, own]
+            .into_iter()
+            .flatten()
+            .filter(|p| p.period == period)
+            .map(|p| p.limits)
+            .reduce(|a, b| a.tighter(&b));
         let scope = Scope::Agent {
             agent: id.clone(),
-            period: p.period,
+            period,
         };
-        if out.iter().any(|v| v.period == period_name(p.period)) {
-            continue;
+        if let Some(view) = period_view(&st, &scope, period, configured).await? {
+            out.push(view);
         }
-        let spent = st.org.period_spend(&scope).await?;
-        out.push(PeriodSpendView {
-            period: period_name(p.period).to_owned(),
-            spent: spent.into(),
-            limits: p.limits.into(),
-        });
     }
     Ok(Json(out))
 }
 
-/// What the organization spent over its limited period (`[settings.org_limits]`); empty when
-/// none is set.
+/// What the organization spent over its limited periods (`[settings.org_limits]`, an
+/// operator's set at run time); empty when none is set.
 #[utoipa::path(get, path = "/api/spend", tag = "limits",
     responses((status = 200, body = [PeriodSpendView])),
     security(("bearer" = [])))]
 pub(crate) async fn org_spend(State(st): St) -> ApiResult<Json<Vec<PeriodSpendView>>> {
+    let config = st.org.config();
     let mut out = Vec::new();
-    if let Some(p) = st.org.config().settings.org_limits {
-        let spent = st
-            .org
-            .period_spend(&Scope::Organization { period: p.period })
-            .await?;
-        out.push(PeriodSpendView {
-            period: period_name(p.period).to_owned(),
-            spent: spent.into(),
-            limits: p.limits.into(),
-        });
+    for period in [Period::Hour, Period::Day] {
+        let configured = config
+            .settings
+            .org_limits
+            .filter(|p| p.period == period)
+            .map(|p| p.limits);
+        if let Some(view) =
+            period_view(&st, &Scope::Organization { period }, period, configured).await?
+        {
+            out.push(view);
+        }
     }
     Ok(Json(out))
+}
+
+/// Sets an operator's limits for an agent's hour or day, replacing the configured ones from its
+/// next call on; stored (kept across restarts).
+#[utoipa::path(put, path = "/api/agents/{agent}/limits/{period}", tag = "limits",
+    params(("agent" = String, Path, description = "Agent id"),
+        ("period" = String, Path, description = "`hour` or `day`")),
+    request_body = LimitsBody,
+    responses((status = 200, body = [PeriodSpendView]), (status = 400, body = ErrorBody),
+        (status = 404, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub(crate) async fn set_agent_limits(
+    State(st): St,
+    Path((agent, period)): Path<(String, String)>,
+    ApiJson(body): ApiJson<LimitsBody>,
+) -> ApiResult<Json<Vec<PeriodSpendView>>> {
+    let id = known_agent(&st.org, &agent)?;
+    let period = period_of(&period)?;
+    let limits = body.to_limits("cost")?;
+    let scope = Scope::Agent { agent: id, period };
+    st.org.set_period_limits(&scope, Some(limits)).await?;
+    agent_spend(State(st), Path(agent)).await
+}
+
+/// Clears an operator's limits for an agent's hour or day: the configured ones apply again.
+#[utoipa::path(delete, path = "/api/agents/{agent}/limits/{period}", tag = "limits",
+    params(("agent" = String, Path, description = "Agent id"),
+        ("period" = String, Path, description = "`hour` or `day`")),
+    responses((status = 200, body = [PeriodSpendView]), (status = 400, body = ErrorBody),
+        (status = 404, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub(crate) async fn clear_agent_limits(
+    State(st): St,
+    Path((agent, period)): Path<(String, String)>,
+) -> ApiResult<Json<Vec<PeriodSpendView>>> {
+    let id = known_agent(&st.org, &agent)?;
+    let period = period_of(&period)?;
+    let scope = Scope::Agent { agent: id, period };
+    st.org.set_period_limits(&scope, None).await?;
+    agent_spend(State(st), Path(agent)).await
+}
+
+/// Sets an operator's limits for the organization's hour or day, replacing the configured ones
+/// from the next call on; stored (kept across restarts).
+#[utoipa::path(put, path = "/api/limits/{period}", tag = "limits",
+    params(("period" = String, Path, description = "`hour` or `day`")),
+    request_body = LimitsBody,
+    responses((status = 200, body = [PeriodSpendView]), (status = 400, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub(crate) async fn set_org_limits(
+    State(st): St,
+    Path(period): Path<String>,
+    ApiJson(body): ApiJson<LimitsBody>,
+) -> ApiResult<Json<Vec<PeriodSpendView>>> {
+    let period = period_of(&period)?;
+    let limits = body.to_limits("cost")?;
+    st.org
+        .set_period_limits(&Scope::Organization { period }, Some(limits))
+        .await?;
+    org_spend(State(st)).await
+}
+
+/// Clears an operator's limits for the organization's hour or day.
+#[utoipa::path(delete, path = "/api/limits/{period}", tag = "limits",
+    params(("period" = String, Path, description = "`hour` or `day`")),
+    responses((status = 200, body = [PeriodSpendView]), (status = 400, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub(crate) async fn clear_org_limits(
+    State(st): St,
+    Path(period): Path<String>,
+) -> ApiResult<Json<Vec<PeriodSpendView>>> {
+    let period = period_of(&period)?;
+    st.org
+        .set_period_limits(&Scope::Organization { period }, None)
+        .await?;
+    org_spend(State(st)).await
 }
