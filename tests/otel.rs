@@ -804,6 +804,10 @@ async fn nothing_waits(stores: &Stores) -> bool {
 /// request is still one trace with the same parent/child relations.
 #[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(spacebot_pg),
+    ignore = "no PostgreSQL here: set DATABASE_URL or install the server (initdb, pg_ctl); see README"
+)]
 async fn one_trace_per_request_across_two_processes_on_postgres() {
     let Some(url) = spacebot::testing::external::database_url() else {
         return;
@@ -828,6 +832,7 @@ async fn one_trace_per_request_across_two_processes_on_postgres() {
             "--quiet",
         ])
         .env(CHILD_DIR, dir.path())
+        .env("DATABASE_URL", &url)
         .env(CHILD_SCHEMA, pg.schema().unwrap())
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", shared.endpoint())
         .env("OTEL_SERVICE_NAME", "spacebot-b")

@@ -162,11 +162,7 @@ fn answer(me: &str, behaviour: Adversary, group: bool, req: &ChatRequest) -> Cha
     // One tool round per turn: a model that calls a tool after every steer keeps its turn going
     // forever (the interrupted messages are drained again at each checkpoint), which is the
     // runtime's concern, not the conversations'.
-    if req
-        .messages
-        .iter()
-        .any(|m| matches!(m, ChatMessage::Tool { .. }))
-    {
+    if spacebot_core::testing::tool_round(&req.messages) {
         return ChatResponse::text(format!("more from {me}"));
     }
     let text = last_user(req);

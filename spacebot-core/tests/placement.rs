@@ -30,9 +30,9 @@ use spacebot_core::llm::ChatResponse;
 use spacebot_core::runtime::OutboundError;
 use spacebot_core::testing::tool_call;
 use spacebot_core::{
-    AgentId, AgentWorker, Behaviour, BehaviourContext, ChatMessage, ChatRequest, EnvelopeKind,
-    InboundMessage, LlmProvider, MemoryPlacement, OrgConfig, Organization, Outbound,
-    PlacementOptions, ProcessId, Reply, ReplyKind, Spawner, Stores, TaskStore,
+    AgentId, AgentWorker, Behaviour, BehaviourContext, ChatRequest, EnvelopeKind, InboundMessage,
+    LlmProvider, MemoryPlacement, OrgConfig, Organization, Outbound, PlacementOptions, ProcessId,
+    Reply, ReplyKind, Spawner, Stores, TaskStore,
 };
 use spacebot_core::{ChannelId, Task, TaskRef, TaskStatus};
 
@@ -102,10 +102,7 @@ fn answer(req: &ChatRequest) -> ChatResponse {
     let me = req.agent.as_ref().map(AgentId::as_str).unwrap_or("");
     let text = last_user(&req.messages);
     let jobs = job_ids(&text).join(" ");
-    let tool_round = req
-        .messages
-        .iter()
-        .any(|m| matches!(m, ChatMessage::Tool { .. }));
+    let tool_round = spacebot_core::testing::tool_round(&req.messages);
     let kind = req.envelope_kind;
     let n = me.chars().last().unwrap_or('0');
     match me.trim_end_matches(|c: char| c.is_ascii_digit()) {

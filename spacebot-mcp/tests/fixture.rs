@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use spacebot_core::testing::{OrgHarness, ScriptedLlm};
-use spacebot_core::{AgentId, ChatMessage, ChatRequest, InboundMessage};
+use spacebot_core::{AgentId, ChatRequest, InboundMessage};
 use spacebot_mcp::{Mcp, ServerState};
 use tokio::io::AsyncBufReadExt;
 
@@ -112,13 +112,8 @@ fn tool_results(llm: &ScriptedLlm, id: &str) -> Vec<String> {
     let Some(last) = requests.last() else {
         return Vec::new();
     };
-    last.messages
-        .iter()
-        .filter_map(|m| match m {
-            ChatMessage::Tool { content, .. } => Some(content.to_string()),
-            _ => None,
-        })
-        .collect()
+    // The running turn's own results (not those replayed from the channel's history).
+    spacebot_core::testing::tool_results(&last.messages)
 }
 
 /// Granted tools called and their results used; an ungranted and an unknown tool refused; bad

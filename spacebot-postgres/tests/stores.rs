@@ -58,6 +58,10 @@ async fn admin(url: &str, sql: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(spacebot_pg),
+    ignore = "no PostgreSQL here: set DATABASE_URL or install the server (initdb, pg_ctl); see README"
+)]
 async fn claims_from_several_processes_take_each_task_once() {
     let Some((first, procs)) = processes(3).await else {
         return;
@@ -100,6 +104,10 @@ async fn claims_from_several_processes_take_each_task_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(spacebot_pg),
+    ignore = "no PostgreSQL here: set DATABASE_URL or install the server (initdb, pg_ctl); see README"
+)]
 async fn only_the_lease_holder_acks_and_the_notice_comes_with_the_ack() {
     let Some((first, procs)) = processes(1).await else {
         return;
@@ -157,6 +165,10 @@ async fn only_the_lease_holder_acks_and_the_notice_comes_with_the_ack() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(spacebot_pg),
+    ignore = "no PostgreSQL here: set DATABASE_URL or install the server (initdb, pg_ctl); see README"
+)]
 async fn keyed_creates_and_applied_keys_from_several_processes_happen_once() {
     let Some((first, procs)) = processes(3).await else {
         return;
@@ -205,6 +217,10 @@ async fn keyed_creates_and_applied_keys_from_several_processes_happen_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(spacebot_pg),
+    ignore = "no PostgreSQL here: set DATABASE_URL or install the server (initdb, pg_ctl); see README"
+)]
 async fn expired_leases_are_requeued_once_whichever_processes_look() {
     let Some((first, procs)) = processes(2).await else {
         return;
@@ -256,6 +272,10 @@ async fn expired_leases_are_requeued_once_whichever_processes_look() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(spacebot_pg),
+    ignore = "no PostgreSQL here: set DATABASE_URL or install the server (initdb, pg_ctl); see README"
+)]
 async fn processes_connecting_at_once_migrate_a_new_schema_once() {
     let Some(url) = support::database_url() else {
         return;
@@ -288,6 +308,10 @@ async fn processes_connecting_at_once_migrate_a_new_schema_once() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(spacebot_pg),
+    ignore = "no PostgreSQL here: set DATABASE_URL or install the server (initdb, pg_ctl); see README"
+)]
 async fn a_schema_of_another_application_is_refused_and_left_alone() {
     let Some(url) = support::database_url() else {
         return;
@@ -330,6 +354,10 @@ async fn a_schema_of_another_application_is_refused_and_left_alone() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(spacebot_pg),
+    ignore = "no PostgreSQL here: set DATABASE_URL or install the server (initdb, pg_ctl); see README"
+)]
 async fn a_schema_from_a_newer_build_is_refused() {
     let Some((first, _)) = processes(0).await else {
         return;
@@ -358,6 +386,10 @@ async fn a_schema_from_a_newer_build_is_refused() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(spacebot_pg),
+    ignore = "no PostgreSQL here: set DATABASE_URL or install the server (initdb, pg_ctl); see README"
+)]
 async fn reconnecting_keeps_the_data() {
     let Some((first, _)) = processes(0).await else {
         return;
@@ -380,6 +412,10 @@ async fn reconnecting_keeps_the_data() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(spacebot_pg),
+    ignore = "no PostgreSQL here: set DATABASE_URL or install the server (initdb, pg_ctl); see README"
+)]
 async fn bad_settings_are_refused_with_clear_errors() {
     let Some(url) = support::database_url() else {
         return;
@@ -407,6 +443,10 @@ async fn bad_settings_are_refused_with_clear_errors() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(spacebot_pg),
+    ignore = "no PostgreSQL here: set DATABASE_URL or install the server (initdb, pg_ctl); see README"
+)]
 async fn calls_after_close_fail_naming_the_database() {
     let Some(stores) = support::fresh().await else {
         return;
@@ -419,6 +459,10 @@ async fn calls_after_close_fail_naming_the_database() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(spacebot_pg),
+    ignore = "no PostgreSQL here: set DATABASE_URL or install the server (initdb, pg_ctl); see README"
+)]
 async fn a_temporary_schema_is_dropped_with_its_last_clone() {
     let Some(url) = support::database_url() else {
         return;
@@ -447,6 +491,10 @@ async fn a_temporary_schema_is_dropped_with_its_last_clone() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(spacebot_pg),
+    ignore = "no PostgreSQL here: set DATABASE_URL or install the server (initdb, pg_ctl); see README"
+)]
 async fn the_claim_and_the_outbox_are_served_by_their_indexes() {
     let Some(stores) = support::fresh().await else {
         return;
@@ -500,6 +548,10 @@ async fn the_claim_and_the_outbox_are_served_by_their_indexes() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(spacebot_pg),
+    ignore = "no PostgreSQL here: set DATABASE_URL or install the server (initdb, pg_ctl); see README"
+)]
 async fn many_agents_share_one_schema_without_seeing_each_other() {
     let Some(stores) = support::fresh().await else {
         return;
@@ -530,6 +582,10 @@ async fn many_agents_share_one_schema_without_seeing_each_other() {
 /// `cut_off` every store and placement call of the cut process fails and its stream ends, while
 /// the other process's calls go on; after `reconnect` the cut process works again.
 #[tokio::test]
+#[cfg_attr(
+    not(spacebot_pg),
+    ignore = "no PostgreSQL here: set DATABASE_URL or install the server (initdb, pg_ctl); see README"
+)]
 async fn placement_hints_between_processes_and_a_simulated_partition() {
     use futures::StreamExt;
     use spacebot_core::placement::{Placement, ProcessId};
@@ -605,6 +661,10 @@ async fn placement_hints_between_processes_and_a_simulated_partition() {
 /// exactly one is written, of those with one effect key exactly one, and writers expecting
 /// nothing are all written with distinct versions.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(spacebot_pg),
+    ignore = "no PostgreSQL here: set DATABASE_URL or install the server (initdb, pg_ctl); see README"
+)]
 async fn record_writers_in_several_processes_race_fairly() {
     use spacebot_core::{Expect as RecordExpect, RecordStore, RecordWrite, WriteOutcome};
     let Some((first, others)) = processes(3).await else {
@@ -661,6 +721,10 @@ async fn record_writers_in_several_processes_race_fairly() {
 
 /// Records, versions and effect keys survive disconnecting and connecting again to the schema.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(spacebot_pg),
+    ignore = "no PostgreSQL here: set DATABASE_URL or install the server (initdb, pg_ctl); see README"
+)]
 async fn records_survive_reconnecting() {
     let Some(url) = support::database_url() else {
         return;

@@ -305,10 +305,7 @@ pub fn model(req: &ChatRequest) -> ChatResponse {
     let me = req.agent.as_ref().map(AgentId::as_str).unwrap_or("");
     let text = last_user(&req.messages);
     let jobs = job_ids(&text).join(" ");
-    let tool_round = req
-        .messages
-        .iter()
-        .any(|m| matches!(m, ChatMessage::Tool { .. }));
+    let tool_round = spacebot::testing::tool_round(&req.messages);
     let kind = req.envelope_kind;
     match me {
         "chief" => match kind {

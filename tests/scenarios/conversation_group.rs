@@ -208,7 +208,7 @@ pub async fn the_rules_reach_every_member_exactly_once_at_creation(stores: Store
 
 pub async fn only_the_initiator_closes_and_a_non_matching_close_closes_nothing(stores: Stores) {
     let llm = silent_after_script();
-    let (a, b) = (id("a"), id("b"));
+    let (a, c) = (id("a"), id("c"));
     let mut h = harness(stores, Arc::new(llm.clone())).await;
     h.org.start_all().await.unwrap();
     let group = open(&mut h, &llm, &["b", "c"], "hello").await;
@@ -223,19 +223,19 @@ pub async fn only_the_initiator_closes_and_a_non_matching_close_closes_nothing(s
     h.reply().await;
     h.wait_quiet().await;
 
-    // b is not the initiator.
+    // c is not the initiator (b, who may start nothing, is not even offered close_link).
     llm.push_tool_call(
-        &b,
+        &c,
         "close_link",
         json!({"message": "bye", "target": group.id.as_str()}),
     );
-    llm.push_text(&b, "tried");
+    llm.push_text(&c, "tried");
     h.org
-        .deliver("b", chat("b", "close the group"))
+        .deliver("c", chat("c", "close the group"))
         .await
         .unwrap();
     h.reply().await;
-    let results = tool_results(llm.requests_for(&b).last().unwrap());
+    let results = tool_results(llm.requests_for(&c).last().unwrap());
     assert!(
         results[0].contains("only its initiator (Alpha)"),
         "{results:?}"
@@ -424,18 +424,19 @@ pub async fn opening_a_group_that_is_already_open_continues_it_with_a_clear_answ
 
 pub async fn a_group_needs_a_link_the_opener_may_start_with_each_member(stores: Stores) {
     let llm = silent_after_script();
-    let b = id("b");
+    // c may start with a (two-way peers) but has no link with b.
+    let c = id("c");
     llm.push_tool_call(
-        &b,
+        &c,
         "open_group",
-        json!({"members": ["a", "c"], "message": "hi"}),
+        json!({"members": ["a", "b"], "message": "hi"}),
     );
-    llm.push_text(&b, "tried");
+    llm.push_text(&c, "tried");
     let mut h = harness(stores, Arc::new(llm.clone())).await;
     h.org.start_all().await.unwrap();
-    h.org.deliver("b", chat("b", "gather")).await.unwrap();
+    h.org.deliver("c", chat("c", "gather")).await.unwrap();
     h.reply().await;
-    let results = tool_results(&llm.requests_for(&b)[1]);
+    let results = tool_results(&llm.requests_for(&c)[1]);
     assert!(results[0].contains("may not start"), "{results:?}");
     assert!(h.all_conversations().await.is_empty());
 }

@@ -574,10 +574,7 @@ pub async fn a_streaming_outbound_gets_deltas_then_the_reply(stores: Stores) {
     use futures::StreamExt;
     use spacebot::runtime::{OutboundItem, StreamingOutbound};
     let llm = Arc::new(ChunkedLlm(|req: &spacebot::ChatRequest| {
-        let tool_round = req
-            .messages
-            .iter()
-            .any(|m| matches!(m, ChatMessage::Tool { .. }));
+        let tool_round = spacebot::testing::tool_round(&req.messages);
         if tool_round {
             ChatResponse::text("Bonjour tout le monde")
         } else {
@@ -1112,12 +1109,7 @@ pub async fn a_notice_is_marked_sent_before_the_delegator_answers_it(stores: Sto
         );
         Ok(match req.agent.as_ref().map(|a| a.as_str()) {
             Some("a") if asked => ChatResponse::text("Beta is done"),
-            Some("a")
-                if !req
-                    .messages
-                    .iter()
-                    .any(|m| matches!(m, ChatMessage::Tool { .. })) =>
-            {
+            Some("a") if !spacebot::testing::tool_round(&req.messages) => {
                 ChatResponse::tool_calls(vec![tool_call(
                     "send_agent_message",
                     json!({"target": "b", "message": "Count the files."}),
@@ -1229,10 +1221,7 @@ pub async fn a_result_after_a_restart_is_answered_to_the_user(stores: Stores) {
 /// shut down goes on at the next start on the same stores, and its conclusion reaches the initiator.
 pub async fn a_conversation_goes_on_after_a_restart(stores: Stores) {
     let llm = Arc::new(FnLlm::new(|req| {
-        let tool_round = req
-            .messages
-            .iter()
-            .any(|m| matches!(m, ChatMessage::Tool { .. }));
+        let tool_round = spacebot::testing::tool_round(&req.messages);
         let last = last_user(&req.messages);
         Ok(match req.agent.as_ref().map(|a| a.as_str()) {
             Some("a") if last.contains("concluded") => ChatResponse::text("Beta says 42"),
@@ -1502,10 +1491,7 @@ relationship = "superior"
 pub async fn a_spent_conversation_budget_stays_spent_across_a_restart(stores: Stores) {
     let llm = Arc::new(FnLlm::new(|req| {
         let me = req.agent.as_ref().map(AgentId::as_str).unwrap_or("");
-        let tool_round = req
-            .messages
-            .iter()
-            .any(|m| matches!(m, ChatMessage::Tool { .. }));
+        let tool_round = spacebot::testing::tool_round(&req.messages);
         let in_link = req
             .channel
             .as_ref()
@@ -1618,10 +1604,9 @@ pub async fn a_failed_mark_sent_does_not_leave_a_delivered_notice_in_the_outbox(
         });
         let b = id("b");
         let llm = Arc::new(FnLlm::new(|req| {
-            let tool_round = req
-                .messages
-                .iter()
-                .any(|m| matches!(m, ChatMessage::Tool { .. }));
+            // This turn's own tool round (the history of the earlier runs, on the same stores,
+            // holds the tool calls of their delegating turns too).
+            let tool_round = spacebot::testing::tool_round(&req.messages);
             Ok(
                 match (req.agent.as_ref().map(|a| a.as_str()), req.envelope_kind) {
                     (Some("a"), Some(EnvelopeKind::UserMessage)) if !tool_round => {

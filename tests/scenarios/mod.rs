@@ -10,4 +10,5 @@ pub mod delegation_roundtrip;
 pub mod governance;
 pub mod governance_props;
 pub mod junctions;
+pub mod offers;
 pub mod support;

@@ -61,7 +61,7 @@ pub use tools::{
     SendAgentMessage, SendAgentMessageArgs, TaskCreate, TaskCreateArgs, TaskList, TaskListArgs,
     TaskUpdate, TaskUpdateArgs,
 };
-pub use worker::task_input;
+pub use worker::{task_context, task_input};
 
 /// How long a claim lasts before the task goes back to ready. A task run as a turn of the agent's
 /// tool loop renews its lease at every checkpoint (after each tool round), so only a single model

@@ -55,6 +55,13 @@ impl TypedTool for SendAgentMessage {
         })
     }
 
+    /// Offered only to an agent that may delegate to someone now (a link it may start an
+    /// exchange over, enabled, within the depth limit): an agent whose links all come one-way
+    /// from others is never offered it.
+    fn offered_to(&self, scope: &ToolCapability) -> bool {
+        !reachable_agents(&scope.behaviour_context(), scope.agent()).is_empty()
+    }
+
     fn description_for(&self, scope: &ToolCapability) -> String {
         let org = scope.behaviour_context();
         let targets = reachable_agents(&org, scope.agent())

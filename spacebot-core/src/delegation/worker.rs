@@ -18,35 +18,50 @@ use crate::runtime::behaviour::AgentWorker;
 use crate::runtime::behaviour::BehaviourContext;
 use crate::task::{Task, TaskEvent, TaskStatus};
 
-/// The text a task is worked on with: its description, and the results of its children once they
-/// ended (multi-hop resume).
-pub fn task_input(task: &Task) -> String {
-    let mut text = format!(
-        "You have been assigned task #{}: {}\n\n{}",
-        task.number, task.title, task.description
-    );
-    if let Some(by) = &task.metadata.delegated_by {
-        text.push_str(&format!("\n\n(Delegated by {by}.)"));
+/// What the `task_assigned` template gets for `task`: its number, title and description, who
+/// delegated it, and the results of its children once they ended (multi-hop resume).
+pub fn task_context(task: &Task) -> crate::prompts::TaskAssignedContext {
+    crate::prompts::TaskAssignedContext {
+        task_number: task.number,
+        title: task.title.clone(),
+        description: task.description.clone(),
+        delegated_by: task.metadata.delegated_by.as_ref().map(|a| a.to_string()),
+        ended_children: task
+            .metadata
+            .children
+            .iter()
+            .filter_map(|c| {
+                Some(crate::prompts::EndedChild {
+                    task: c.task.to_string(),
+                    status: c.ended?.to_string(),
+                    outcome: c.outcome.clone().unwrap_or_default(),
+                })
+            })
+            .collect(),
     }
-    let ended: Vec<_> = task
-        .metadata
-        .children
-        .iter()
-        .filter(|c| c.ended.is_some())
-        .collect();
-    if !ended.is_empty() {
-        text.push_str("\n\nThe tasks you delegated have ended:");
-        for child in ended {
-            let status = child.ended.map(|s| s.to_string()).unwrap_or_default();
-            text.push_str(&format!(
-                "\n- {} ({status}): {}",
-                child.task,
-                child.outcome.as_deref().unwrap_or("")
-            ));
-        }
-        text.push_str("\n\nFinish your task with these results.");
-    }
-    text
+}
+
+/// The text a task is worked on with: the `task_assigned` template of `prompts` (see
+/// [`TaskAssignedContext`](crate::prompts::TaskAssignedContext)) rendered for `task`.
+pub fn task_input(
+    prompts: &crate::prompts::Prompts,
+    task: &Task,
+) -> Result<String, crate::prompts::PromptError> {
+    prompts.render_task_assigned(&task_context(task))
+}
+
+/// [`task_input`] with the organization's prompts; an override that fails to render is reported
+/// and the built-in template used instead, so a task always runs.
+fn task_text(org: &BehaviourContext, task: &Task) -> String {
+    task_input(org.prompts(), task).unwrap_or_else(|e| {
+        org.report_error(
+            &task.agent,
+            None,
+            format!("the task_assigned prompt failed to render, the built-in one is used: {e}"),
+        );
+        task_input(&crate::prompts::Prompts::new(), task)
+            .unwrap_or_else(|_| format!("{}\n\n{}", task.title, task.description))
+    })
 }
 
 /// Whether `holder` names a claim of `agent`'s task loop (`{agent}:worker:{loop}:{n}[@process]`,
@@ -234,7 +249,7 @@ async fn dispatch_to_queue(org: &BehaviourContext, agent: &AgentWorker, task: &T
         Source::System,
         ChannelId::new(format!("task:{}", task.task_ref())),
         EnvelopeKind::TaskAssigned,
-        task_input(task),
+        task_text(org, task),
         org.clock().now(),
     )
     .with_round(task_round(task));
@@ -403,7 +418,7 @@ mod tests {
         task.metadata.delegated_by = Some(AgentId::parse("a").unwrap());
         task.metadata.round = 2;
         assert_eq!(
-            task_input(&task),
+            task_input(&crate::prompts::Prompts::new(), &task).unwrap(),
             "You have been assigned task #1: Find a word.\n\nFind a word.\n\n(Delegated by a.)"
         );
         assert_eq!(task_round(&task), 2);
@@ -413,7 +428,7 @@ mod tests {
             outcome: ended.map(|_| format!("word {n}")),
         };
         task.metadata.children = vec![child(1, Some(TaskStatus::Done)), child(2, None)];
-        let text = task_input(&task);
+        let text = task_input(&crate::prompts::Prompts::new(), &task).unwrap();
         assert!(
             text.ends_with(
                 "The tasks you delegated have ended:\n- c#1 (done): word 1\n\nFinish your task with these results."
@@ -449,7 +464,7 @@ mod loop_tests {
         assert_eq!(requests.len(), 1);
         assert_eq!(
             crate::testing::last_user_text(&requests[0].messages),
-            task_input(&done)
+            task_input(&crate::prompts::Prompts::new(), &done).unwrap()
         );
         // The claim carried a holder id of the task loop's own.
         let holders: Vec<String> = h

@@ -9,7 +9,7 @@ use serde_json::json;
 
 use super::{DialogueError, Opening};
 use crate::conversation::{ConversationMode, ConversationStatus, MemberRole};
-use crate::tools::{Tool, ToolContext, ToolError, ToolOutput, TypedTool};
+use crate::tools::{Tool, ToolCapability, ToolContext, ToolError, ToolOutput, TypedTool};
 
 /// Name of the tool that opens or continues a mirrored conversation.
 pub const SEND_LINK_MESSAGE: &str = "send_link_message";
@@ -31,6 +31,26 @@ pub(crate) fn dialogue_tools() -> Vec<Arc<dyn Tool>> {
         Arc::new(CloseLink),
         Arc::new(SeverLink),
     ]
+}
+
+/// Whether the agent of `scope` may start an exchange with anyone now (an enabled link it may
+/// start over): what opening a group, or closing a conversation it started, needs.
+fn may_start_any(scope: &ToolCapability) -> bool {
+    let graph = scope.graph();
+    let me = scope.agent();
+    graph
+        .links_of(me.as_str())
+        .filter_map(|l| l.other(me))
+        .any(|peer| crate::policy::check_start(&graph, me, peer).is_ok())
+}
+
+/// Whether the agent of `scope` has an enabled link: a conversation it is a member of runs over
+/// one (a member who only answers may still continue, conclude or sever it).
+fn has_enabled_link(scope: &ToolCapability) -> bool {
+    scope
+        .graph()
+        .links_of(scope.agent().as_str())
+        .any(|l| l.enabled)
 }
 
 fn tool_error(tool: &str, e: DialogueError) -> ToolError {
@@ -71,6 +91,12 @@ impl TypedTool for SendLinkMessage {
          sends your message; the agent's replies arrive in your link channel with it. End the \
          conversation with conclude_link once its objective is met."
             .into()
+    }
+
+    /// Offered to an agent with an enabled link: it may open a conversation over it, or, at the
+    /// receiving end of a one-way link, continue one the other side opened.
+    fn offered_to(&self, scope: &ToolCapability) -> bool {
+        has_enabled_link(scope)
     }
 
     fn parameters(&self) -> serde_json::Value {
@@ -142,6 +168,11 @@ impl TypedTool for ConcludeLink {
         "End the conversation of this link channel: sends your summary as the final message \
          and closes the conversation. Use it as soon as the objective is met."
             .into()
+    }
+
+    /// Offered to an agent with an enabled link (any member of a conversation may conclude it).
+    fn offered_to(&self, scope: &ToolCapability) -> bool {
+        has_enabled_link(scope)
     }
 
     fn parameters(&self) -> serde_json::Value {
@@ -219,6 +250,11 @@ impl TypedTool for OpenGroup {
             .into()
     }
 
+    /// Offered to an agent that may start an exchange with someone.
+    fn offered_to(&self, scope: &ToolCapability) -> bool {
+        may_start_any(scope)
+    }
+
     fn parameters(&self) -> serde_json::Value {
         json!({
             "type": "object",
@@ -285,6 +321,11 @@ impl TypedTool for CloseLink {
         "Close a conversation you started, with a final message to the other members. Without \
          `target` it closes the conversation of the current channel."
             .into()
+    }
+
+    /// Offered to an agent that may start an exchange (only an initiator closes).
+    fn offered_to(&self, scope: &ToolCapability) -> bool {
+        may_start_any(scope)
     }
 
     fn parameters(&self) -> serde_json::Value {
@@ -364,6 +405,11 @@ impl TypedTool for SeverLink {
         "Sever a conversation you are a member of: it ends at once for every member. Without \
          `target` it severs the conversation of the current channel."
             .into()
+    }
+
+    /// Offered to an agent with an enabled link (any member may sever).
+    fn offered_to(&self, scope: &ToolCapability) -> bool {
+        has_enabled_link(scope)
     }
 
     fn parameters(&self) -> serde_json::Value {

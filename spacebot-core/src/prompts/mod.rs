@@ -8,6 +8,7 @@
 //! | `send_agent_message` | [`Prompts::render_send_agent_message`] | the delegation tool's description (seed 001) |
 //! | `conversation_rules` | [`Prompts::render_conversation_rules`] | the anti-chattiness rules given to conversation members once, at creation (seed 002) |
 //! | `task_retrigger` | [`Prompts::render_task_retrigger`] | the system message that wakes a delegator when its task ends (seed 001) |
+//! | `task_assigned` | [`Prompts::render_task_assigned`] | the message a worker's turn on a task starts with: its number, title and description, who delegated it, and the results of the tasks it delegated in turn once they ended ([`TaskAssignedContext`]) |
 //!
 //! Prompts only explain the organization to the model; the runtime enforces the policy.
 //! Rendered text is tidied: trimmed, with runs of blank lines collapsed to one.
@@ -45,7 +46,7 @@ use crate::link::{AgentLink, LinkRelationship};
 use crate::policy::OrgChart;
 
 /// The built-in templates: `(name, source)`.
-pub const TEMPLATES: [(&str, &str); 6] = [
+pub const TEMPLATES: [(&str, &str); 7] = [
     (
         "system_prompt",
         include_str!("../../templates/system_prompt.j2"),
@@ -69,6 +70,10 @@ pub const TEMPLATES: [(&str, &str); 6] = [
     (
         "task_retrigger",
         include_str!("../../templates/task_retrigger.j2"),
+    ),
+    (
+        "task_assigned",
+        include_str!("../../templates/task_assigned.j2"),
     ),
 ];
 
@@ -98,7 +103,7 @@ pub struct AgentSummary {
 }
 
 /// The `org_context` template's input: an agent's superiors, subordinates and peers.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OrgContext {
     /// Superiors.
     pub superiors: Vec<AgentSummary>,
@@ -106,10 +111,30 @@ pub struct OrgContext {
     pub subordinates: Vec<AgentSummary>,
     /// Peers.
     pub peers: Vec<AgentSummary>,
+    /// Whether the agent may delegate to any of them now (the policy's word: an agent whose
+    /// links all come one-way from others may not, and is not told to use `send_agent_message`).
+    #[serde(default = "yes")]
+    pub may_delegate: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Default for OrgContext {
+    fn default() -> Self {
+        Self {
+            superiors: Vec::new(),
+            subordinates: Vec::new(),
+            peers: Vec::new(),
+            may_delegate: true,
+        }
+    }
 }
 
 impl OrgContext {
-    /// The chart's agents, named by `name_of`.
+    /// The chart's agents, named by `name_of` (`may_delegate` is true: the runtime sets it from
+    /// the policy).
     pub fn from_chart(chart: &OrgChart, name_of: impl Fn(&AgentId) -> String) -> Self {
         let summarize = |ids: &[AgentId]| {
             ids.iter()
@@ -123,6 +148,7 @@ impl OrgContext {
             superiors: summarize(&chart.superiors),
             subordinates: summarize(&chart.subordinates),
             peers: summarize(&chart.peers),
+            may_delegate: true,
         }
     }
 
@@ -215,6 +241,60 @@ pub struct TaskRetriggerContext {
     pub outcome: TaskOutcome,
     /// The result, the error, or the reason for cancelling.
     pub summary: String,
+}
+
+/// The `task_assigned` template's input: what a worker's turn on a task starts with.
+///
+/// The built-in template renders, for task #1 "Find a word." delegated by `a`:
+///
+/// ```text
+/// You have been assigned task #1: Find a word.
+///
+/// Find a word.
+///
+/// (Delegated by a.)
+/// ```
+///
+/// followed, when the worker resumes after tasks it delegated in turn ended, by "The tasks you
+/// delegated have ended:", one line per child (`- c#1 (done): its result`) and "Finish your task
+/// with these results.". Override `task_assigned` to change it:
+///
+/// ```
+/// use spacebot_core::prompts::{Prompts, TaskAssignedContext};
+/// let mut prompts = Prompts::new();
+/// prompts.override_template("task_assigned", "{{ description }}").unwrap();
+/// let ctx = TaskAssignedContext {
+///     task_number: 1,
+///     title: "Find a word.".into(),
+///     description: "Find a word.".into(),
+///     delegated_by: Some("a".into()),
+///     ended_children: Vec::new(),
+/// };
+/// assert_eq!(prompts.render_task_assigned(&ctx).unwrap(), "Find a word.");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct TaskAssignedContext {
+    /// The task's number on the worker's board.
+    pub task_number: u64,
+    /// Its title (the description's first sentence).
+    pub title: String,
+    /// Its description: what the delegator asked for.
+    pub description: String,
+    /// The id of the agent that delegated it, if one did.
+    pub delegated_by: Option<String>,
+    /// The tasks the worker delegated in turn that have ended, in the order they were delegated.
+    pub ended_children: Vec<EndedChild>,
+}
+
+/// A task a worker delegated that has ended, as [`TaskAssignedContext`] shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct EndedChild {
+    /// The task, as `agent#number`.
+    pub task: String,
+    /// How it ended (`done`, `failed`, `cancelled`).
+    pub status: String,
+    /// Its result or error.
+    pub outcome: String,
 }
 
 /// The prompt templates: built in, overridable. Cheap to clone.
@@ -332,6 +412,11 @@ impl Prompts {
     /// The system message that wakes a delegator when its task ends.
     pub fn render_task_retrigger(&self, ctx: &TaskRetriggerContext) -> Result<String, PromptError> {
         self.render("task_retrigger", ctx)
+    }
+
+    /// The message a worker's turn on a task starts with (see [`TaskAssignedContext`]).
+    pub fn render_task_assigned(&self, ctx: &TaskAssignedContext) -> Result<String, PromptError> {
+        self.render("task_assigned", ctx)
     }
 }
 

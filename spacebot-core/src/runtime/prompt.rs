@@ -65,7 +65,15 @@ pub(crate) fn system_prompt(
     let chart = policy::org_chart(&graph, me);
     let org_context =
         (!chart.superiors.is_empty() || !chart.subordinates.is_empty() || !chart.peers.is_empty())
-            .then(|| OrgContext::from_chart(&chart, name));
+            .then(|| {
+                let mut context = OrgContext::from_chart(&chart, name);
+                let depth = org.settings.max_delegation_depth;
+                context.may_delegate = graph
+                    .links_of(me.as_str())
+                    .filter_map(|l| l.other(me))
+                    .any(|peer| policy::check_delegate(&graph, me, peer, &[], depth).is_ok());
+                context
+            });
     let link_context = channel.as_link().and_then(|(owner, peer)| {
         if &owner != me {
             return None;

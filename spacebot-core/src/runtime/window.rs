@@ -121,11 +121,30 @@ pub(crate) async fn load(
     Ok((summary, units))
 }
 
+/// Adds a history record to `units`, as [`history::to_messages`] replays it: a past tool call is
+/// one unit with its result, and an answer leaves out the tool calls of its own turn just before
+/// it.
 fn push_record(units: &mut Vec<Unit>, record: HistoryText, counter: &dyn TokenCounter) {
     let seq = record.seq;
-    if let Some(message) = history::to_message(record) {
-        units.push(Unit::new(message, counter, Some(seq)));
+    let replayed = history::replay(record);
+    if replayed.is_answer() {
+        while units
+            .last()
+            .is_some_and(|u| u.seq.is_some() && u.takes_results())
+        {
+            units.pop();
+        }
     }
+    let mut messages = replayed.into_messages().into_iter();
+    let Some(first) = messages.next() else {
+        return;
+    };
+    let mut unit = Unit::new(first, counter, Some(seq));
+    for message in messages {
+        unit.tokens += counter.count_message(&message);
+        unit.messages.push(message);
+    }
+    units.push(unit);
 }
 
 /// Drops the oldest units past `window` tokens (no request could send them).

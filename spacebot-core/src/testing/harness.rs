@@ -63,6 +63,7 @@ pub struct OrgHarnessBuilder {
         Arc<dyn crate::placement::Placement>,
         crate::placement::PlacementOptions,
     )>,
+    prompts: Option<crate::prompts::Prompts>,
 }
 
 /// An organization wired for tests: its replies, its events, its stores, and waits that fail the
@@ -96,6 +97,7 @@ impl OrgHarness {
             executors: Vec::new(),
             outbound: None,
             placement: None,
+            prompts: None,
         }
     }
 
@@ -350,6 +352,12 @@ impl OrgHarnessBuilder {
         self
     }
 
+    /// The prompt templates (default: the built-in ones).
+    pub fn prompts(mut self, prompts: crate::prompts::Prompts) -> Self {
+        self.prompts = Some(prompts);
+        self
+    }
+
     /// Runs `agent`'s tasks with `executor`.
     pub fn executor(mut self, agent: &str, executor: Arc<dyn TaskExecutor>) -> Self {
         self.executors
@@ -395,6 +403,9 @@ impl OrgHarnessBuilder {
         }
         if let Some((placement, options)) = self.placement {
             builder = builder.placement(placement, options);
+        }
+        if let Some(prompts) = self.prompts {
+            builder = builder.prompts(prompts);
         }
         let custom_outbound = self.outbound.is_some();
         if let Some(outbound) = self.outbound {

@@ -104,25 +104,43 @@ pub fn last_user_text(messages: &[crate::llm::ChatMessage]) -> String {
         .unwrap_or_default()
 }
 
-/// The tool results in `messages`, in order.
+/// The results of the tool calls the running turn made, in `messages` (a request), in order:
+/// the calls of earlier turns replayed from the channel's history are left out (see
+/// [`history::to_messages`](crate::runtime::history::to_messages)).
 ///
 /// ```
 /// use spacebot_core::llm::ChatMessage;
-/// use spacebot_core::testing::tool_results;
+/// use spacebot_core::testing::{tool_results, tool_round};
 /// let messages = vec![
 ///     ChatMessage::User { content: "hi".into() },
+///     ChatMessage::Tool { tool_call_id: "history-3".into(), content: "earlier".into() },
+///     ChatMessage::User { content: "again".into() },
 ///     ChatMessage::Tool { tool_call_id: "c1".into(), content: "42".into() },
 /// ];
 /// assert_eq!(tool_results(&messages), vec!["42".to_string()]);
+/// assert!(tool_round(&messages));
+/// assert!(!tool_round(&messages[..3]));
 /// ```
 pub fn tool_results(messages: &[ChatMessage]) -> Vec<String> {
     messages
         .iter()
         .filter_map(|m| match m {
-            ChatMessage::Tool { content, .. } => Some(content.to_string()),
+            ChatMessage::Tool {
+                content,
+                tool_call_id,
+            } if !crate::runtime::history::is_replayed(tool_call_id) => Some(content.to_string()),
             _ => None,
         })
         .collect()
+}
+
+/// Whether the running turn has called a tool already: `messages` (a request) hold a result of
+/// its own (not one replayed from the channel's history). What a scripted model asks to tell its
+/// first answer in a turn from the next.
+pub fn tool_round(messages: &[ChatMessage]) -> bool {
+    messages.iter().any(|m| {
+        matches!(m, ChatMessage::Tool { tool_call_id, .. } if !crate::runtime::history::is_replayed(tool_call_id))
+    })
 }
 
 /// Agent id `s`.

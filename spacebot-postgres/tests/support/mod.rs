@@ -9,22 +9,11 @@
 
 use spacebot_postgres::{PgOptions, PgStores};
 
-/// The database the tests use, or `None` (after saying so on stderr) when `DATABASE_URL` is not
-/// set. Under CI (`SPACEBOT_REQUIRE_POSTGRES=1`) a missing `DATABASE_URL` fails the test instead.
+/// The database the tests use (`DATABASE_URL`, or a throwaway server started from the installed
+/// binaries), or `None` after saying why on stderr. Under CI (`SPACEBOT_REQUIRE_POSTGRES=1`) a
+/// missing server fails the test instead.
 pub fn database_url() -> Option<String> {
-    match std::env::var("DATABASE_URL") {
-        Ok(url) if !url.trim().is_empty() => Some(url),
-        _ => {
-            if std::env::var("SPACEBOT_REQUIRE_POSTGRES").as_deref() == Ok("1") {
-                panic!(
-                    "DATABASE_URL not set but SPACEBOT_REQUIRE_POSTGRES=1: the PostgreSQL tests \
-                     must run; start a server with `eval \"$(.ci/postgres start)\"` (see README)"
-                );
-            }
-            eprintln!("DATABASE_URL not set: PostgreSQL tests not run; see README");
-            None
-        }
-    }
+    spacebot_core::testing::external::database_url()
 }
 
 /// Options for tests: a small pool (tests run in parallel against one server).

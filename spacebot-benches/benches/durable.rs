@@ -2,7 +2,7 @@
 //! the machine's disk (real `fsync`), beside the raw `fsync` rate of the same disk in the same run.
 //!
 //! ```text
-//! cargo bench --all-features --bench durable
+//! cargo bench -p spacebot-benches --bench durable
 //! ```
 //!
 //! - `durable_deliveries/{backend}/1_agent_sequential`: `Organization::deliver` to one running

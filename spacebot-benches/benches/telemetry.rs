@@ -8,8 +8,8 @@
 //!   exporter to a local endpoint that accepts everything.
 //!
 //! ```text
-//! cargo bench --bench telemetry --features testing
-//! cargo bench --bench telemetry --features testing,otel
+//! cargo bench -p spacebot-benches --bench telemetry
+//! cargo bench -p spacebot-benches --bench telemetry --features otel
 //! ```
 //!
 //! With `SPACEBOT_BENCH_TURNS=N` set, the binary runs N turns with no subscriber and exits instead

@@ -17,7 +17,7 @@
 //!   `OrganizationBuilder::runners(2)`).
 //!
 //! ```text
-//! cargo bench --bench scaling
+//! cargo bench -p spacebot-benches --bench scaling
 //! ```
 
 #![allow(clippy::expect_used, clippy::unwrap_used)] // A benchmark set-up that fails should stop the run.

@@ -6,7 +6,7 @@
 //! Two workers: a deterministic custom `TaskExecutor`, and the target's own tool loop over the
 //! scripted mock LLM. Each sample builds a fresh organization so boards do not grow across samples.
 //!
-//! Run: `cargo bench --bench delegation -- --warm-up-time 1 --measurement-time 3`.
+//! Run: `cargo bench -p spacebot-benches --bench delegation -- --warm-up-time 1 --measurement-time 3`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
 
 use std::sync::Arc;

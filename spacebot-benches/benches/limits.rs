@@ -4,7 +4,7 @@
 //! stores and on SQLite in a temporary directory (`synchronous = NORMAL`, the default).
 //!
 //! ```text
-//! cargo bench --bench limits --features testing,sqlite
+//! cargo bench -p spacebot-benches --bench limits
 //! ```
 //!
 //! - `limits/turn/{memory,sqlite}/{off,on}`: criterion's figures, one turn per iteration;

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! eval "$(.ci/postgres start)"   # or any DATABASE_URL
-//! cargo bench --features postgres,sqlite,testing --bench cluster
+//! cargo bench -p spacebot-benches --bench cluster
 //! ```
 //!
 //! Without `DATABASE_URL` only the SQLite cases run (a line on stderr says so).

@@ -3,7 +3,7 @@
 //! the same run; and the memory an idle agent costs, queue included, at 10,000 agents.
 //!
 //! ```text
-//! cargo bench --bench delivery
+//! cargo bench -p spacebot-benches --bench delivery
 //! ```
 //!
 //! Both sides build the same envelope, look the target up and push into a bounded per-agent queue;
