@@ -4,7 +4,7 @@
   "use strict";
 
   const $ = (sel) => document.querySelector(sel);
-  const state = { agents: [], links: [], cy: null, source: null, working: new Map(), editing: null, followRequest: null,
+  const state = { agents: [], links: [], cy: null, source: null, working: new Map(), steps: new Map(), answered: new Set(), editing: null, followRequest: null,
     notes: [], note: null, noteVersion: null, noteHistory: [], notesSeq: 0 };
 
   // The token: from the URL fragment (#token=...), kept for this tab only.
@@ -64,14 +64,19 @@
     return [link.relationship, link.direction, link.enabled ? "enabled" : "disabled"].join(" ");
   }
 
-  // Levels: a superior sits one level above its subordinate, peers share a level. The relaxation
-  // stops after as many passes as there are agents, so a cycle of superiors cannot loop.
+  // Levels: a superior sits one level above its subordinate; an agent outside any hierarchy sits
+  // on its peer's level. The relaxation stops after as many passes as there are agents, so a cycle
+  // of superiors cannot loop.
   function levels(topology) {
     const level = new Map(topology.agents.map((a) => [a.id, 0]));
     const rules = [];
+    const ranked = new Set();
     for (const l of topology.links) {
       if (l.relationship === "superior") rules.push([l.from, l.to, 1]);
       else if (l.relationship === "subordinate") rules.push([l.to, l.from, 1]);
+      else continue;
+      ranked.add(l.from);
+      ranked.add(l.to);
     }
     for (let pass = 0; pass < topology.agents.length; pass++) {
       let changed = false;
@@ -82,7 +87,7 @@
       for (const l of topology.links) {
         if (l.relationship !== "peer") continue;
         const top = Math.max(level.get(l.from) || 0, level.get(l.to) || 0);
-        for (const a of [l.from, l.to]) if ((level.get(a) || 0) < top) { level.set(a, top); changed = true; }
+        for (const a of [l.from, l.to]) if (!ranked.has(a) && (level.get(a) || 0) < top) { level.set(a, top); changed = true; }
       }
       if (!changed) break;
     }
@@ -604,12 +609,29 @@
     $("#chat-status").className = n ? "working" : "";
   }
 
+  // Steps are kept per request (the last 50 requests) as they come: a fast request may be done
+  // before the page learns its id from the POST's answer.
   function step(request, text) {
+    if (!state.steps.has(request)) {
+      state.steps.set(request, []);
+      if (state.steps.size > 50) state.steps.delete(state.steps.keys().next().value);
+    }
+    state.steps.get(request).push(text);
     const work = state.working.get(request);
     if (!work) return;
-    const li = el("li", "", text);
-    work.steps.append(li);
+    work.steps.append(el("li", "", text));
     $("#chat-log").scrollTop = $("#chat-log").scrollHeight;
+  }
+
+  function finishWork(id) {
+    const work = state.working.get(id);
+    if (!work) return;
+    state.working.delete(id);
+    work.node.classList.remove("working");
+    work.node.classList.add("done-steps");
+    work.stream.remove();
+    work.node.querySelector(".who").textContent = "steps";
+    setWorking();
   }
 
   async function sendChat(event) {
@@ -630,9 +652,11 @@
       const steps = el("ol", "steps");
       const stream = el("div", "streaming");
       node.append(steps, stream);
+      for (const text of state.steps.get(accepted.envelope_id) || []) steps.append(el("li", "", text));
       $("#chat-log").append(node);
       state.working.set(accepted.envelope_id, { agent, node, steps, stream });
       setWorking();
+      if (state.answered.has(accepted.envelope_id)) finishWork(accepted.envelope_id);
       state.followRequest = accepted.envelope_id;
       scheduleRequests();
     } catch (e) { showError(e.message); }
@@ -677,6 +701,8 @@
       const want = state.followRequest && list.some((r) => r.request === state.followRequest) ? state.followRequest : list[0].request;
       select.value = want;
     }
+    // A request that ended before the page knew its id (its reply came first) stops working.
+    for (const r of list) if (r.status !== "running") { state.answered.add(r.request); finishWork(r.request); }
     if (!list.length) { $("#request-tree").replaceChildren(el("li", "empty", "No requests yet: send a message.")); return; }
     await refreshTree();
   }
@@ -844,14 +870,8 @@
       const oldest = [...state.working.entries()].find(([, w]) => w.agent === r.agent);
       if (oldest) ids = [oldest[0]];
     }
-    for (const id of ids) {
-      const work = state.working.get(id);
-      state.working.delete(id);
-      work.node.classList.remove("working");
-      work.node.classList.add("done-steps");
-      work.stream.remove();
-      work.node.querySelector(".who").textContent = "steps";
-    }
+    for (const id of r.in_reply_to || []) state.answered.add(id);
+    for (const id of ids) finishWork(id);
     setWorking();
     const failed = r.kind === "failure";
     chatLine(failed ? "failure" : "agent", r.agent + (failed ? " (failed)" : ""), r.content);

@@ -836,6 +836,8 @@ async fn run_editor(s: &Server, driver: &Driver, client: &Client) {
         s.org.link(&id("lead"), &id("cm")).unwrap().relationship,
         spacebot_core::LinkRelationship::Superior
     );
+    // Redrawn by the new hierarchy: chief above lead above the community manager.
+    wait_js(client, "the new hierarchy", "const d = window.spacebotDashboard; return d.nodeY('chief') < d.nodeY('lead') && d.nodeY('lead') < d.nodeY('cm');").await;
     let (status, task) = delegate(s, "lead", "cm", "Draft the announcement.").await;
     assert_eq!(status, 201, "{task}");
     assert_ne!(task["status"], "pending_approval", "{task}");
