@@ -127,6 +127,19 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<(), CliError> {
         Store::Redb => spacebot_redb::open_async(&args.data_dir).await,
     }
     .map_err(|e| failed(e.to_string()))?;
+    // The rule for links: the configuration wins for the links it names, and says so for each
+    // link changed or deleted at run time (the dashboard's topology editor) that it resets.
+    let stored = stores
+        .links
+        .list()
+        .await
+        .map_err(|e| failed(e.to_string()))?;
+    for reset in config.link_resets(&stored) {
+        say!(
+            "warning: {reset} (edit {} to keep a change)",
+            args.config.display()
+        );
+    }
     let (llm, llm_name) = provider(&config)?;
     let chat = WebChat::new();
     // MCP clients' calls get their replies; every other reply goes to the web chat.

@@ -713,3 +713,81 @@ async fn stops_on_signal(signal: &str) {
         .unwrap_or_else(|e| panic!("the data directory does not reopen after SIG{signal}: {e}"));
     stores.close().await;
 }
+
+/// The rule for links changed at run time: at the next `serve`, the configuration wins for the
+/// links it names, and a warning says which it resets.
+#[tokio::test(flavor = "multi_thread")]
+async fn serve_warns_of_each_run_time_link_change_the_configuration_resets() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), ORG);
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    {
+        // A first run's state: the configured link disabled and made a peer link at run time.
+        let opened = Opened::open(Backend::Sqlite, &data).await;
+        let stores = opened.stores();
+        let parsed = OrgConfig::from_toml_str(ORG).unwrap();
+        parsed
+            .sync_links(stores.links.as_ref(), spacebot_core::Timestamp(1))
+            .await
+            .unwrap();
+        let mut link = stores.links.list().await.unwrap().remove(0);
+        link.enabled = false;
+        link.relationship = spacebot_core::LinkRelationship::Peer;
+        stores.links.update(&link).await.unwrap();
+        opened.close().await;
+    }
+    let mut command = Command::cargo_bin("spacebot").unwrap();
+    command
+        .arg("serve")
+        .arg("--config")
+        .arg(&config)
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["--addr", "127.0.0.1:0", "--insecure-no-auth"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    for (name, _) in std::env::vars_os() {
+        let text = name.to_string_lossy();
+        if text.starts_with("SPACEBOT_") || text.starts_with("OPENAI_") {
+            command.env_remove(&name);
+        }
+    }
+    let mut child = Child(command.spawn().unwrap());
+    let stdout = child.0.stdout.take().unwrap();
+    let (found, found_rx) = tokio::sync::oneshot::channel();
+    let _reader = std::thread::spawn(move || {
+        let mut warnings = Vec::new();
+        let mut lines = BufReader::new(stdout).lines();
+        while let Some(Ok(line)) = lines.next() {
+            if line.starts_with("warning: ") {
+                warnings.push(line.clone());
+            }
+            if let Some(rest) = line.strip_prefix("dashboard: ") {
+                let _ = found.send((rest.trim_end_matches('/').to_string(), warnings));
+                for _ in lines.by_ref() {}
+                return;
+            }
+        }
+    });
+    let (url, warnings) = tokio::time::timeout(Duration::from_secs(30), found_rx)
+        .await
+        .unwrap()
+        .expect("no dashboard line");
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].starts_with(
+            "warning: link chief -> lead was changed at run time; the configuration resets it: disabled -> enabled, peer -> superior"
+        ),
+        "{warnings:?}"
+    );
+    let links: serde_json::Value = reqwest::get(format!("{url}/api/links"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(links[0]["enabled"], true, "{links}");
+    assert_eq!(links[0]["relationship"], "superior", "{links}");
+    drop(child);
+}

@@ -34,6 +34,12 @@ pub struct Event {
     /// reported usage).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<crate::llm::Usage>,
+    /// The user request the event belongs to: the cause of the exchange (the id of the inbound
+    /// envelope that started it, see [`Envelope::cause`](crate::envelope::Envelope::cause)), when
+    /// known. Turns, model and tool calls, steers and the tasks of a request carry it, so an
+    /// observer can build the request's tree.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<crate::ids::EnvelopeId>,
     /// What happened.
     pub kind: EventKind,
 }
@@ -49,6 +55,7 @@ impl Event {
             task: None,
             usage: None,
             parent: None,
+            request: None,
             kind,
         }
     }
@@ -70,6 +77,11 @@ impl Event {
     /// Sets the parent task.
     pub fn with_parent(mut self, parent: TaskRef) -> Self {
         self.parent = Some(parent);
+        self
+    }
+    /// Sets the request (the cause of the exchange).
+    pub fn with_request(mut self, request: crate::ids::EnvelopeId) -> Self {
+        self.request = Some(request);
         self
     }
 }
@@ -177,6 +189,27 @@ pub enum EventKind {
     },
     /// A turn was cancelled.
     TurnCancelled,
+    /// A model call of a turn ended; the event's `usage` is what the provider reported.
+    ModelCalled {
+        /// Whether the model answered (`false`: it failed).
+        ok: bool,
+        /// How long the call took, in milliseconds.
+        duration_ms: u64,
+        /// Whether the answer asks for tool calls.
+        tool_calls: bool,
+    },
+    /// The link policy refused an attempt of `agent` (a delegation, a message, a conversation):
+    /// nothing was sent. When a link joins the two agents, the refusal is also recorded in the
+    /// link channel of `agent`, so the link's timeline shows it (seed 003: no hidden side
+    /// channels).
+    Refused {
+        /// The agent addressed.
+        target: String,
+        /// What was tried (`delegate`, `send_message`, ...).
+        action: String,
+        /// Why it was refused.
+        reason: String,
+    },
     /// A tool was called.
     ToolCalled {
         /// Tool name.

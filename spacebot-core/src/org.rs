@@ -358,7 +358,14 @@ impl Organization {
             InternalKind::Announce => self.exchange_open(from, to).await?,
             _ => false,
         };
-        let link_id = self.check_internal(from, to, message.kind, open)?;
+        let link_id = match self.check_internal(from, to, message.kind, open) {
+            Ok(link) => link,
+            Err(DeliveryError::Denied(denied)) => {
+                self.inner.refused(&denied, None).await;
+                return Err(DeliveryError::Denied(denied));
+            }
+            Err(e) => return Err(e),
+        };
         let envelope = Envelope::new(
             Source::Internal {
                 from_agent: from.clone(),

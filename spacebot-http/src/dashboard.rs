@@ -8,6 +8,7 @@ use axum::routing::get;
 const INDEX: &str = include_str!("../assets/index.html");
 const APP_JS: &str = include_str!("../assets/app.js");
 const APP_CSS: &str = include_str!("../assets/app.css");
+const FAVICON: &str = include_str!("../assets/favicon.svg");
 const CYTOSCAPE: &str = include_str!("../assets/vendor/cytoscape.min.js");
 const CYTOSCAPE_LICENSE: &str = include_str!("../assets/vendor/cytoscape.LICENSE");
 
@@ -26,6 +27,15 @@ pub(crate) fn routes<S: Clone + Send + Sync + 'static>() -> Router<S> {
         .route(
             "/",
             get(|| async { asset("text/html; charset=utf-8", INDEX) }),
+        )
+        // The page names the icon; browsers that ask for /favicon.ico anyway get the same one.
+        .route(
+            "/favicon.svg",
+            get(|| async { asset("image/svg+xml", FAVICON) }),
+        )
+        .route(
+            "/favicon.ico",
+            get(|| async { asset("image/svg+xml", FAVICON) }),
         )
         .route(
             "/assets/app.js",

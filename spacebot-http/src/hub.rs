@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, Weak};
 use async_trait::async_trait;
 use serde::Serialize;
 use spacebot_core::bus::RecvError;
-use spacebot_core::runtime::outbound::OutboundError;
+use spacebot_core::runtime::outbound::{OutboundError, ReplyDelta};
 use spacebot_core::{EventSubscription, Outbound, Reply, Source};
 use tokio::sync::watch;
 
@@ -20,6 +20,8 @@ pub(crate) enum EntryKind {
     Reply,
     /// The router's own subscription to the organization fell behind: `{"missed": n}`.
     Missed,
+    /// A piece of an answer being generated ([`spacebot_core::runtime::outbound::ReplyDelta`]).
+    Delta,
 }
 
 impl EntryKind {
@@ -28,6 +30,7 @@ impl EntryKind {
             Self::Org => "org",
             Self::Reply => "reply",
             Self::Missed => "missed",
+            Self::Delta => "delta",
         }
     }
 }
@@ -49,6 +52,8 @@ struct Window {
 /// Numbered entries (ids from 1), the last `capacity` kept for clients that reconnect.
 #[derive(Debug)]
 pub(crate) struct Hub {
+    /// The recent requests' trees, fed by the same events and replies.
+    pub(crate) requests: crate::requests::Requests,
     window: Mutex<Window>,
     capacity: usize,
     notify: watch::Sender<u64>,
@@ -67,6 +72,7 @@ impl Hub {
     pub(crate) fn new(capacity: usize) -> Self {
         let (notify, _) = watch::channel(0);
         Self {
+            requests: crate::requests::Requests::new(200),
             window: Mutex::new(Window {
                 entries: VecDeque::new(),
                 last_id: 0,
@@ -137,7 +143,10 @@ pub(crate) async fn forward(mut events: EventSubscription, hub: Weak<Hub>) {
         let next = events.recv().await;
         let Some(hub) = hub.upgrade() else { return };
         match next {
-            Ok(event) => hub.push_json(EntryKind::Org, &event),
+            Ok(event) => {
+                hub.requests.observe(&event);
+                hub.push_json(EntryKind::Org, &event);
+            }
             Err(RecvError::Lagged { missed }) => {
                 hub.push_json(EntryKind::Missed, &serde_json::json!({ "missed": missed }));
             }
@@ -220,6 +229,7 @@ impl Default for WebChat {
 #[async_trait]
 impl Outbound for WebChat {
     async fn send(&self, reply: Reply) -> Result<(), OutboundError> {
+        self.hub.requests.reply(&reply);
         let web = matches!(&reply.source, Source::External { platform, .. } if platform == Self::PLATFORM);
         match &self.fallback {
             Some(fallback) if !web => fallback.send(reply).await,
@@ -227,6 +237,36 @@ impl Outbound for WebChat {
                 let data = serde_json::to_string(&reply)
                     .map_err(|e| OutboundError::Failed(format!("reply not serializable: {e}")))?;
                 self.hub.push(EntryKind::Reply, data);
+                Ok(())
+            }
+        }
+    }
+
+    /// Yes: the dashboard shows answers to web chat messages as they are generated.
+    fn wants_deltas(&self) -> bool {
+        true
+    }
+
+    /// Publishes a piece of an answer to a web chat message as a `delta` entry; pieces of answers
+    /// to other platforms go to the fallback, when there is one.
+    async fn send_delta(&self, delta: ReplyDelta) -> Result<(), OutboundError> {
+        let web = delta
+            .channel
+            .as_str()
+            .strip_prefix(Self::PLATFORM)
+            .is_some_and(|rest| rest.starts_with(':'));
+        match &self.fallback {
+            Some(fallback) if !web => {
+                if fallback.wants_deltas() {
+                    fallback.send_delta(delta).await
+                } else {
+                    Ok(())
+                }
+            }
+            _ => {
+                let data = serde_json::to_string(&delta)
+                    .map_err(|e| OutboundError::Failed(format!("delta not serializable: {e}")))?;
+                self.hub.push(EntryKind::Delta, data);
                 Ok(())
             }
         }

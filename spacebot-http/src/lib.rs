@@ -4,10 +4,12 @@
 //!
 //! | path | what |
 //! |---|---|
-//! | `GET /` | the dashboard: topology graph, live activity, task boards, link timelines, a chat box |
+//! | `GET /` | the operator's console: topology editor, request trees, chat with streamed answers, approvals, task boards, link timelines, live activity |
 //! | `/api/agents...` | agents with status, start/stop, their links, tasks, channels; chat and delegate |
 //! | `/api/links...` | links: list, create, change (enable/disable), delete, timelines |
 //! | `GET /api/topology` | the graph as JSON (seed 003), DOT or Mermaid |
+//! | `/api/requests...` | each recent user request as a live tree (turns, model and tool calls, tasks across agents), with its spend |
+//! | `GET /api/approvals` | tasks and MCP tool calls waiting for an operator's approval |
 //! | `/api/conversations...` | conversations: list, one, sever |
 //! | `/api/notes...` | shared notes ([`Api::with_notes`]): list, one, history, compare-and-set write, grants |
 //! | `GET /api/events` (also `/events`) | server-sent events: organization events and chat replies, with ids and a replay window |
@@ -59,6 +61,7 @@ mod extract;
 mod hub;
 pub mod notes;
 mod openapi;
+mod requests;
 pub mod views;
 
 use std::sync::Arc;
@@ -308,6 +311,9 @@ impl Api {
                 "/api/limits/{period}",
                 axum::routing::put(api::set_org_limits).delete(api::clear_org_limits),
             )
+            .route("/api/requests", get(api::list_requests))
+            .route("/api/requests/{request}/tree", get(api::request_tree))
+            .route("/api/approvals", get(api::approvals))
             .route("/api/requests/{request}/spend", get(api::request_spend))
             .route(
                 "/api/requests/{request}/limits",

@@ -3,10 +3,12 @@
 //! These are the wire format, kept stable on purpose; they are built from the core types and do not
 //! change when a core type gains a field.
 
+pub use crate::api::ApprovalsView;
 pub use crate::api::{
     LimitsBody, McpCallView, McpGrantsView, McpServerView, McpView, PeriodSpendView, ReachedView,
     RequestSpendView, ResumeBody, SpendView,
 };
+pub use crate::requests::{RequestNodeView, RequestSummaryView, RequestTreeView, UsageView};
 use serde::{Deserialize, Serialize};
 use spacebot_core::channel::ChannelRecord;
 use spacebot_core::conversation::Conversation;
@@ -292,6 +294,10 @@ pub struct TaskView {
     /// ([`HttpConfig::with_trace_url`](crate::HttpConfig::with_trace_url)).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace_url: Option<String>,
+    /// Tokens the task's own workers used (its subtasks' are on their tasks; absent before any
+    /// was reported).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<UsageView>,
 }
 
 impl TaskView {
@@ -346,6 +352,11 @@ impl From<Task> for TaskView {
             updated_at: t.updated_at.0,
             trace_id: t.metadata.trace_context.as_deref().and_then(trace_id),
             trace_url: None,
+            usage: (t.metadata.usage.total_tokens > 0).then(|| UsageView {
+                input_tokens: u64::from(t.metadata.usage.prompt_tokens),
+                output_tokens: u64::from(t.metadata.usage.completion_tokens),
+                total_tokens: u64::from(t.metadata.usage.total_tokens),
+            }),
         }
     }
 }
@@ -577,4 +588,8 @@ pub struct Health {
     pub status: String,
     /// Number of agents.
     pub agents: usize,
+    /// Whether `/api/notes` is served ([`Api::with_notes`](crate::Api::with_notes)).
+    pub notes: bool,
+    /// Whether `/api/mcp` is served ([`Api::with_mcp_tools`](crate::Api::with_mcp_tools)).
+    pub mcp_tools: bool,
 }

@@ -3,7 +3,7 @@
 //! Needs `/usr/bin/chromium` and `/usr/bin/chromedriver` (Debian: `apt-get install chromium
 //! chromium-driver`; elsewhere set `SPACEBOT_CHROMIUM` and `SPACEBOT_CHROMEDRIVER`). Without them the
 //! test is skipped, except under CI (`CI` set), where it fails.
-//! Screenshots go to `target/browser/`.
+//! Screenshots go to `target/browser/` (under `CARGO_TARGET_DIR` when it is set).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -71,6 +71,8 @@ async fn start_driver() -> Driver {
 
 async fn browser(driver: &Driver, profile: &Path) -> Client {
     let mut caps = serde_json::Map::new();
+    // The browser's console, read back by `console_errors`.
+    caps.insert("goog:loggingPrefs".into(), json!({"browser": "ALL"}));
     caps.insert(
         "goog:chromeOptions".into(),
         json!({
@@ -493,4 +495,380 @@ async fn run_notes(s: &Server, client: &Client) {
         json!("")
     );
     screenshot(client, "dashboard-notes.png").await;
+}
+
+/// The browser console's errors since the last call (chromedriver's log of the session).
+async fn console_errors(driver: &Driver, client: &Client) -> Vec<String> {
+    let session = client.session_id().await.unwrap().unwrap();
+    let log: serde_json::Value = reqwest::Client::new()
+        .post(format!(
+            "http://127.0.0.1:{}/session/{session}/se/log",
+            driver.port
+        ))
+        .json(&json!({"type": "browser"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    log["value"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no browser log: {log}"))
+        .iter()
+        .filter(|e| e["level"] == "SEVERE")
+        .map(|e| e["message"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+/// A point of the page (CSS pixels from the viewport's corner) the page computes.
+async fn point(client: &Client, script: &str) -> (f64, f64) {
+    let p = client.execute(script, vec![]).await.unwrap();
+    (p["x"].as_f64().unwrap(), p["y"].as_f64().unwrap())
+}
+
+/// Presses the left button at `from`, moves to `to` in steps, and lets go.
+async fn drag(client: &Client, from: (f64, f64), to: (f64, f64)) {
+    use fantoccini::actions::{InputSource, MOUSE_BUTTON_LEFT, MouseActions, PointerAction};
+    let mut mouse = MouseActions::new("mouse".into())
+        .then(PointerAction::MoveTo {
+            duration: None,
+            x: from.0,
+            y: from.1,
+        })
+        .then(PointerAction::Down {
+            button: MOUSE_BUTTON_LEFT,
+        });
+    for i in 1..=5 {
+        let f = f64::from(i) / 5.0;
+        mouse = mouse.then(PointerAction::MoveTo {
+            duration: Some(Duration::from_millis(30)),
+            x: from.0 + (to.0 - from.0) * f,
+            y: from.1 + (to.1 - from.1) * f,
+        });
+    }
+    let mouse = mouse.then(PointerAction::Up {
+        button: MOUSE_BUTTON_LEFT,
+    });
+    client.perform_actions(mouse).await.unwrap();
+}
+
+/// Clicks at a point of the page.
+async fn click_at(client: &Client, at: (f64, f64)) {
+    use fantoccini::actions::{InputSource, MOUSE_BUTTON_LEFT, MouseActions, PointerAction};
+    let mouse = MouseActions::new("mouse".into())
+        .then(PointerAction::MoveTo {
+            duration: None,
+            x: at.0,
+            y: at.1,
+        })
+        .then(PointerAction::Down {
+            button: MOUSE_BUTTON_LEFT,
+        })
+        .then(PointerAction::Up {
+            button: MOUSE_BUTTON_LEFT,
+        });
+    client.perform_actions(mouse).await.unwrap();
+}
+
+async fn click(client: &Client, css: &str) {
+    client
+        .find(Locator::Css(css))
+        .await
+        .unwrap_or_else(|_| panic!("no {css}"))
+        .click()
+        .await
+        .unwrap();
+}
+
+async fn no_page_error(client: &Client) {
+    assert_eq!(
+        client
+            .execute(
+                "return document.querySelector('#error').textContent;",
+                vec![]
+            )
+            .await
+            .unwrap(),
+        json!("")
+    );
+}
+
+/// The chief delegates to the lead, which takes its time; the chief then answers. The community
+/// manager answers at length, streamed word by word.
+fn console_model() -> ScriptedLlm {
+    let llm = ScriptedLlm::new().with_fallback(|request| {
+        let agent = request.agent.as_ref().map_or("?", |a| a.as_str());
+        let heard_back = request.messages.iter().any(|m| matches!(m, ChatMessage::User { content } if content.contains("release notes are written")));
+        Ok(ChatResponse::text(match agent {
+            "lead" => "The release notes are written.".to_string(),
+            "chief" if heard_back => "Done: the lead wrote the release notes.".to_string(),
+            "cm" => STREAMED.to_string(),
+            _ => format!("{agent} says ok"),
+        }))
+    });
+    llm.push_tool_call(
+        &id("chief"),
+        "send_agent_message",
+        json!({"target": "lead", "message": "Write the release notes for 0.1."}),
+    );
+    llm
+}
+
+const STREAMED: &str = "Here is the community update: the release ships on Friday, with notes for every user and a short video.";
+
+async fn send_chat(client: &Client, agent: &str, text: &str) {
+    select(client, "#chat-agent", agent).await;
+    client
+        .find(Locator::Css("#chat-input"))
+        .await
+        .unwrap()
+        .send_keys(text)
+        .await
+        .unwrap();
+    click(client, "#chat-send").await;
+}
+
+/// A request's tree grows live across two hops; an answer streams in; the chat keeps its
+/// history across a reload.
+#[tokio::test]
+async fn the_console_shows_the_request_tree_live_streams_and_keeps_the_chat() {
+    if !browser_installed() {
+        return;
+    }
+    let s = serve_with(Options {
+        llm: Some(console_model()),
+        stream_pause: Some(Duration::from_millis(120)),
+        ..Options::default()
+    })
+    .await;
+    let driver = start_driver().await;
+    let profile = tempfile::tempdir().unwrap();
+    let client = browser(&driver, profile.path()).await;
+    run_console(&s, &driver, &client).await;
+    let _ = client.close().await;
+}
+
+async fn run_console(s: &Server, driver: &Driver, client: &Client) {
+    client
+        .goto(&format!("{}/#token={TOKEN}", s.base))
+        .await
+        .unwrap();
+    wait_js(
+        client,
+        "a live event stream",
+        "return document.querySelector('#conn').textContent === 'live';",
+    )
+    .await;
+    wait_js(
+        client,
+        "an empty request list",
+        "return document.querySelector('#request-tree .empty') !== null;",
+    )
+    .await;
+
+    // Hop one: the chief's turn delegates; the tree shows the task before the lead has answered.
+    send_chat(client, "chief", "Please get the release notes written.").await;
+    wait_js(client, "the working state", "return document.querySelector('#chat-status').textContent === 'working…' && document.querySelector('#chat-log .msg.working') !== null;").await;
+    wait_js(client, "the chief's turn and the task in the tree", "const t = document.querySelector('#request-tree'); return t.querySelector(':scope > li.turn[data-agent=\"chief\"]') !== null && t.querySelector('li.task[data-task=\"lead#1\"]') !== null;").await;
+    let early: u64 = client
+        .execute(
+            "return document.querySelectorAll('#request-tree li').length;",
+            vec![],
+        )
+        .await
+        .unwrap()
+        .as_u64()
+        .unwrap();
+    // Hop two: the lead's turn under its task, the task done, the chief's retrigger, the answer.
+    wait_js(client, "the lead's turn under the task", "const task = document.querySelector('#request-tree li.task[data-task=\"lead#1\"]'); return task !== null && task.querySelector('li.turn[data-agent=\"lead\"] li.model_call') !== null;").await;
+    wait_js(client, "the whole request", "const t = document.querySelector('#request-tree'); return t.dataset.status === 'done' && t.querySelector('li.task[data-task=\"lead#1\"]').dataset.status === 'done' && [...t.querySelectorAll(':scope > li.turn[data-agent=\"chief\"]')].some(li => li.querySelector('.label').textContent.startsWith('retrigger'));").await;
+    let late: u64 = client
+        .execute(
+            "return document.querySelectorAll('#request-tree li').length;",
+            vec![],
+        )
+        .await
+        .unwrap()
+        .as_u64()
+        .unwrap();
+    assert!(late > early, "the tree did not grow: {early} then {late}");
+    // The tool call under the chief's first turn; its steps shown in the chat.
+    wait_js(client, "the tool call in the tree", "return document.querySelector('#request-tree > li.turn li.tool_call .label').textContent === 'send_agent_message';").await;
+    wait_js(client, "the reply and the steps", "return [...document.querySelectorAll('#chat-log .msg.agent')].some(m => m.textContent.includes('Done: the lead wrote the release notes.')) && [...document.querySelectorAll('#chat-log .msg.done-steps li')].some(li => li.textContent.includes('send_agent_message')) && document.querySelector('#chat-status').textContent === '';").await;
+    // The board followed the work to the lead's board.
+    wait_js(client, "the board on the lead", "return document.querySelector('#board-agent').value === 'lead' && document.querySelector('#tasks .task[data-task=\"lead#1\"]') !== null;").await;
+    screenshot(client, "console-request-tree.png").await;
+
+    // Streamed text: part of the answer shows before the reply arrives.
+    send_chat(client, "cm", "What is the community update?").await;
+    wait_js(client, "part of the answer streamed", &format!("const m = document.querySelector('#chat-log .msg.working .streaming'); return m !== null && m.textContent.length > 0 && m.textContent.length < {};", STREAMED.len())).await;
+    screenshot(client, "console-streaming.png").await;
+    wait_js(client, "the streamed answer complete", &format!("return [...document.querySelectorAll('#chat-log .msg.agent')].some(m => m.textContent.endsWith({STREAMED:?}));")).await;
+
+    // A reload keeps the chat: the history comes from the agent's channel.
+    client.refresh().await.unwrap();
+    wait_js(
+        client,
+        "a live event stream again",
+        "return document.querySelector('#conn').textContent === 'live';",
+    )
+    .await;
+    select(client, "#chat-agent", "chief").await;
+    wait_js(client, "the chief's history", "const msgs = [...document.querySelectorAll('#chat-log .msg.history')]; return msgs.some(m => m.classList.contains('user') && m.textContent.includes('Please get the release notes written.')) && msgs.some(m => m.classList.contains('agent') && m.textContent.includes('Done: the lead wrote the release notes.'));").await;
+    select(client, "#chat-agent", "cm").await;
+    wait_js(client, "the community manager's history", &format!("return [...document.querySelectorAll('#chat-log .msg.history.agent')].some(m => m.textContent.endsWith({STREAMED:?}));")).await;
+    screenshot(client, "console-chat-after-reload.png").await;
+    no_page_error(client).await;
+    let errors = console_errors(driver, client).await;
+    assert!(errors.is_empty(), "console errors: {errors:?}");
+}
+
+/// The topology editor: hierarchy, legend, a link made by dragging, an edge changed (policy at
+/// once: a delegation allowed, then refused, the refusal in the link's timeline), a task approved
+/// from the console, and the page at 800 px.
+#[tokio::test]
+async fn the_topology_editor_changes_policy_at_once_and_approvals_work_from_the_console() {
+    if !browser_installed() {
+        return;
+    }
+    let s = serve().await;
+    let driver = start_driver().await;
+    let profile = tempfile::tempdir().unwrap();
+    let client = browser(&driver, profile.path()).await;
+    run_editor(&s, &driver, &client).await;
+    let _ = client.close().await;
+}
+
+async fn delegate(s: &Server, from: &str, to: &str, what: &str) -> (u16, serde_json::Value) {
+    s.post(
+        &format!("/api/agents/{from}/delegate"),
+        json!({"target": to, "message": what}),
+    )
+    .await
+}
+
+async fn run_editor(s: &Server, driver: &Driver, client: &Client) {
+    client
+        .goto(&format!("{}/#token={TOKEN}", s.base))
+        .await
+        .unwrap();
+    wait_js(client, "the graph", "return !!window.cytoscape && document.querySelector('#graph canvas') !== null && document.querySelectorAll('#links tbody tr').length === 2;").await;
+    // Superiors above: the chief (superior of the lead) is drawn higher.
+    let above = client
+        .execute(
+            "const d = window.spacebotDashboard; return d.nodeY('chief') < d.nodeY('lead');",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(above, json!(true), "the chief is not above the lead");
+    // The legend's colours are the edges' colours.
+    let chief_lead = s.link_id("chief", "lead").await;
+    let chief_cm = s.link_id("chief", "cm").await;
+    let colours = client
+        .execute(
+            &format!("const n = (c) => c.replace(/\\s/g, ''); const sw = (k) => n(getComputedStyle(document.querySelector('.legend .sw[data-kind=\"' + k + '\"]')).backgroundColor); const d = window.spacebotDashboard; return [n(d.edgeColour('{chief_lead}')), sw('superior'), n(d.edgeColour('{chief_cm}')), sw('peer')];"),
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(colours[0], colours[1], "superior: {colours}");
+    assert_eq!(colours[2], colours[3], "peer: {colours}");
+
+    // Dragging from the lead to the community manager creates a link (two-way, peer).
+    let from = point(client, "return window.spacebotDashboard.nodePoint('lead');").await;
+    let to = point(client, "return window.spacebotDashboard.nodePoint('cm');").await;
+    drag(client, from, to).await;
+    wait_js(client, "the new link", "return document.querySelectorAll('#links tbody tr').length === 3 && !document.querySelector('#edge-editor').hidden;").await;
+    let link = s
+        .org
+        .link(&id("lead"), &id("cm"))
+        .expect("no link lead -> cm");
+    assert!(link.enabled);
+    assert_eq!(link.relationship, spacebot_core::LinkRelationship::Peer);
+    let link_id = link.id.to_string();
+    screenshot(client, "console-link-dragged.png").await;
+
+    // A peer's delegation waits for approval (`unless_superior`): approved from the console.
+    let (status, task) = delegate(s, "lead", "cm", "Announce the release.").await;
+    assert_eq!(status, 201, "{task}");
+    assert_eq!(task["status"], "pending_approval", "{task}");
+    wait_js(client, "the task waiting for approval", "return document.querySelector('#approvals .task-approval[data-task=\"cm#1\"] button.approve') !== null;").await;
+    screenshot(client, "console-approval.png").await;
+    click(
+        client,
+        "#approvals .task-approval[data-task=\"cm#1\"] button.approve",
+    )
+    .await;
+    wait_js(
+        client,
+        "the approval gone",
+        "return document.querySelector('#approvals .task-approval') === null;",
+    )
+    .await;
+    let approved = s
+        .org
+        .task(&spacebot_core::TaskRef::new(id("cm"), 1))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_ne!(approved.status, spacebot_core::TaskStatus::PendingApproval);
+
+    // Clicking the edge opens it; the lead made the superior: applies at once (no approval now).
+    click(client, "#edge-close").await;
+    let mid = point(
+        client,
+        &format!("return window.spacebotDashboard.edgePoint('{link_id}');"),
+    )
+    .await;
+    click_at(client, mid).await;
+    wait_js(client, "the edge editor", &format!("const f = document.querySelector('#edge-editor'); return !f.hidden && f.dataset.link === '{link_id}';")).await;
+    select(client, "#edge-relationship", "superior").await;
+    click(client, "#edge-apply").await;
+    wait_js(
+        client,
+        "the change saved",
+        "return document.querySelector('#edge-saved').textContent.startsWith('saved');",
+    )
+    .await;
+    assert_eq!(
+        s.org.link(&id("lead"), &id("cm")).unwrap().relationship,
+        spacebot_core::LinkRelationship::Superior
+    );
+    // Redrawn by the new hierarchy: chief above lead above the community manager.
+    wait_js(client, "the new hierarchy", "const d = window.spacebotDashboard; return d.nodeY('chief') < d.nodeY('lead') && d.nodeY('lead') < d.nodeY('cm');").await;
+    let (status, task) = delegate(s, "lead", "cm", "Draft the announcement.").await;
+    assert_eq!(status, 201, "{task}");
+    assert_ne!(task["status"], "pending_approval", "{task}");
+    // Two-way: the community manager may delegate back...
+    let (status, task) = delegate(s, "cm", "lead", "Check the announcement.").await;
+    assert_eq!(status, 201, "{task}");
+    // ...until the link is made one-way from the lead: refused at once, and the link's timeline
+    // shows the refused attempt.
+    select(client, "#edge-direction", "one_way").await;
+    click(client, "#edge-apply").await;
+    wait_js(client, "the one-way edge", &format!("return [...document.querySelectorAll('#links tbody tr[data-link=\"{link_id}\"] td')].some(td => td.textContent === 'one_way');")).await;
+    let (status, refused) = delegate(s, "cm", "lead", "Check it again.").await;
+    assert_eq!(status, 403, "{refused}");
+    wait_js(client, "the refusal in the link's timeline", &format!("return document.querySelector('#timeline-link').value === '{link_id}' && [...document.querySelectorAll('#timeline .record')].some(r => r.textContent.includes('refused: cm may not delegate to lead'));")).await;
+    wait_js(client, "the refusal in the activity", "return [...document.querySelectorAll('#activity li')].some(li => li.textContent.includes('refused'));").await;
+    screenshot(client, "console-edge-edited.png").await;
+
+    // Deleting the link from the editor.
+    click(client, "#edge-delete").await;
+    wait_js(client, "the link deleted", "return document.querySelectorAll('#links tbody tr').length === 2 && document.querySelector('#edge-editor').hidden;").await;
+    assert!(s.org.link(&id("lead"), &id("cm")).is_none());
+
+    // 800 px: no sideways scrolling, the favicon served, no console error.
+    client.set_window_size(800, 1000).await.unwrap();
+    wait_js(client, "no horizontal scroll at 800 px", "return window.innerWidth <= 800 && document.documentElement.scrollWidth <= document.documentElement.clientWidth && document.body.scrollWidth <= document.documentElement.clientWidth;").await;
+    screenshot(client, "console-800px.png").await;
+    for path in ["/favicon.ico", "/favicon.svg"] {
+        let r = reqwest::get(s.url(path)).await.unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+    }
+    no_page_error(client).await;
+    let errors = console_errors(driver, client).await;
+    assert!(errors.is_empty(), "console errors: {errors:?}");
 }

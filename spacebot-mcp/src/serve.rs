@@ -116,6 +116,27 @@ impl Outbound for McpChat {
             ))),
         }
     }
+
+    /// Whether the fallback wants answers streamed (MCP calls themselves get the final reply).
+    fn wants_deltas(&self) -> bool {
+        self.fallback.as_ref().is_some_and(|f| f.wants_deltas())
+    }
+
+    /// Passes pieces of answers to other platforms on to the fallback.
+    async fn send_delta(
+        &self,
+        delta: spacebot_core::runtime::outbound::ReplyDelta,
+    ) -> Result<(), OutboundError> {
+        let mcp = delta
+            .channel
+            .as_str()
+            .strip_prefix(PLATFORM)
+            .is_some_and(|rest| rest.starts_with(':'));
+        match &self.fallback {
+            Some(fallback) if !mcp => fallback.send_delta(delta).await,
+            _ => Ok(()),
+        }
+    }
 }
 
 /// The organization as an MCP server (rmcp's [`ServerHandler`]).

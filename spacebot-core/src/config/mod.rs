@@ -362,6 +362,51 @@ impl OrgConfig {
         store.upsert_all(&self.links_at(now)).await
     }
 
+    /// What [`sync_links`](Self::sync_links) would change in `stored` (the link store's links):
+    /// one sentence per configured link that was changed or deleted at run time and that the
+    /// configuration resets. The configuration wins for the links it names; links it does not
+    /// name (created at run time) are kept and not listed. `spacebot serve` prints these as
+    /// warnings before it starts.
+    pub fn link_resets(&self, stored: &[AgentLink]) -> Vec<String> {
+        let mut resets = Vec::new();
+        for want in &self.links {
+            let found = stored
+                .iter()
+                .find(|l| l.from == want.from && l.to == want.to);
+            let Some(have) = found else {
+                resets.push(format!(
+                    "link {} -> {} was deleted at run time; the configuration restores it ({}, {}, {})",
+                    want.from,
+                    want.to,
+                    want.direction,
+                    want.relationship,
+                    if want.enabled { "enabled" } else { "disabled" }
+                ));
+                continue;
+            };
+            let mut changes = Vec::new();
+            if have.enabled != want.enabled {
+                let word = |on: bool| if on { "enabled" } else { "disabled" };
+                changes.push(format!("{} -> {}", word(have.enabled), word(want.enabled)));
+            }
+            if have.direction != want.direction {
+                changes.push(format!("{} -> {}", have.direction, want.direction));
+            }
+            if have.relationship != want.relationship {
+                changes.push(format!("{} -> {}", have.relationship, want.relationship));
+            }
+            if !changes.is_empty() {
+                resets.push(format!(
+                    "link {} -> {} was changed at run time; the configuration resets it: {}",
+                    want.from,
+                    want.to,
+                    changes.join(", ")
+                ));
+            }
+        }
+        resets
+    }
+
     /// A policy snapshot of the configured agents and links (link ids as in
     /// [`links_at`](Self::links_at)). Once links are synced to a store, the runtime's snapshot
     /// comes from the store ([`LinkGraph::load`]), which also holds links created at run time.

@@ -171,14 +171,19 @@ pub(crate) async fn delegate(
         }
         None => (Vec::new(), None),
     };
-    let link = policy::check_delegate(
+    let link = match policy::check_delegate(
         &graph,
         from,
         &target_id,
         &chain,
         org.settings().max_delegation_depth,
-    )?
-    .clone();
+    ) {
+        Ok(link) => link.clone(),
+        Err(denied) => {
+            org.host.refused(&denied, origin.cause.as_ref()).await;
+            return Err(denied.into());
+        }
+    };
     let approval = policy::needs_approval(org.settings().approval, &graph, from, &target_id);
     let mut full_chain = chain;
     full_chain.push(from.clone());
@@ -240,6 +245,7 @@ pub(crate) async fn delegate(
         event.task = Some(task.task_ref());
         event.link = Some(link.id.clone());
         event.parent = parent_task.clone();
+        event.request = task.metadata.cause.clone();
         org.emit_event(event);
     }
     if let Some(parent) = &parent_task {

@@ -77,6 +77,7 @@ pub(super) fn report_transition(org: &BehaviourContext, transition: &Transition)
     event.task = Some(task.task_ref());
     event.parent = task.metadata.parent_task.clone();
     event.link = task.metadata.link_id.clone();
+    event.request = task.metadata.cause.clone();
     org.emit_event(event);
 }
 

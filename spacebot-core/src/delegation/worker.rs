@@ -145,6 +145,7 @@ pub(super) async fn run_task_loop(
             );
             event.task = Some(task.task_ref());
             event.parent = task.metadata.parent_task.clone();
+            event.request = task.metadata.cause.clone();
             org.emit_event(event);
             agent.claim_started(task.number, &holder);
             let span = crate::telemetry::step(

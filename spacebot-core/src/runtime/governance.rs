@@ -101,6 +101,7 @@ impl Host {
             },
         );
         event.channel = Some(channel.clone());
+        event.request = Some(request.clone());
         self.emit(event);
     }
 

@@ -357,6 +357,64 @@ impl Host {
         self.graph.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
+    /// Says the link policy refused `denied`: an [`EventKind::Refused`] event and, when a link
+    /// joins the two agents (either way), a system record in the actor's link channel, so the
+    /// link's timeline shows the attempt. `request` is the exchange the attempt belonged to.
+    pub(crate) async fn refused(
+        &self,
+        denied: &crate::error::PolicyDenied,
+        request: Option<&EnvelopeId>,
+    ) {
+        use crate::error::PolicyAction;
+        let action = match denied.action {
+            PolicyAction::Start => "start",
+            PolicyAction::Answer => "answer",
+            PolicyAction::Delegate => "delegate",
+        };
+        let actor = &denied.actor;
+        let graph = self.graph();
+        let link = graph
+            .between(actor.as_str(), &denied.target)
+            .or_else(|| graph.between(&denied.target, actor.as_str()))
+            .cloned();
+        if let Some(link) = &link {
+            let peer = if &link.from == actor {
+                &link.to
+            } else {
+                &link.from
+            };
+            let mut record = crate::channel::NewRecord::new(
+                ChannelId::link(actor, peer),
+                crate::channel::RecordKind::System,
+                "system",
+                format!("refused: {denied}"),
+                self.clock.now(),
+            );
+            record
+                .metadata
+                .insert("refused".into(), serde_json::Value::String(action.into()));
+            if let Err(e) = self.stores.channels.append(actor, record).await {
+                crate::runtime::commit::report_error(
+                    self,
+                    actor,
+                    None,
+                    format!("the refusal was not recorded in the link channel: {e}"),
+                );
+            }
+        }
+        let mut event = self.event(
+            actor,
+            EventKind::Refused {
+                target: denied.target.clone(),
+                action: action.into(),
+                reason: denied.reason.to_string(),
+            },
+        );
+        event.link = link.map(|l| l.id);
+        event.request = request.cloned();
+        self.emit(event);
+    }
+
     pub(crate) fn emit(&self, event: Event) {
         if self.bus.subscriber_count() > 0 {
             self.bus.emit(event.clone());

@@ -133,6 +133,7 @@ impl<'a> Turn<'a> {
         let mut started = host.event(&me, EventKind::TurnStarted);
         started.channel = Some(channel.clone());
         started.task = options.task.clone();
+        started.request = Some(cause.clone());
         host.emit(started);
         Ok(Turn {
             host,
@@ -180,6 +181,7 @@ impl<'a> Turn<'a> {
                 .event(&self.me, EventKind::RoundLimitReached { limit });
             event.channel = top.channel().cloned();
             event.task = self.options.task.clone();
+            event.request = Some(self.cause.clone());
             self.host.emit(event);
             return Err(self.failure(TurnError::RoundLimit { limit }));
         }
@@ -261,6 +263,7 @@ impl<'a> Turn<'a> {
         );
         event.channel = Some(self.channel.clone());
         event.task = self.options.task.clone();
+        event.request = Some(self.cause.clone());
         self.host.emit(event);
         window::remember_summary(self.agent, &self.channel, &summary);
         let write = RecordWrite::new(
@@ -397,7 +400,21 @@ impl<'a> Turn<'a> {
             }
             None => host.llm.complete(request).instrument(span.clone()).await,
         };
-        crate::telemetry::chat_ended(&span, provider, model, &response, started.elapsed());
+        let elapsed = started.elapsed();
+        crate::telemetry::chat_ended(&span, provider, model, &response, elapsed);
+        let mut called = host.event(
+            me,
+            EventKind::ModelCalled {
+                ok: response.is_ok(),
+                duration_ms: u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),
+                tool_calls: response.as_ref().is_ok_and(|r| !r.tool_calls.is_empty()),
+            },
+        );
+        called.channel = Some(self.reply_channel.clone());
+        called.task = self.options.task.clone();
+        called.usage = response.as_ref().ok().and_then(|r| r.usage);
+        called.request = Some(self.cause.clone());
+        host.emit(called);
         if let Some((key, granted)) = reservation {
             // What the provider reported; the whole reservation when it reported nothing; one
             // call and no tokens when the call failed.
@@ -461,6 +478,7 @@ impl<'a> Turn<'a> {
         event.channel = Some(self.reply_channel.clone());
         event.task = self.options.task.clone();
         event.usage = Some(log.usage);
+        event.request = Some(self.cause.clone());
         self.host.emit(event);
     }
 
@@ -573,6 +591,7 @@ impl<'a> Turn<'a> {
                 &me,
                 &self.reply_channel,
                 &self.options,
+                &self.cause,
                 call,
                 &text,
                 ok,
@@ -678,6 +697,7 @@ impl<'a> Turn<'a> {
         );
         event.channel = steering.first().map(|e| e.channel.clone());
         event.task = self.options.task.clone();
+        event.request = Some(self.cause.clone());
         host.emit(event);
         self.context
             .push(ChatMessage::user(merge_backlog(&steering)));

@@ -330,6 +330,7 @@ pub(crate) fn tool_called(
     me: &AgentId,
     channel: &ChannelId,
     options: &TurnOptions,
+    request: &EnvelopeId,
     call: &ToolCall,
     text: &str,
     ok: bool,
@@ -344,6 +345,7 @@ pub(crate) fn tool_called(
     );
     event.channel = Some(channel.clone());
     event.task = options.task.clone();
+    event.request = Some(request.clone());
     inner.emit(event);
     log.record(NewRecord::new(
         channel.clone(),

@@ -137,7 +137,7 @@ pub struct RequestSpendView {
 }
 
 impl RequestSpendView {
-    fn new(request: &EnvelopeId, e: &LedgerEntry) -> Self {
+    pub(crate) fn new(request: &EnvelopeId, e: &LedgerEntry) -> Self {
         let reserved = e
             .reserved
             .values()

@@ -109,7 +109,7 @@ fn mcp(st: &super::AppState) -> ApiResult<Mcp> {
         })
 }
 
-fn mcp_error(e: McpError) -> ApiError {
+pub(super) fn mcp_error(e: McpError) -> ApiError {
     match e {
         McpError::NoSuchCall { .. } => ApiError::not_found(e.to_string()).with_field("id"),
         McpError::NotPending { .. } => {

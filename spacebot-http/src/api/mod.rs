@@ -7,6 +7,7 @@ mod events;
 mod limits;
 mod links;
 mod mcp;
+mod requests;
 mod tasks;
 
 use std::sync::Arc;
@@ -31,6 +32,8 @@ pub use limits::{
 pub(crate) use links::*;
 pub(crate) use mcp::*;
 pub use mcp::{McpCallView, McpGrantsView, McpServerView, McpView};
+pub use requests::ApprovalsView;
+pub(crate) use requests::*;
 pub(crate) use tasks::*;
 
 /// What every handler shares.
@@ -125,8 +128,20 @@ fn optional_reason(body: &[u8]) -> ApiResult<String> {
     responses((status = 200, body = Health), (status = 401, body = ErrorBody)),
     security(("bearer" = [])))]
 pub(crate) async fn health(State(st): St) -> Json<Health> {
+    let notes = st
+        .notes
+        .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .is_some();
+    let mcp_tools = st
+        .mcp
+        .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .is_some();
     Json(Health {
         status: "ok".into(),
         agents: st.org.agent_ids().len(),
+        notes,
+        mcp_tools,
     })
 }

@@ -70,6 +70,8 @@ pub struct Options {
     pub llm: Option<ScriptedLlm>,
     /// Serve shared notes (the organization gets the behaviour, the API its routes).
     pub notes: bool,
+    /// Stream the scripted model's text answers word by word, this long between words.
+    pub stream_pause: Option<Duration>,
 }
 
 impl Default for Options {
@@ -80,6 +82,7 @@ impl Default for Options {
             toml: ORG.to_string(),
             llm: None,
             notes: false,
+            stream_pause: None,
         }
     }
 }
@@ -98,9 +101,16 @@ pub async fn serve_with(options: Options) -> Server {
     let chat = WebChat::with_replay_window(options.replay_window);
     let config = OrgConfig::from_toml_str(&options.toml).unwrap();
     let notes = options.notes.then(spacebot_notes::Notes::new);
+    let provider: Arc<dyn spacebot_core::LlmProvider> = match options.stream_pause {
+        Some(pause) => Arc::new(Streaming {
+            inner: llm.clone(),
+            pause,
+        }),
+        None => Arc::new(llm.clone()),
+    };
     let mut builder = Organization::builder(config)
         .stores(Stores::memory())
-        .llm(Arc::new(llm.clone()))
+        .llm(provider)
         .outbound(Arc::new(chat.clone()));
     if let Some(notes) = &notes {
         builder = builder.behaviour(Arc::new(notes.clone()));
@@ -321,4 +331,49 @@ where
     })
     .await
     .expect("condition not met within 10 s");
+}
+
+/// A scripted model that streams its text answers word by word, `pause` between words (answers
+/// that call tools come whole).
+#[derive(Debug)]
+pub struct Streaming {
+    pub inner: ScriptedLlm,
+    pub pause: Duration,
+}
+
+#[async_trait::async_trait]
+impl spacebot_core::LlmProvider for Streaming {
+    async fn complete(
+        &self,
+        request: spacebot_core::llm::ChatRequest,
+    ) -> Result<ChatResponse, spacebot_core::LlmError> {
+        self.inner.complete(request).await
+    }
+
+    async fn stream(
+        &self,
+        request: spacebot_core::llm::ChatRequest,
+    ) -> Result<
+        futures::stream::BoxStream<
+            'static,
+            Result<spacebot_core::llm::StreamEvent, spacebot_core::LlmError>,
+        >,
+        spacebot_core::LlmError,
+    > {
+        use spacebot_core::llm::StreamEvent;
+        let response = self.inner.complete(request).await?;
+        let text = response.content.clone().unwrap_or_default();
+        let pieces: Vec<String> = if response.tool_calls.is_empty() {
+            text.split_inclusive(' ').map(str::to_string).collect()
+        } else {
+            Vec::new()
+        };
+        let pause = self.pause;
+        let deltas = futures::stream::iter(pieces).then(move |text| async move {
+            tokio::time::sleep(pause).await;
+            Ok(StreamEvent::TextDelta { text })
+        });
+        let done = futures::stream::once(async move { Ok(StreamEvent::Done(response)) });
+        Ok(Box::pin(deltas.chain(done)))
+    }
 }
