@@ -8,18 +8,26 @@
 //!   `CancelTask`. An A2A task is a message delivered to the agent and its final reply, kept in
 //!   the organization's records, durable on every backend; a message id sent again answers with
 //!   the same task. spacebot-http mounts it ([`A2aServer::router`]).
+//! - **Client** ([`RemoteExecutor`]): a remote A2A agent declared as a member
+//!   (`[[agents]] id = "x", a2a = "http://...", token = "..."`) sits in the link graph like any
+//!   agent; a task delegated to it is run by the A2A client: sent once (a message id derived from
+//!   the task, the remote task's id stored), polled until it ends, resumed by the remote task's id
+//!   after a restart; an unreachable agent is tried again with backoff, then the task fails with
+//!   the reason. Give the executors to the builder ([`remote_executors`]).
 //! - **Types** ([`types`]): the A2A 1.0 objects in their JSON form, as PyPI's `a2a-sdk` 1.x
 //!   writes them.
 //!
 //! See `docs/a2a.md`.
 
 mod a2a;
+mod client;
 mod config;
 mod server;
 mod store;
 pub mod types;
 
 pub use a2a::{A2a, PLATFORM};
+pub use client::{REMOTE_NAMESPACE, RemoteExecutor, RetryPolicy, remote_executors};
 pub use config::{A2aConfig, EXPOSE_FIELD, RemoteAgent, TOKEN_FIELD, URL_FIELD};
 pub use server::{A2aServer, SKILL_METADATA_KEY};
 pub use store::{MESSAGES_NAMESPACE, TASKS_NAMESPACE, TaskRecord};

@@ -222,3 +222,93 @@ async fn python_client_talks_to_the_organization_over_a2a() {
     .await;
     served.abort();
 }
+
+async fn rpc(http: &reqwest::Client, url: &str, method: &str, params: Value) -> Value {
+    http.post(url)
+        .bearer_auth(TOKEN)
+        .header("A2A-Version", "1.0")
+        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// A task accepted, then the organization stopped before the agent answered: reopened on the
+/// same SQLite directory, the task is answered and `GetTask` tells it; the same message id sent
+/// again is still the same task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_is_kept_across_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let http = reqwest::Client::new();
+    let send = json!({
+        "message": {"messageId": "m-restart", "role": "ROLE_USER", "parts": [{"text": "hello"}]},
+        "configuration": {"returnImmediately": true},
+    });
+
+    // First run: the agent is not started; the task is stored as submitted.
+    let a2a = A2a::new();
+    let h = OrgHarness::builder(ORG)
+        .stores(spacebot_sqlite::open(dir.path()).await.unwrap())
+        .llm(Arc::new(ScriptedLlm::new()))
+        .behaviour(Arc::new(a2a.clone()))
+        .outbound(Arc::new(a2a.clone()))
+        .build()
+        .await;
+    let server = A2aServer::new(h.org.clone(), a2a)
+        .unwrap()
+        .with_token(Some(TOKEN.into()));
+    let (base, served) = serve(server.router()).await;
+    let url = format!("{base}/a2a");
+    let first = rpc(&http, &url, "SendMessage", send.clone()).await;
+    let id = first["result"]["task"]["id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        first["result"]["task"]["status"]["state"], "TASK_STATE_SUBMITTED",
+        "{first}"
+    );
+    served.abort();
+    h.org.shutdown().await.unwrap();
+    h.stores.close().await;
+    drop(h);
+
+    // Second run on the same directory: the agent answers the message it was handed.
+    let llm = ScriptedLlm::new();
+    llm.push_text(&agent("chief"), "hello after the restart");
+    let a2a = A2a::new();
+    let h = OrgHarness::builder(ORG)
+        .stores(spacebot_sqlite::open(dir.path()).await.unwrap())
+        .llm(Arc::new(llm.clone()))
+        .behaviour(Arc::new(a2a.clone()))
+        .outbound(Arc::new(a2a.clone()))
+        .build()
+        .await;
+    let server = A2aServer::new(h.org.clone(), a2a)
+        .unwrap()
+        .with_token(Some(TOKEN.into()));
+    let (base, served) = serve(server.router()).await;
+    let url = format!("{base}/a2a");
+    h.org.start_all().await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let task = loop {
+        let got = rpc(&http, &url, "GetTask", json!({"id": id})).await;
+        if got["result"]["status"]["state"] == "TASK_STATE_COMPLETED" {
+            break got["result"].clone();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the task was not completed after the restart: {got}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        task["artifacts"][0]["parts"][0]["text"],
+        "hello after the restart"
+    );
+    let again = rpc(&http, &url, "SendMessage", send).await;
+    assert_eq!(again["result"]["task"]["id"], id, "{again}");
+    assert_eq!(llm.requests_for(&agent("chief")).len(), 1, "answered once");
+    served.abort();
+    h.org.shutdown().await.unwrap();
+}
