@@ -154,6 +154,15 @@ impl A2aServer {
             .with_state(self.clone())
     }
 
+    /// Serves [`router`](Self::router) alone on `listener` until the connection fails (an
+    /// application with routes of its own merges the router instead).
+    ///
+    /// # Errors
+    /// The server's I/O error.
+    pub async fn serve(self, listener: tokio::net::TcpListener) -> std::io::Result<()> {
+        axum::serve(listener, self.router()).await
+    }
+
     fn attached(&self) -> Result<&Attached, RpcError> {
         self.a2a
             .attached()
