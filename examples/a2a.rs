@@ -26,7 +26,8 @@ use tokio::io::AsyncBufReadExt;
 const TOKEN: &str = "example-token";
 
 fn agent(id: &str) -> AgentId {
-    AgentId::parse(id).unwrap_or_else(|e| panic!("{e}"))
+    #[allow(clippy::expect_used)]
+    AgentId::parse(id).expect("a valid agent id")
 }
 
 /// The child: the organization "back", serving `expert` over A2A until its standard input closes.

@@ -107,6 +107,9 @@ impl fmt::Debug for RemoteExecutor {
     }
 }
 
+/// A remote agent's id and the executor of its tasks.
+pub type RemoteMember = (AgentId, Arc<dyn TaskExecutor>);
+
 /// The executors of the remote agents `config` declares (`[[agents]] a2a = "..."`): give each
 /// to the organization's builder with
 /// [`task_executor`](spacebot_core::OrganizationBuilder::task_executor).
@@ -116,7 +119,7 @@ impl fmt::Debug for RemoteExecutor {
 pub fn remote_executors(
     config: &OrgConfig,
     retry: &RetryPolicy,
-) -> Result<Vec<(AgentId, Arc<dyn TaskExecutor>)>, spacebot_core::ConfigError> {
+) -> Result<Vec<RemoteMember>, spacebot_core::ConfigError> {
     let config = A2aConfig::from_org(config)?;
     Ok(config
         .remote

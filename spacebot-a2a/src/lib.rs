@@ -27,7 +27,7 @@ mod store;
 pub mod types;
 
 pub use a2a::{A2a, PLATFORM};
-pub use client::{REMOTE_NAMESPACE, RemoteExecutor, RetryPolicy, remote_executors};
+pub use client::{REMOTE_NAMESPACE, RemoteExecutor, RemoteMember, RetryPolicy, remote_executors};
 pub use config::{A2aConfig, EXPOSE_FIELD, RemoteAgent, TOKEN_FIELD, URL_FIELD};
 pub use server::{A2aServer, SKILL_METADATA_KEY};
 pub use store::{MESSAGES_NAMESPACE, TASKS_NAMESPACE, TaskRecord};
