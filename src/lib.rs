@@ -50,6 +50,7 @@
 //! | `http` | the HTTP API, event stream and dashboard, as `spacebot::http` (implies `tokio`; see `docs/http.md`) | no |
 //! | `notes` | shared notes (versioned, per-agent grants), as `spacebot::notes` (see `docs/notes.md`) | yes |
 //! | `mcp` | agents use MCP servers' tools, granted per agent, as `spacebot::mcp` (see `docs/mcp.md`) | no |
+//! | `a2a` | the Agent2Agent protocol (A2A 1.0): exposed agents served, remote agents as members, as `spacebot::a2a` (see `docs/a2a.md`) | no |
 //! | `testing` | the mock LLMs and a recording event sink, in `spacebot::testing` | no |
 //! | `otel` | OpenTelemetry export of the runtime's spans and metrics over OTLP/HTTP, configured from the `OTEL_*` variables, as `spacebot::otel` (see `docs/observability.md`) | no |
 //!
@@ -113,4 +114,12 @@ pub mod otel;
 #[cfg_attr(docsrs, doc(cfg(feature = "mcp")))]
 pub mod mcp {
     pub use spacebot_mcp::*;
+}
+
+/// The Agent2Agent protocol (A2A 1.0): exposed agents served over JSON-RPC and SSE with durable
+/// tasks (`spacebot-a2a`; see `docs/a2a.md`).
+#[cfg(feature = "a2a")]
+#[cfg_attr(docsrs, doc(cfg(feature = "a2a")))]
+pub mod a2a {
+    pub use spacebot_a2a::*;
 }

@@ -220,10 +220,19 @@ fn load_checked(
     if let Err(e) = config.check_sections(&[spacebot_notes::SECTION, spacebot_mcp::SECTION]) {
         issues.extend(e.issues().iter().cloned());
     }
-    if let Err(e) = config.check_agent_fields(&[spacebot_mcp::AGENT_FIELD]) {
+    if let Err(e) = config.check_agent_fields(&[
+        spacebot_mcp::AGENT_FIELD,
+        spacebot_mcp::EXPOSE_FIELD,
+        spacebot_a2a::EXPOSE_FIELD,
+        spacebot_a2a::URL_FIELD,
+        spacebot_a2a::TOKEN_FIELD,
+    ]) {
         issues.extend(e.issues().iter().cloned());
     }
     if let Err(e) = spacebot_mcp::McpConfig::from_org(&config) {
+        issues.extend(e.issues().iter().cloned());
+    }
+    if let Err(e) = spacebot_a2a::A2aConfig::from_org(&config) {
         issues.extend(e.issues().iter().cloned());
     }
     let notes =

@@ -144,6 +144,8 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<(), CliError> {
     let chat = WebChat::new();
     // MCP clients' calls get their replies; every other reply goes to the web chat.
     let mcp_chat = spacebot_mcp::McpChat::new().with_fallback(Arc::new(chat.clone()));
+    // A2A tasks are completed with their agents' replies; the rest goes on to the MCP chat.
+    let a2a = spacebot_a2a::A2a::new().with_fallback(Arc::new(mcp_chat.clone()));
     let notes = spacebot_notes::Notes::new();
     let mcp = spacebot_mcp::Mcp::new();
     let org = Organization::builder(config)
@@ -151,9 +153,10 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<(), CliError> {
         .llm(llm)
         .spawner(Arc::new(TokioSpawner::current()))
         .clock(Arc::new(TokioClock))
-        .outbound(Arc::new(mcp_chat.clone()))
+        .outbound(Arc::new(a2a.clone()))
         .behaviour(Arc::new(notes.clone()))
         .behaviour(Arc::new(mcp.clone()))
+        .behaviour(Arc::new(a2a.clone()))
         .build()
         .await
         .map_err(|e| failed(e.to_string()))?;
@@ -176,6 +179,9 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<(), CliError> {
         .with_mcp(
             spacebot_mcp::OrgServer::new(org.clone(), mcp_chat)
                 .map_err(|e| failed(e.to_string()))?,
+        )
+        .with_a2a(
+            spacebot_a2a::A2aServer::new(org.clone(), a2a).map_err(|e| failed(e.to_string()))?,
         );
     let app = api.router();
     // The agents start once everything that can refuse the settings has accepted them.
@@ -199,12 +205,18 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<(), CliError> {
             say!("dashboard: http://{addr}/#token={token}");
             say!("api:       http://{addr}/api (Authorization: Bearer {token})");
             say!("mcp:       http://{addr}/mcp (streamable HTTP, the same bearer token)");
+            say!(
+                "a2a:       http://{addr}/.well-known/agent-card.json (JSON-RPC at /a2a, the same bearer token)"
+            );
             say!("token:     {token}");
         }
         None => {
             say!("dashboard: http://{addr}/");
             say!("api:       http://{addr}/api (no authentication)");
             say!("mcp:       http://{addr}/mcp (streamable HTTP, no authentication)");
+            say!(
+                "a2a:       http://{addr}/.well-known/agent-card.json (JSON-RPC at /a2a, no authentication)"
+            );
         }
     }
     say!("press Ctrl-C to stop (or send SIGTERM)");
@@ -252,6 +264,8 @@ pub(crate) async fn mcp_stdio(args: McpArgs) -> Result<(), CliError> {
         .outbound(Arc::new(chat.clone()))
         .behaviour(Arc::new(notes))
         .behaviour(Arc::new(mcp.clone()))
+        // Claims the A2A fields of `[[agents]]` (remote agents work here too); not served here.
+        .behaviour(Arc::new(spacebot_a2a::A2a::new()))
         .build()
         .await
         .map_err(|e| failed(e.to_string()))?;

@@ -16,6 +16,7 @@
 //! | `GET /api/openapi.json` | the OpenAPI description of all of the above |
 //! | `/api/mcp...` | MCP servers, their state and grants; calls waiting for approval ([`Api::with_mcp_tools`]) |
 //! | `/mcp` | the organization as an MCP server over streamable HTTP ([`Api::with_mcp`]) |
+//! | `GET /.well-known/agent-card.json`, `/a2a...` | the exposed agents over A2A 1.0: cards and JSON-RPC with SSE ([`Api::with_a2a`]) |
 //!
 //! Every error is `{"error": {"code": "...", "message": "...", "field": "..."}}` with a 4xx status
 //! for anything the client can fix. `/api/*` needs `Authorization: Bearer <token>` unless the
@@ -165,6 +166,7 @@ pub enum HttpError {
 pub struct Api {
     state: Arc<AppState>,
     mcp: Option<spacebot_mcp::OrgServer>,
+    a2a: Option<spacebot_a2a::A2aServer>,
 }
 
 impl Api {
@@ -194,6 +196,7 @@ impl Api {
         handle.spawn(hub::forward(events, Arc::downgrade(&hub)));
         Ok(Self {
             mcp: None,
+            a2a: None,
             state: Arc::new(AppState {
                 org,
                 hub,
@@ -284,6 +287,15 @@ impl Api {
     /// name (against DNS rebinding); with one, the token is what keeps other callers out.
     pub fn with_mcp(mut self, server: spacebot_mcp::OrgServer) -> Self {
         self.mcp = Some(server);
+        self
+    }
+
+    /// Serves the exposed agents over A2A 1.0 (see [`spacebot_a2a::A2aServer`]): the agent cards
+    /// at `/.well-known/agent-card.json` and `/a2a/{agent}/.well-known/agent-card.json` (public:
+    /// they are how clients discover the agents; with a token they declare the bearer scheme),
+    /// JSON-RPC at `/a2a` and `/a2a/{agent}` behind the same bearer token as `/api`.
+    pub fn with_a2a(mut self, server: spacebot_a2a::A2aServer) -> Self {
+        self.a2a = Some(server.with_token(self.state.token.clone()));
         self
     }
 
@@ -383,6 +395,10 @@ impl Api {
             .route("/api/openapi.json", get(openapi::serve))
             .merge(dashboard::routes())
             .merge(api);
+        let router = match &self.a2a {
+            Some(server) => router.merge(server.router()),
+            None => router,
+        };
         match &self.mcp {
             Some(server) => {
                 let service = server.http_service(self.state.token.is_none());

@@ -1,0 +1,276 @@
+//! The shared handle: the behaviour that claims the A2A fields and the outbound that completes
+//! the A2A tasks with the agents' replies.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
+
+use async_trait::async_trait;
+use spacebot_core::runtime::OutboundError;
+use spacebot_core::{
+    AgentId, Behaviour, BehaviourContext, Clock, EventKind, EventSubscription, Outbound, Reply,
+    ReplyKind, Source,
+};
+use tokio::sync::broadcast;
+
+use crate::config::{A2aConfig, EXPOSE_FIELD, TOKEN_FIELD, URL_FIELD};
+use crate::store::TaskStore;
+use crate::types::TaskState;
+
+/// The platform of the messages A2A clients send; a message's reply target is its task's id.
+pub const PLATFORM: &str = "a2a";
+
+pub(crate) struct Attached {
+    pub(crate) store: TaskStore,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) config: A2aConfig,
+}
+
+#[derive(Default)]
+struct Inner {
+    fallback: RwLock<Option<Arc<dyn Outbound>>>,
+    attached: OnceLock<Attached>,
+    /// Task ids whose record changed in this process.
+    changed: OnceLock<broadcast::Sender<String>>,
+    /// The task whose turn each agent runs now (from the events).
+    running: Mutex<HashMap<AgentId, String>>,
+    watching: OnceLock<()>,
+}
+
+/// The A2A handle: give it to the organization's builder as a behaviour (it claims the
+/// `[[agents]]` fields `a2a_expose`, `a2a` and `token`) **and** as the outbound (it completes
+/// each A2A task with the reply of its agent; replies to other platforms go to the fallback).
+/// Then serve it with [`A2aServer`](crate::A2aServer). Cheap to clone.
+///
+/// ```
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::sync::Arc;
+/// use spacebot_core::{OrgConfig, Organization, Stores, testing::ScriptedLlm};
+///
+/// let a2a = spacebot_a2a::A2a::new();
+/// let org = Organization::builder(OrgConfig::from_toml_str(
+///     "[[agents]]\nid = \"front\"\na2a_expose = true\n",
+/// )?)
+/// .stores(Stores::memory())
+/// .llm(Arc::new(ScriptedLlm::new()))
+/// .behaviour(Arc::new(a2a.clone()))
+/// .outbound(Arc::new(a2a.clone()))
+/// .build()
+/// .await?;
+/// let server = spacebot_a2a::A2aServer::new(org, a2a)?;
+/// assert_eq!(server.exposed().len(), 1);
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Default)]
+pub struct A2a {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for A2a {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("A2a")
+            .field("attached", &self.inner.attached.get().is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl A2a {
+    /// A handle, not attached to an organization yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sends the replies to platforms other than [`PLATFORM`] to `outbound` (spacebot-http's
+    /// `WebChat`, an `McpChat`, ...); without one they are dropped with a warning.
+    pub fn with_fallback(self, outbound: Arc<dyn Outbound>) -> Self {
+        *self
+            .inner
+            .fallback
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Some(outbound);
+        self
+    }
+
+    pub(crate) fn attached(&self) -> Option<&Attached> {
+        self.inner.attached.get()
+    }
+
+    pub(crate) fn changes(&self) -> broadcast::Receiver<String> {
+        self.sender().subscribe()
+    }
+
+    fn sender(&self) -> &broadcast::Sender<String> {
+        self.inner
+            .changed
+            .get_or_init(|| broadcast::channel(1024).0)
+    }
+
+    pub(crate) fn notify(&self, task: &str) {
+        let _ = self.sender().send(task.to_owned());
+    }
+
+    /// Whether `agent` runs the turn of task `task` now.
+    pub(crate) fn runs(&self, agent: &AgentId, task: &str) -> bool {
+        self.inner
+            .running
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(agent)
+            .is_some_and(|t| t == task)
+    }
+
+    /// Follows the organization's events (once per handle): a task's turn started makes it
+    /// working.
+    pub(crate) fn watch(&self, events: EventSubscription) {
+        if self.inner.watching.set(()).is_err() {
+            return;
+        }
+        let this = self.clone();
+        tokio::spawn(async move { this.follow(events).await });
+    }
+
+    async fn follow(self, mut events: EventSubscription) {
+        loop {
+            let event = match events.recv().await {
+                Ok(event) => event,
+                Err(spacebot_core::bus::RecvError::Lagged { .. }) => continue,
+                Err(_) => return,
+            };
+            let Some(task) = event
+                .channel
+                .as_ref()
+                .and_then(|c| c.as_str().strip_prefix("a2a:"))
+                .map(str::to_owned)
+            else {
+                continue;
+            };
+            match event.kind {
+                EventKind::TurnStarted => {
+                    self.inner
+                        .running
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .insert(event.agent.clone(), task.clone());
+                    self.set_state(&task, TaskState::Working, None).await;
+                }
+                EventKind::TurnFinished { .. } | EventKind::TurnCancelled => {
+                    let mut running = self
+                        .inner
+                        .running
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner);
+                    if running.get(&event.agent) == Some(&task) {
+                        running.remove(&event.agent);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Moves a task that is not terminal to `state` (with `answer`), and says so.
+    pub(crate) async fn set_state(&self, task: &str, state: TaskState, answer: Option<String>) {
+        let Some(attached) = self.attached() else {
+            return;
+        };
+        let now = attached.clock.now();
+        let result = attached
+            .store
+            .update(task, now, |t| {
+                if t.state == state && t.answer == answer {
+                    return false;
+                }
+                // A task is never moved back to working once it waits for input or ended.
+                if state == TaskState::Working && t.state != TaskState::Submitted {
+                    return false;
+                }
+                t.state = state;
+                if answer.is_some() {
+                    t.answer.clone_from(&answer);
+                }
+                true
+            })
+            .await;
+        match result {
+            Ok(Some((_, true))) => self.notify(task),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(task, "A2A task could not be updated: {e}"),
+        }
+    }
+}
+
+#[async_trait]
+impl Outbound for A2a {
+    async fn send(&self, reply: Reply) -> Result<(), OutboundError> {
+        let task = match &reply.source {
+            Source::External {
+                platform,
+                reply_target,
+            } if platform == PLATFORM => reply_target.clone(),
+            _ => {
+                let fallback = self
+                    .inner
+                    .fallback
+                    .read()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .clone();
+                return match fallback {
+                    Some(fallback) => fallback.send(reply).await,
+                    None => {
+                        tracing::warn!(agent = %reply.agent, "a reply to a platform other than a2a, and A2a has no fallback: dropped");
+                        Ok(())
+                    }
+                };
+            }
+        };
+        let state = if reply.kind == ReplyKind::Answer {
+            TaskState::Completed
+        } else {
+            TaskState::Failed
+        };
+        let Some(attached) = self.attached() else {
+            return Err(OutboundError::Closed(
+                "the A2A handle is not attached to an organization".into(),
+            ));
+        };
+        let content = reply.content.to_string();
+        attached
+            .store
+            .update(&task, attached.clock.now(), |t| {
+                t.state = state;
+                t.answer = Some(content.clone());
+                true
+            })
+            .await
+            .map_err(|e| OutboundError::Closed(format!("the A2A task {task}: {e}")))?;
+        self.notify(&task);
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Behaviour for A2a {
+    fn name(&self) -> &'static str {
+        "a2a"
+    }
+
+    fn agent_fields(&self) -> &'static [&'static str] {
+        &[EXPOSE_FIELD, URL_FIELD, TOKEN_FIELD]
+    }
+
+    async fn on_build(&self, ctx: &BehaviourContext) -> Result<(), spacebot_core::OrgError> {
+        let config = A2aConfig::from_org(ctx.config())?;
+        let store = TaskStore::new(ctx.stores().records.clone())?;
+        let attached = Attached {
+            store,
+            clock: ctx.clock().clone(),
+            config,
+        };
+        if self.inner.attached.set(attached).is_err() {
+            tracing::warn!(
+                "this A2a handle is already attached to an organization; give each organization its own"
+            );
+        }
+        Ok(())
+    }
+}

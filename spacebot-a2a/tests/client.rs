@@ -1,0 +1,344 @@
+//! Spacebot's A2A client against an agent no one here wrote: a small remote agent on PyPI
+//! `a2a-sdk`'s server (`tests/fixtures/a2a_server.py`, on 127.0.0.1), declared as a member of
+//! the organization and delegated to: the result reaches the delegator; a restart mid-task sends
+//! nothing twice; a remote agent killed mid-task is tried again, then the task fails and the
+//! delegator is told; a link that is disabled refuses the delegation.
+//!
+//! Needs SPACEBOT_PYTHON (a Python with PyPI's `a2a-sdk`, made by `.ci/python`); without it each
+//! test says so and returns, unless SPACEBOT_REQUIRE_PYTHON=1 (CI), when it fails.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use spacebot_a2a::{A2a, REMOTE_NAMESPACE, RetryPolicy, remote_executors};
+use spacebot_core::delegation::DelegationOrigin;
+use spacebot_core::task::TaskStatus;
+use spacebot_core::testing::external::python;
+use spacebot_core::testing::{OrgHarness, ScriptedLlm};
+use spacebot_core::{AgentId, ChannelId, ChatMessage, InboundMessage, OrgConfig, Stores};
+use tokio::io::AsyncBufReadExt;
+
+const TOKEN: &str = "remote-token";
+
+fn agent(id: &str) -> AgentId {
+    AgentId::parse(id).unwrap()
+}
+
+/// The fixture server (killed on drop) and its base URL.
+async fn remote(python: &str, slow_seconds: &str) -> (tokio::process::Child, String) {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/a2a_server.py");
+    let mut child = tokio::process::Command::new(python)
+        .arg(script)
+        .arg(TOKEN)
+        .arg(slow_seconds)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+        .await
+        .expect("the fixture printed its port in time")
+        .unwrap()
+        .expect("a PORT line");
+    let port: u16 = line.trim_start_matches("PORT ").trim().parse().unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    // Ready once the card is served.
+    let http = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while http
+        .get(format!("{base}/.well-known/agent-card.json"))
+        .send()
+        .await
+        .is_err()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the fixture never served its card"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    (child, base)
+}
+
+/// How many times the remote received each message id.
+async fn received(base: &str) -> BTreeMap<String, u64> {
+    reqwest::get(format!("{base}/count"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+fn org(url: &str, link_enabled: bool) -> String {
+    format!(
+        r#"
+[[agents]]
+id = "boss"
+[[agents]]
+id = "far"
+a2a = "{url}"
+token = "{TOKEN}"
+[[links]]
+from = "boss"
+to = "far"
+relationship = "superior"
+enabled = {link_enabled}
+"#
+    )
+}
+
+async fn harness(
+    config: &str,
+    llm: &ScriptedLlm,
+    stores: Option<Stores>,
+    retry: &RetryPolicy,
+) -> OrgHarness {
+    let a2a = A2a::new();
+    let mut builder = OrgHarness::builder(config)
+        .llm(Arc::new(llm.clone()))
+        .behaviour(Arc::new(a2a.clone()));
+    if let Some(stores) = stores {
+        builder = builder.stores(stores);
+    }
+    for (id, executor) in
+        remote_executors(&OrgConfig::from_toml_str(config).unwrap(), retry).unwrap()
+    {
+        builder = builder.executor(id.as_str(), executor);
+    }
+    let mut h = builder.build().await;
+    h.timeout = Duration::from_secs(30);
+    h
+}
+
+/// The texts the model was shown in `agent`'s last request.
+fn last_request_text(llm: &ScriptedLlm, id: &str) -> String {
+    let requests = llm.requests_for(&agent(id));
+    let Some(last) = requests.last() else {
+        return String::new();
+    };
+    format!("{:?}", last.messages)
+}
+
+async fn wait_task(h: &OrgHarness, status: TaskStatus) -> spacebot_core::Task {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(task) = h.stores.tasks.get(&agent("far"), 1).await.unwrap()
+            && task.status == status
+        {
+            return task;
+        }
+        assert!(Instant::now() < deadline, "far#1 never became {status:?}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+fn script_delegation(llm: &ScriptedLlm, question: &str, after: &str) {
+    let boss = agent("boss");
+    llm.push_tool_call(
+        &boss,
+        "send_agent_message",
+        json!({"target": "far", "message": question}),
+    );
+    llm.push_text(&boss, "asked far");
+    llm.push_text(&boss, after);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_remote_agents_answer_reaches_the_delegator() {
+    let Some(python) = python() else { return };
+    let (_server, base) = remote(&python, "0").await;
+    let llm = ScriptedLlm::new();
+    script_delegation(&llm, "what is far away?", "far answered");
+    let h = harness(&org(&base, true), &llm, None, &RetryPolicy::default()).await;
+    h.org.start_all().await.unwrap();
+    h.org
+        .deliver("boss", InboundMessage::new("portal", "u1", "ask far"))
+        .await
+        .unwrap();
+    let task = wait_task(&h, TaskStatus::Done).await;
+    assert_eq!(
+        task.result.as_deref(),
+        Some("remote answer to: what is far away?")
+    );
+    h.wait_until("boss was told the result", || async {
+        last_request_text(&llm, "boss").contains("remote answer to: what is far away?")
+    })
+    .await;
+    let counts = received(&base).await;
+    assert_eq!(counts.len(), 1, "{counts:?}");
+    assert!(
+        counts.keys().all(|k| k.starts_with("spacebot-far-1-")),
+        "{counts:?}"
+    );
+    assert!(
+        llm.requests_for(&agent("far")).is_empty(),
+        "far has no model here"
+    );
+    h.org.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_mid_task_resumes_by_the_remote_task_and_sends_once() {
+    let Some(python) = python() else { return };
+    let (_server, base) = remote(&python, "2").await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = org(&base, true);
+
+    let llm = ScriptedLlm::new();
+    script_delegation(&llm, "a slow question", "unused");
+    let h = harness(
+        &config,
+        &llm,
+        Some(spacebot_sqlite::open(dir.path()).await.unwrap()),
+        &RetryPolicy::default(),
+    )
+    .await;
+    h.org.start_all().await.unwrap();
+    h.org
+        .deliver(
+            "boss",
+            InboundMessage::new("portal", "u1", "ask far slowly"),
+        )
+        .await
+        .unwrap();
+    // Sent and its remote task stored: stop in the middle of the remote work.
+    h.wait_until("the remote task stored", || async {
+        !h.stores
+            .records
+            .list(REMOTE_NAMESPACE, "")
+            .await
+            .unwrap()
+            .is_empty()
+    })
+    .await;
+    assert_eq!(received(&base).await.len(), 1);
+    h.org.shutdown().await.unwrap();
+    h.stores.close().await;
+    drop(h);
+
+    let llm = ScriptedLlm::new();
+    llm.push_text(&agent("boss"), "far answered after the restart");
+    let h = harness(
+        &config,
+        &llm,
+        Some(spacebot_sqlite::open(dir.path()).await.unwrap()),
+        &RetryPolicy::default(),
+    )
+    .await;
+    h.org.start_all().await.unwrap();
+    let task = wait_task(&h, TaskStatus::Done).await;
+    assert_eq!(
+        task.result.as_deref(),
+        Some("remote answer to: a slow question")
+    );
+    let counts = received(&base).await;
+    assert_eq!(counts.len(), 1, "one message id: {counts:?}");
+    assert!(
+        counts.values().all(|n| *n == 1),
+        "received once: {counts:?}"
+    );
+    h.wait_until("boss was told the result", || async {
+        last_request_text(&llm, "boss").contains("remote answer to: a slow question")
+    })
+    .await;
+    h.org.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_agent_killed_mid_task_is_retried_then_the_task_fails_and_the_delegator_is_told() {
+    let Some(python) = python() else { return };
+    let (mut server, base) = remote(&python, "30").await;
+    let llm = ScriptedLlm::new();
+    script_delegation(&llm, "a slow question", "far failed");
+    let retry = RetryPolicy::new(3, Duration::from_millis(50));
+    let h = harness(&org(&base, true), &llm, None, &retry).await;
+    h.org.start_all().await.unwrap();
+    h.org
+        .deliver("boss", InboundMessage::new("portal", "u1", "ask far"))
+        .await
+        .unwrap();
+    h.wait_until("the remote task stored", || async {
+        !h.stores
+            .records
+            .list(REMOTE_NAMESPACE, "")
+            .await
+            .unwrap()
+            .is_empty()
+    })
+    .await;
+    server.kill().await.unwrap();
+    let task = wait_task(&h, TaskStatus::Failed).await;
+    let error = task.error.clone().unwrap_or_default();
+    assert!(
+        error.contains("the remote A2A agent far")
+            && error.contains("unreachable")
+            && error.contains("3 times"),
+        "{error}"
+    );
+    assert_eq!(
+        task.attempts, 1,
+        "given up at once after the tries: {task:?}"
+    );
+    h.wait_until("boss was told the failure", || async {
+        last_request_text(&llm, "boss").contains("unreachable")
+    })
+    .await;
+    let told = llm
+        .requests_for(&agent("boss"))
+        .iter()
+        .filter(|r| {
+            r.messages.iter().any(|m| match m {
+                ChatMessage::User { content, .. } => content.to_string().contains("unreachable"),
+                _ => false,
+            })
+        })
+        .count();
+    assert_eq!(told, 1, "the delegator is told once");
+    h.org.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_agent_behind_a_disabled_link_is_refused() {
+    // Refused by the policy before anything is sent: no remote agent needs to run (nothing
+    // listens at this address), and no task is made.
+    let llm = ScriptedLlm::new();
+    let h = harness(
+        &org("http://127.0.0.1:9", false),
+        &llm,
+        None,
+        &RetryPolicy::default(),
+    )
+    .await;
+    h.org.start_all().await.unwrap();
+    let refused = h
+        .org
+        .delegate(
+            &agent("boss"),
+            "far",
+            "anything",
+            DelegationOrigin::new(ChannelId::new("portal:u1")),
+        )
+        .await;
+    assert!(refused.is_err(), "{refused:?}");
+    let refused = format!("{:?}", refused.unwrap_err());
+    assert!(
+        refused.to_lowercase().contains("disabled") || refused.to_lowercase().contains("link"),
+        "{refused}"
+    );
+    assert!(
+        h.stores
+            .tasks
+            .get(&agent("far"), 1)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    h.org.shutdown().await.unwrap();
+}
