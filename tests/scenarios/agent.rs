@@ -150,8 +150,19 @@ pub async fn internal_messages_are_policy_checked_and_stamped(stores: Stores) {
         .history(&b, &ChannelId::link(&b, &a), None)
         .await
         .unwrap();
+    // The refused attempt of c (no link to a) left nothing; b's refused one along the one-way
+    // link is recorded first, by the runtime; then a's message, stamped with its sender.
+    assert!(
+        history[0]
+            .record
+            .content
+            .to_string()
+            .starts_with("refused: "),
+        "{:?}",
+        history[0].record
+    );
     assert_eq!(
-        history[0].record.author, "agent a",
+        history[1].record.author, "agent a",
         "sender stamped by the runtime"
     );
 }
