@@ -10,6 +10,9 @@
 #![cfg(all(feature = "postgres", feature = "testing"))]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
 
+#[path = "support/shared_stores.rs"]
+mod shared_stores;
+
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,7 +24,7 @@ use spacebot::llm::{ChatResponse, Usage};
 use spacebot::placement::{PlacementOptions, ProcessId};
 use spacebot::postgres::{PgOptions, PgStores};
 use spacebot::testing::{FnLlm, OrgHarness, last_user_text, tool_call};
-use spacebot::{AgentId, ChatMessage, InboundMessage, ReplyKind, Stores, TaskStatus};
+use spacebot::{AgentId, ChatMessage, InboundMessage, ReplyKind};
 
 /// Set in the second process: the run directory (where `stop` appears and the child writes how
 /// many model calls it made).
@@ -151,30 +154,6 @@ async fn limits_child() {
     std::fs::write(dir.join("calls"), llm.requests().len().to_string()).unwrap();
 }
 
-/// Whether nothing waits for any agent in the shared stores.
-async fn nothing_waits(stores: &Stores) -> bool {
-    use spacebot::task::TaskFilter;
-    for agent in ["chief", "w1", "w2"] {
-        let agent = id(agent);
-        let open = TaskFilter {
-            statuses: vec![TaskStatus::Ready, TaskStatus::InProgress],
-            ..TaskFilter::default()
-        };
-        if !stores.deliveries.pending(&agent).await.unwrap().is_empty()
-            || !stores.tasks.list(&agent, &open).await.unwrap().is_empty()
-            || !stores
-                .tasks
-                .outbox_pending(&agent)
-                .await
-                .unwrap()
-                .is_empty()
-        {
-            return false;
-        }
-    }
-    true
-}
-
 /// Two processes spend from one request at once: the model calls made in both, together, stay
 /// within the request's limit (and use it up: the workers never stop on their own), the ledger's
 /// settled spend is exactly what both models were asked, both processes spent, and the user is
@@ -249,7 +228,7 @@ async fn two_processes_spending_from_one_request_never_pass_its_limit() {
     let stores = pg.stores();
     h.wait_until("nothing waits in the shared stores", || {
         let stores = stores.clone();
-        async move { nothing_waits(&stores).await }
+        async move { shared_stores::nothing_waits(&stores, &["chief", "w1", "w2"]).await }
     })
     .await;
     std::fs::write(dir.path().join("stop"), b"").unwrap();

@@ -15,6 +15,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[cfg(feature = "postgres")]
+#[path = "support/shared_stores.rs"]
+mod shared_stores;
+
 use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
@@ -773,32 +777,6 @@ async fn otel_child() {
     std::fs::write(dir.join("calls"), llm.requests().len().to_string()).unwrap();
 }
 
-/// Whether nothing waits for any agent of the organization in the shared stores.
-#[cfg(feature = "postgres")]
-async fn nothing_waits(stores: &Stores) -> bool {
-    use spacebot::TaskStatus;
-    use spacebot::task::TaskFilter;
-    for agent in ["pchief", "plead", "pworker"] {
-        let agent = id(agent);
-        let open = TaskFilter {
-            statuses: vec![TaskStatus::Ready, TaskStatus::InProgress],
-            ..TaskFilter::default()
-        };
-        if !stores.deliveries.pending(&agent).await.unwrap().is_empty()
-            || !stores.tasks.list(&agent, &open).await.unwrap().is_empty()
-            || !stores
-                .tasks
-                .outbox_pending(&agent)
-                .await
-                .unwrap()
-                .is_empty()
-        {
-            return false;
-        }
-    }
-    true
-}
-
 /// The chief and the worker run in this process, the lead in another (this binary again), on one
 /// PostgreSQL schema, both exporting to the receiver: every hop crosses a process, and the
 /// request is still one trace with the same parent/child relations.
@@ -863,7 +841,7 @@ async fn one_trace_per_request_across_two_processes_on_postgres() {
     let stores = pg.stores();
     h.wait_until("nothing waits in the shared stores", || {
         let stores = stores.clone();
-        async move { nothing_waits(&stores).await }
+        async move { shared_stores::nothing_waits(&stores, &["pchief", "plead", "pworker"]).await }
     })
     .await;
     std::fs::write(dir.path().join("stop"), b"").unwrap();
@@ -881,7 +859,7 @@ async fn one_trace_per_request_across_two_processes_on_postgres() {
     drop(child);
     h.wait_until("nothing waits in the shared stores", || {
         let stores = stores.clone();
-        async move { nothing_waits(&stores).await }
+        async move { shared_stores::nothing_waits(&stores, &["pchief", "plead", "pworker"]).await }
     })
     .await;
     h.wait_quiet().await;
