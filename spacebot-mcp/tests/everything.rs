@@ -15,7 +15,7 @@ use std::time::Duration;
 use serde_json::json;
 use spacebot_core::testing::external::env_or_skip;
 use spacebot_core::testing::{OrgHarness, ScriptedLlm};
-use spacebot_core::{AgentId, ChatMessage, InboundMessage};
+use spacebot_core::{AgentId, InboundMessage};
 use spacebot_mcp::Mcp;
 
 fn everything() -> Option<String> {
@@ -83,19 +83,13 @@ async fn ask(h: &mut OrgHarness, to: &str, text: &str) -> String {
     reply.content.to_string()
 }
 
-/// The tool results shown in the agent's last model request, in order.
+/// The tool results of the running turn in the agent's last model request, in order (not those
+/// replayed from the channel's history).
 fn tool_results(llm: &ScriptedLlm, id: &str) -> Vec<String> {
-    let requests = llm.requests_for(&agent(id));
-    let Some(last) = requests.last() else {
-        return Vec::new();
-    };
-    last.messages
-        .iter()
-        .filter_map(|m| match m {
-            ChatMessage::Tool { content, .. } => Some(content.to_string()),
-            _ => None,
-        })
-        .collect()
+    llm.requests_for(&agent(id))
+        .last()
+        .map(|last| spacebot_core::testing::tool_results(&last.messages))
+        .unwrap_or_default()
 }
 
 /// Granted tools called and their results (text, an image, structured content, an embedded
