@@ -14,6 +14,11 @@
 //!   (`limits/turn/{backend}/interleaved` on stderr), a ratio that the machine's drift between
 //!   criterion's runs does not move.
 //!
+//! With `SPACEBOT_BENCH_TURNS=N` set, the binary runs N turns of one organization and exits instead
+//! (no criterion; `SPACEBOT_BENCH_STORES=memory|sqlite`, `SPACEBOT_BENCH_LIMITS=on|off`): run it
+//! under `perf stat -e instructions:u` with N and 2N turns, and the difference divided by N is what
+//! one turn costs in instructions, free of a shared machine's timing noise.
+//!
 //! Each message is a new request (a new ledger record with limits on); every turn on one channel,
 //! whose history the context window bounds.
 #![allow(
@@ -27,11 +32,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use async_trait::async_trait;
 use criterion::{Criterion, Throughput, criterion_group};
 use futures::StreamExt;
 use spacebot::config::OrgConfig;
-use spacebot::llm::{ChatResponse, Usage};
-use spacebot::testing::FnLlm;
+use spacebot::error::LlmError;
+use spacebot::llm::{ChatRequest, ChatResponse, LlmProvider, Usage};
 use spacebot::{InboundMessage, Organization, Replies, Stores};
 
 const AGENTS: &str = r#"
@@ -47,6 +53,24 @@ total_tokens = 1000000000
 model_calls = 1000000
 tool_calls = 1000000
 "#;
+
+/// A model that answers at once, reporting usage (and keeps nothing: a recording model's copies of
+/// every request would be most of what is measured).
+#[derive(Debug)]
+struct Stub;
+
+#[async_trait]
+impl LlmProvider for Stub {
+    async fn complete(&self, _req: ChatRequest) -> Result<ChatResponse, LlmError> {
+        let mut answer = ChatResponse::text("ok");
+        answer.usage = Some(Usage {
+            prompt_tokens: 10,
+            completion_tokens: 2,
+            total_tokens: 12,
+        });
+        Ok(answer)
+    }
+}
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Backend {
@@ -87,15 +111,7 @@ impl Bench {
         } else {
             AGENTS.to_owned()
         };
-        let llm = FnLlm::new(|_| {
-            let mut answer = ChatResponse::text("ok");
-            answer.usage = Some(Usage {
-                prompt_tokens: 10,
-                completion_tokens: 2,
-                total_tokens: 12,
-            });
-            Ok(answer)
-        });
+        let llm = Stub;
         let org = Organization::builder(OrgConfig::from_toml_str(&toml).unwrap())
             .stores(stores)
             .llm(Arc::new(llm))
@@ -191,7 +207,37 @@ fn turn(c: &mut Criterion) {
 
 criterion_group!(benches, turn);
 
+/// Runs `turns` turns of one organization (see the module's documentation).
+fn count_turns(turns: u64) {
+    let backend = match std::env::var("SPACEBOT_BENCH_STORES").as_deref() {
+        Ok("sqlite") => Backend::Sqlite,
+        _ => Backend::Memory,
+    };
+    let limited = std::env::var("SPACEBOT_BENCH_LIMITS").as_deref() != Ok("off");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut bench = Bench::start(backend, limited).await;
+        let took = bench.turns(turns).await;
+        println!(
+            "{turns} turns on {} with limits {} in {took:?}",
+            backend.name(),
+            if limited { "on" } else { "off" }
+        );
+        bench.stop().await;
+    });
+}
+
 fn main() {
+    if let Some(turns) = std::env::var("SPACEBOT_BENCH_TURNS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        count_turns(turns);
+        return;
+    }
     benches();
     Criterion::default().configure_from_args().final_summary();
 }

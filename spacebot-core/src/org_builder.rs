@@ -252,6 +252,7 @@ impl OrganizationBuilder {
             self.compaction
                 .unwrap_or_else(|| Arc::new(crate::context::ModelSummary))
         });
+        let request_ledger = crate::limits::RequestLedger::new(stores.records.clone());
         let org = Organization {
             inner: Arc::new(OrgInner {
                 stores,
@@ -275,6 +276,7 @@ impl OrganizationBuilder {
                 bus: crate::bus::EventBus::new(1024),
                 states: Mutex::new(HashMap::new()),
                 limits_in_use: std::sync::atomic::AtomicBool::new(limited),
+                request_ledger,
                 settle_waiters: Mutex::new(Vec::new()),
                 reserving: Mutex::new(std::collections::HashSet::new()),
                 operator_periods: Mutex::new(Vec::new()),

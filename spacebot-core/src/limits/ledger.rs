@@ -17,6 +17,10 @@ pub const NAMESPACE: &str = "limits.request";
 /// How many times a compare-and-set write is tried against concurrent writers before it gives up.
 const CAS_ATTEMPTS: usize = 64;
 
+/// How many requests' entries a ledger remembers (those it wrote last); past it, it forgets them
+/// all and reads again.
+const KNOWN_ENTRIES: usize = 1024;
+
 /// Why a reservation was not made.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {
@@ -68,16 +72,39 @@ impl LedgerEntry {
 
 /// The spend of every request, durably in a [`RecordStore`] (namespace [`NAMESPACE`], key: the
 /// request's id). Every change is one compare-and-set write: writers on several agents, and on
-/// PostgreSQL in several processes, never overspend together. Cheap to clone.
+/// PostgreSQL in several processes, never overspend together. Cheap to clone (clones share what
+/// they remember).
+///
+/// A ledger remembers the entries it wrote last (their version and value) and writes the next
+/// change of one against that version without reading it first; a request it does not know it
+/// writes as new. Either write is refused when the record moved (another writer, another
+/// process), and the ledger goes on from the record the refusal carries: what it remembers only
+/// saves reads, it never decides.
 #[derive(Debug, Clone)]
 pub struct RequestLedger {
     records: Arc<dyn RecordStore>,
+    known: Arc<std::sync::Mutex<crate::fasthash::FastMap<String, (u64, LedgerEntry)>>>,
 }
 
 impl RequestLedger {
     /// A ledger over `records`.
     pub fn new(records: Arc<dyn RecordStore>) -> Self {
-        Self { records }
+        Self {
+            records,
+            known: Arc::default(),
+        }
+    }
+
+    fn known(
+        &self,
+    ) -> std::sync::MutexGuard<'_, crate::fasthash::FastMap<String, (u64, LedgerEntry)>> {
+        self.known.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The entry of `record`, with its version.
+    fn decoded(record: crate::records::Record) -> Result<(u64, LedgerEntry), StoreError> {
+        let version = record.version;
+        Ok((version, record.decode::<LedgerEntry>()?.value))
     }
 
     /// The request's entry, if it spent or reserved anything or was given limits.
@@ -100,16 +127,13 @@ impl RequestLedger {
         now: Timestamp,
         mut change: impl FnMut(&mut LedgerEntry) -> Result<Option<T>, E>,
     ) -> Result<Result<Option<T>, E>, StoreError> {
+        // What the record is believed to be: remembered, else absent (a new request); a
+        // refused write says what it is.
+        let mut current: Option<(u64, LedgerEntry)> = self.known().get(request.as_str()).cloned();
+        let mut read = false;
         for _ in 0..CAS_ATTEMPTS {
-            let current = self.records.get(NAMESPACE, request.as_str()).await?;
-            let (mut entry, expect) = match current {
-                Some(record) => {
-                    let version = record.version;
-                    (
-                        record.decode::<LedgerEntry>()?.value,
-                        Expect::Version(version),
-                    )
-                }
+            let (mut entry, expect) = match &current {
+                Some((version, entry)) => (entry.clone(), Expect::Version(*version)),
                 None => (
                     LedgerEntry {
                         started_at: now,
@@ -121,7 +145,16 @@ impl RequestLedger {
             let before = entry.clone();
             let result = change(&mut entry);
             if entry == before {
-                return Ok(result);
+                if read {
+                    return Ok(result);
+                }
+                // Nothing to write, and what was remembered may be old: decide on the record.
+                current = match self.records.get(NAMESPACE, request.as_str()).await? {
+                    Some(record) => Some(Self::decoded(record)?),
+                    None => None,
+                };
+                read = true;
+                continue;
             }
             let value = serde_json::to_value(&entry).map_err(|e| {
                 StoreError::backend("limits", format!("encoding a request's spend: {e}"), e)
@@ -130,8 +163,23 @@ impl RequestLedger {
                 .expect(expect)
                 .at(now);
             match self.records.write(write).await? {
-                WriteOutcome::Written(_) | WriteOutcome::AlreadyApplied(_) => return Ok(result),
-                WriteOutcome::Conflict { .. } => continue,
+                WriteOutcome::Written(record) | WriteOutcome::AlreadyApplied(record) => {
+                    let mut known = self.known();
+                    if known.len() >= KNOWN_ENTRIES {
+                        known.clear();
+                    }
+                    known.insert(request.as_str().to_owned(), (record.version, entry));
+                    return Ok(result);
+                }
+                WriteOutcome::Conflict {
+                    current: now_stored,
+                } => {
+                    current = match now_stored {
+                        Some(record) => Some(Self::decoded(record)?),
+                        None => None,
+                    };
+                    read = true;
+                }
             }
         }
         Err(StoreError::Backend {
@@ -502,6 +550,58 @@ mod tests {
                 .filter(|ok| *ok)
                 .count();
             assert_eq!(granted, 3, "30 tokens each under 100: three fit");
+        });
+    }
+
+    /// Two ledgers over one store (two processes): each remembers what it wrote last, which
+    /// the other's writes make old; every decision is still made on the stored entry.
+    #[test]
+    fn a_ledger_whose_remembered_entry_is_old_decides_on_the_stored_one() {
+        futures::executor::block_on(async {
+            let records = Stores::memory().records.clone();
+            let (a, b) = (
+                RequestLedger::new(records.clone()),
+                RequestLedger::new(records),
+            );
+            let r = EnvelopeId::new("req-4");
+            let limits = Limits {
+                total_tokens: Some(100),
+                ..Limits::NONE
+            };
+            // `a` creates the entry and remembers it; `b` knows nothing of it.
+            assert!(
+                a.reserve(&r, "a1", &est(20, 10), &limits, Timestamp(1))
+                    .await
+                    .unwrap()
+                    .is_ok()
+            );
+            a.settle(&r, "a1", tokens(30), Timestamp(2)).await.unwrap();
+            // `b` writes as if the request were new, is refused, and goes on from the record.
+            assert!(
+                b.reserve(&r, "b1", &est(20, 10), &limits, Timestamp(3))
+                    .await
+                    .unwrap()
+                    .is_ok()
+            );
+            b.settle(&r, "b1", tokens(60), Timestamp(4)).await.unwrap();
+            // `a` remembers 30 spent; 90 are: a call of 30 no longer fits.
+            let refused = a
+                .reserve(&r, "a2", &est(20, 10), &limits, Timestamp(5))
+                .await
+                .unwrap();
+            assert!(matches!(refused, Err(Refusal::Reached(_))), "{refused:?}");
+            let entry = b.get(&r).await.unwrap().unwrap();
+            assert_eq!(entry.settled.total_tokens, 90);
+            assert!(entry.reserved.is_empty());
+            assert_eq!(entry.started_at, Timestamp(1));
+            // The refusal is stored: `b`, which remembered the entry before it, is refused too.
+            assert!(
+                b.reserve(&r, "b2", &est(1, 1), &Limits::NONE, Timestamp(6))
+                    .await
+                    .unwrap()
+                    .is_err(),
+                "the request reached its limit"
+            );
         });
     }
 }

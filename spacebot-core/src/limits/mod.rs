@@ -510,31 +510,67 @@ pub const DEFAULT_MAX_OUTPUT: u64 = 4_096;
 /// covers the message framing). A provider that counts more than this can take a call's spend past
 /// its reservation by the difference; settlement records what it reported.
 pub fn estimate_input(request: &crate::llm::ChatRequest) -> u64 {
-    let mut bytes = 0u64;
-    let mut pieces = 0u64;
-    for m in &request.messages {
-        pieces += 1;
-        match m {
-            ChatMessage::System { content }
-            | ChatMessage::User { content }
-            | ChatMessage::Tool { content, .. } => bytes += content.len() as u64,
-            ChatMessage::Assistant {
-                content,
-                tool_calls,
-            } => {
-                bytes += content.as_ref().map_or(0, |c| c.len() as u64);
-                for call in tool_calls {
-                    pieces += 1;
-                    bytes += (call.name.len() + call.arguments.len()) as u64;
+    TextSize::of_messages(&request.messages)
+        .plus(TextSize::of_tools(&request.tools))
+        .estimate()
+}
+
+/// What [`estimate_input`] counts of a request's parts: their bytes of text and their pieces
+/// (messages, tool calls, tools). Parts measured apart add up to the request's estimate.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct TextSize {
+    bytes: u64,
+    pieces: u64,
+}
+
+impl TextSize {
+    /// The size of `messages`.
+    pub(crate) fn of_messages(messages: &[ChatMessage]) -> Self {
+        let mut size = Self::default();
+        for m in messages {
+            size.pieces += 1;
+            match m {
+                ChatMessage::System { content }
+                | ChatMessage::User { content }
+                | ChatMessage::Tool { content, .. } => size.bytes += content.len() as u64,
+                ChatMessage::Assistant {
+                    content,
+                    tool_calls,
+                } => {
+                    size.bytes += content.as_ref().map_or(0, |c| c.len() as u64);
+                    for call in tool_calls {
+                        size.pieces += 1;
+                        size.bytes += (call.name.len() + call.arguments.len()) as u64;
+                    }
                 }
             }
         }
+        size
     }
-    for t in request.tools.iter() {
-        pieces += 1;
-        bytes += (t.name.len() + t.description.len() + t.parameters.to_string().len()) as u64;
+
+    /// The size of `tools` (their schemas as JSON).
+    pub(crate) fn of_tools(tools: &[crate::llm::ToolDefinition]) -> Self {
+        let mut size = Self::default();
+        for t in tools {
+            size.pieces += 1;
+            size.bytes +=
+                (t.name.len() + t.description.len() + t.parameters.to_string().len()) as u64;
+        }
+        size
     }
-    bytes.div_ceil(3) + 4 * pieces
+
+    /// Both sizes together.
+    pub(crate) fn plus(self, other: Self) -> Self {
+        Self {
+            bytes: self.bytes + other.bytes,
+            pieces: self.pieces + other.pieces,
+        }
+    }
+
+    /// The estimated tokens.
+    pub(crate) fn estimate(self) -> u64 {
+        self.bytes.div_ceil(3) + 4 * self.pieces
+    }
 }
 
 #[cfg(test)]

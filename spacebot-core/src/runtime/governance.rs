@@ -27,7 +27,7 @@ const MARKER: (&str, &str) = ("limits.meta", "bound");
 impl Host {
     /// The ledger of requests' spend.
     pub(crate) fn ledger(&self) -> RequestLedger {
-        RequestLedger::new(self.stores.records.clone())
+        self.request_ledger.clone()
     }
 
     /// Whether turns check limits.

@@ -251,6 +251,8 @@ pub(crate) struct Host {
     /// Whether any request may be limited (`[settings.limits]`, or a message bound limits, now or
     /// before a restart): turns read the request ledger only then.
     pub(crate) limits_in_use: AtomicBool,
+    /// The ledger of requests' spend (it remembers the entries it wrote last).
+    pub(crate) request_ledger: crate::limits::RequestLedger,
     /// Calls waiting for a settlement of their request's reservations (see
     /// `runtime/governance.rs`).
     pub(crate) settle_waiters: Mutex<Vec<oneshot::Sender<()>>>,
@@ -283,8 +285,19 @@ type PromptKey = (AgentId, Option<AgentId>);
 #[derive(Debug, Default)]
 pub(crate) struct RenderCache {
     prompts: Mutex<crate::fasthash::FastMap<PromptKey, Versioned<Arc<str>>>>,
-    definitions:
-        Mutex<crate::fasthash::FastMap<AgentId, Versioned<Arc<[crate::llm::ToolDefinition]>>>>,
+    definitions: Mutex<crate::fasthash::FastMap<AgentId, Versioned<Definitions>>>,
+}
+
+/// An agent's tool definitions with their sizes, measured once per rendering (serializing every
+/// schema each turn was a good part of a turn's work).
+#[derive(Debug, Clone)]
+pub(crate) struct Definitions {
+    /// What requests offer.
+    pub(crate) list: Arc<[crate::llm::ToolDefinition]>,
+    /// Their tokens, by the host's counter.
+    pub(crate) tokens: u64,
+    /// Their size for the limits' estimate ([`crate::limits::estimate_input`]).
+    pub(crate) size: crate::limits::TextSize,
 }
 
 impl RenderCache {
@@ -296,19 +309,11 @@ impl RenderCache {
         lock(&self.prompts).insert(key, (version, text));
     }
 
-    pub(crate) fn definitions(
-        &self,
-        agent: &AgentId,
-    ) -> Option<Versioned<Arc<[crate::llm::ToolDefinition]>>> {
+    pub(crate) fn definitions(&self, agent: &AgentId) -> Option<Versioned<Definitions>> {
         lock(&self.definitions).get(agent).cloned()
     }
 
-    pub(crate) fn set_definitions(
-        &self,
-        agent: AgentId,
-        version: u64,
-        defs: Arc<[crate::llm::ToolDefinition]>,
-    ) {
+    pub(crate) fn set_definitions(&self, agent: AgentId, version: u64, defs: Definitions) {
         lock(&self.definitions).insert(agent, (version, defs));
     }
 }

@@ -36,18 +36,24 @@ pub(crate) fn cached_system_prompt(
     Ok(text)
 }
 
-/// The tool definitions offered to the agent of `scope`, rendered once per link graph.
+/// The tool definitions offered to the agent of `scope`, rendered (and measured) once per link
+/// graph.
 pub(crate) fn cached_definitions(
     org: &Host,
     scope: &ToolCapability,
-) -> Arc<[crate::llm::ToolDefinition]> {
+) -> crate::runtime::host::Definitions {
     let version = graph_version(org);
     if let Some((v, defs)) = org.caches.definitions(scope.agent())
         && v == version
     {
         return defs;
     }
-    let defs: Arc<[crate::llm::ToolDefinition]> = org.tools.definitions_for(scope).into();
+    let list: Arc<[crate::llm::ToolDefinition]> = org.tools.definitions_for(scope).into();
+    let defs = crate::runtime::host::Definitions {
+        tokens: org.counter.count_tools(&list),
+        size: crate::limits::TextSize::of_tools(&list),
+        list,
+    };
     org.caches
         .set_definitions(scope.agent().clone(), version, defs.clone());
     defs

@@ -11,7 +11,7 @@ use crate::error::LlmError;
 use crate::event::EventKind;
 use crate::ids::{AgentId, ChannelId, EnvelopeId};
 use crate::limits::{self, Spend};
-use crate::llm::{ChatMessage, ChatRequest, ChatResponse, ToolDefinition};
+use crate::llm::{ChatMessage, ChatRequest, ChatResponse};
 use crate::records::RecordWrite;
 use crate::runtime::behaviour::{Behaviour, BehaviourContext};
 use crate::runtime::commit::*;
@@ -57,7 +57,7 @@ pub(crate) struct Turn<'a> {
     ctx: BehaviourContext,
     /// The behaviour owning the claimed work the turn runs, if any.
     owner: Option<Arc<dyn Behaviour>>,
-    definitions: Arc<[ToolDefinition]>,
+    definitions: crate::runtime::host::Definitions,
     limit: u32,
     call_cap: usize,
     total_rounds: u32,
@@ -123,7 +123,7 @@ impl<'a> Turn<'a> {
             window,
             host.counter.clone(),
             ChatMessage::system(system),
-            &definitions,
+            definitions.tokens,
             summary,
             past,
         );
@@ -198,7 +198,7 @@ impl<'a> Turn<'a> {
         Ok(Some(ChatRequest {
             agent: Some(self.me.clone()),
             messages: self.context.messages(&selection),
-            tools: self.definitions.clone(),
+            tools: self.definitions.list.clone(),
             channel: Some(self.reply_channel.clone()),
             envelope_kind: kind,
             ..ChatRequest::default()
@@ -297,7 +297,13 @@ impl<'a> Turn<'a> {
         }
         let key = format!("{}:{}", self.me, uuid::Uuid::new_v4().simple());
         let call = limits::CallEstimate {
-            input: limits::estimate_input(request),
+            input: if Arc::ptr_eq(&request.tools, &self.definitions.list) {
+                limits::TextSize::of_messages(&request.messages)
+                    .plus(self.definitions.size)
+                    .estimate()
+            } else {
+                limits::estimate_input(request)
+            },
             max_output: request
                 .max_tokens
                 .map_or(limits::DEFAULT_MAX_OUTPUT, u64::from),
@@ -336,7 +342,19 @@ impl<'a> Turn<'a> {
             .frames
             .last()
             .is_some_and(|f| agent.spec.outbound.wants_deltas() && answers_outbound(host, me, f));
-        let retry = request.clone();
+        // What a resend needs besides the messages (built anew from the compacted context): the
+        // history is not copied for a resend that rarely happens.
+        let retry = ChatRequest {
+            messages: Vec::new(),
+            agent: request.agent.clone(),
+            model: request.model.clone(),
+            tools: request.tools.clone(),
+            tool_choice: request.tool_choice.clone(),
+            temperature: request.temperature,
+            max_tokens: request.max_tokens,
+            channel: request.channel.clone(),
+            envelope_kind: request.envelope_kind,
+        };
         match self.call_model_raw(request, streams, log).await? {
             Err(LlmError::ContextTooLong { message }) => {
                 tracing::warn!(agent = %self.me, "the prompt was too long for the model: {message}; compacting");

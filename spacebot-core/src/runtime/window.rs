@@ -11,7 +11,7 @@ use crate::context::{
 };
 use crate::error::StoreError;
 use crate::ids::{AgentId, ChannelId};
-use crate::llm::{ChatMessage, ToolDefinition};
+use crate::llm::ChatMessage;
 use crate::runtime::history;
 use crate::runtime::host::{AgentRuntime, Host};
 
@@ -20,7 +20,9 @@ use crate::runtime::host::{AgentRuntime, Host};
 #[derive(Debug, Clone, Default)]
 pub(crate) struct ChannelMemory {
     summary: Option<Summary>,
-    units: Vec<Unit>,
+    /// Shared with the turn that read them last: a turn on a long channel copies none of them
+    /// (a copy is made only when a turn still holds them while the next one adds records).
+    units: Arc<Vec<Unit>>,
     /// The newest record seen (of any kind).
     newest: u64,
 }
@@ -54,15 +56,16 @@ pub(crate) async fn load(
     agent: &AgentRuntime,
     channel: &ChannelId,
     window: u64,
-) -> Result<(Option<Summary>, Vec<Unit>), StoreError> {
+) -> Result<(Option<Summary>, Arc<Vec<Unit>>), StoreError> {
     let me = agent.id();
     let counter = host.counter.as_ref();
+    // Taken out while this turn extends it (an agent runs one turn at a time; a turn that fails
+    // before putting it back leaves the next one to read the channel again).
     let kept = agent
         .memories
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .get(channel)
-        .cloned();
+        .remove(channel);
     let summary = match &kept {
         Some(memory) => memory.summary.clone(),
         None => match host
@@ -86,9 +89,9 @@ pub(crate) async fn load(
         Some(memory) if full || page.first().is_some_and(|r| r.seq <= memory.newest) => {
             (memory.units, memory.newest, page)
         }
-        _ if full => (Vec::new(), 0, page),
+        _ if full => (Arc::default(), 0, page),
         _ => (
-            Vec::new(),
+            Arc::default(),
             0,
             host.stores
                 .channels
@@ -98,14 +101,19 @@ pub(crate) async fn load(
     };
     let mut newest_now = newest;
     let floor = newest.max(through);
-    for record in fresh {
-        if record.seq <= floor {
-            continue;
+    let mut fresh = fresh.into_iter().filter(|r| r.seq > floor).peekable();
+    if fresh.peek().is_some() {
+        let owned = Arc::make_mut(&mut units);
+        for record in fresh {
+            newest_now = newest_now.max(record.seq);
+            push_record(owned, record, counter);
         }
-        newest_now = newest_now.max(record.seq);
-        push_record(&mut units, record, counter);
     }
-    trim(&mut units, window);
+    // The oldest units past the window go: no request could send them.
+    let (start, _) = fit_newest(&units, window);
+    if start > 0 {
+        Arc::make_mut(&mut units).drain(..start);
+    }
     agent
         .memories
         .lock()
@@ -147,14 +155,6 @@ fn push_record(units: &mut Vec<Unit>, record: HistoryText, counter: &dyn TokenCo
     units.push(unit);
 }
 
-/// Drops the oldest units past `window` tokens (no request could send them).
-fn trim(units: &mut Vec<Unit>, window: u64) {
-    let (start, _) = fit_newest(units, window);
-    if start > 0 {
-        units.drain(..start);
-    }
-}
-
 /// What one request sends of a [`TurnContext`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Selection {
@@ -174,7 +174,7 @@ pub(crate) struct TurnContext {
     system: Unit,
     tools: u64,
     summary: Option<(Summary, Unit)>,
-    history: Vec<Unit>,
+    history: Arc<Vec<Unit>>,
     /// The turn's own messages; the first is the message the turn started with.
     own: Vec<Unit>,
 }
@@ -198,9 +198,9 @@ impl TurnContext {
         window: u64,
         counter: Arc<dyn TokenCounter>,
         system: ChatMessage,
-        tools: &[ToolDefinition],
+        tools: u64,
         summary: Option<Summary>,
-        history: Vec<Unit>,
+        history: Arc<Vec<Unit>>,
     ) -> Self {
         let summary = summary.map(|s| {
             let unit = Unit::new(s.message(), counter.as_ref(), None);
@@ -209,7 +209,7 @@ impl TurnContext {
         Self {
             window,
             system: Unit::new(system, counter.as_ref(), None),
-            tools: counter.count_tools(tools),
+            tools,
             counter,
             summary,
             history,
@@ -352,7 +352,7 @@ impl TurnContext {
             .chain(self.summary.as_ref().map(|(s, _)| s.through))
             .max()
             .unwrap_or(0);
-        self.history.drain(..older.history_to);
+        Arc::make_mut(&mut self.history).drain(..older.history_to);
         if older.own_to > 1 {
             self.own.drain(1..older.own_to);
         }
@@ -371,9 +371,10 @@ impl TurnContext {
 pub(crate) fn remember_summary(agent: &AgentRuntime, channel: &ChannelId, summary: &Summary) {
     let mut memories = agent.memories.lock().unwrap_or_else(|e| e.into_inner());
     let memory = memories.entry(channel.clone()).or_default();
-    memory
-        .units
-        .retain(|u| u.seq.is_some_and(|s| s > summary.through));
+    let kept = |u: &Unit| u.seq.is_some_and(|s| s > summary.through);
+    if !memory.units.iter().all(kept) {
+        Arc::make_mut(&mut memory.units).retain(kept);
+    }
     memory.summary = Some(summary.clone());
 }
 
@@ -386,7 +387,7 @@ mod tests {
 
     fn context(history: usize) -> TurnContext {
         let counter: Arc<dyn TokenCounter> = Arc::new(EstimateCounter);
-        let units = (0..history)
+        let units: Vec<Unit> = (0..history)
             .map(|i| {
                 Unit::new(
                     ChatMessage::user(format!("record {i:03} {}", "x".repeat(20))),
@@ -399,9 +400,9 @@ mod tests {
             1_000,
             counter,
             ChatMessage::system("system"),
-            &[],
+            0,
             None,
-            units,
+            units.into(),
         )
     }
 
