@@ -51,7 +51,9 @@ pub const SKILL_METADATA_KEY: &str = "skill";
 /// [`PLATFORM`], its own channel `a2a:{task id}`) and the agent's final reply, its delegations
 /// included, kept in the organization's records (namespace
 /// [`TASKS_NAMESPACE`](crate::TASKS_NAMESPACE)): `submitted` when stored, `working` when the
-/// agent's turn starts, `completed` with the reply, `failed` when the agent could not answer,
+/// agent's turn starts, `input-required` while a task of its request waits for an operator's
+/// approval (`working` again once approved, `rejected` when rejected), `completed` with the
+/// reply, `failed` when the agent could not answer,
 /// `rejected` when the message could not be delivered, `canceled` by `CancelTask`. A message id
 /// sent again (per agent) answers with the same task and delivers nothing new.
 ///
@@ -485,6 +487,7 @@ impl A2aServer {
             state: TaskState::Submitted,
             request: message,
             answer: None,
+            waiting: None,
             updated_ms: now.as_millis(),
         };
         let (task, _new) = attached
@@ -594,14 +597,18 @@ impl A2aServer {
                 let Ok(now) = this.find(&last.id).await else {
                     return;
                 };
-                if now.state == last.state {
+                if now.state == last.state && now.waiting == last.waiting {
                     continue;
                 }
                 // An answer means the turn ran: a client that read the task too late to see it
                 // working is told so first, so every stream tells the states in their order.
-                if last.state == TaskState::Submitted
-                    && matches!(now.state, TaskState::Completed | TaskState::Failed)
-                {
+                // The same for a task that waits for input: its turn ran.
+                let ran = match now.state {
+                    TaskState::Completed | TaskState::Failed => last.state != TaskState::Working,
+                    TaskState::InputRequired => last.state == TaskState::Submitted,
+                    _ => false,
+                };
+                if ran {
                     let mut working = now.status();
                     working.state = TaskState::Working;
                     working.message = None;
