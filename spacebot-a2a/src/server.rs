@@ -453,10 +453,7 @@ impl A2aServer {
             ));
         }
         if !message.task_id.is_empty() {
-            return Err(RpcError::new(
-                codes::UNSUPPORTED_OPERATION,
-                "a message continuing a task is not supported: each message starts a task",
-            ));
+            return Err(self.follow_up(&message.task_id).await);
         }
         let text = message.to_text();
         if text.trim().is_empty() {
@@ -515,6 +512,36 @@ impl A2aServer {
             }
         }
         Ok(task)
+    }
+
+    /// The refusal of a message continuing the task `id`: not found (-32001), else unsupported
+    /// (-32004), saying why for the task's state.
+    async fn follow_up(&self, id: &str) -> RpcError {
+        let task = match self.find(id).await {
+            Ok(task) => task,
+            Err(e) => return e,
+        };
+        // `completed`, `input-required`: as the protocol's text names the states.
+        let state = task
+            .state
+            .as_str()
+            .trim_start_matches("TASK_STATE_")
+            .to_lowercase()
+            .replace('_', "-");
+        let why = if task.state.is_terminal() {
+            format!("task {id} is {state}: a task that ended takes no more messages")
+        } else if task.state == TaskState::InputRequired {
+            format!(
+                "task {id} is {state}, and waits for an operator's approval in the organization, \
+                 not for a message: this server takes no follow-up messages in a task"
+            )
+        } else {
+            format!("task {id} is {state}: this server takes no follow-up messages in a task")
+        };
+        RpcError::new(
+            codes::UNSUPPORTED_OPERATION,
+            format!("{why}; send the message without taskId to start a new task"),
+        )
     }
 
     async fn find(&self, id: &str) -> Result<TaskRecord, RpcError> {

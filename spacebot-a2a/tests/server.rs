@@ -173,6 +173,22 @@ async fn python_client_talks_to_the_organization_over_a2a() {
     );
     assert_eq!(repeat["state"], "TASK_STATE_COMPLETED");
 
+    let follow_up = step(&lines, "follow_up");
+    let ended = follow_up["ended"].as_str().unwrap_or_default();
+    assert!(
+        ended.starts_with("UnsupportedOperationError")
+            && ended.contains("is completed: a task that ended takes no more messages")
+            && ended.contains("without taskId"),
+        "{follow_up}"
+    );
+    assert!(
+        follow_up["unknown"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("TaskNotFoundError"),
+        "{follow_up}"
+    );
+
     let stream = step(&lines, "stream");
     let kinds: Vec<(String, String)> = stream["events"]
         .as_array()
