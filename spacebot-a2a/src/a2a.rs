@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 use async_trait::async_trait;
 use spacebot_core::runtime::OutboundError;
 use spacebot_core::{
-    AgentId, Behaviour, BehaviourContext, Clock, EventKind, EventSubscription, Outbound, Reply,
-    ReplyKind, Source,
+    AgentId, Behaviour, BehaviourContext, Clock, EnvelopeId, Event, EventKind, EventSubscription,
+    Outbound, Reply, ReplyKind, Source, TaskRef, TaskStatus,
 };
 use tokio::sync::broadcast;
 
@@ -22,6 +22,8 @@ pub const PLATFORM: &str = "a2a";
 
 pub(crate) struct Attached {
     pub(crate) store: TaskStore,
+    /// The organization's task boards (what an approval waits on).
+    pub(crate) boards: Arc<dyn spacebot_core::TaskStore>,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) config: A2aConfig,
 }
@@ -34,6 +36,11 @@ struct Inner {
     changed: OnceLock<broadcast::Sender<String>>,
     /// The task whose turn each agent runs now (from the events).
     running: Mutex<HashMap<AgentId, String>>,
+    /// The user request (the envelope delivered) behind each A2A task whose turn started here.
+    requests: Mutex<HashMap<EnvelopeId, String>>,
+    /// The tasks of those requests waiting for an operator's approval: the A2A task and what
+    /// waits.
+    approvals: Mutex<HashMap<TaskRef, (String, String)>>,
     watching: OnceLock<()>,
 }
 
@@ -111,10 +118,7 @@ impl A2a {
 
     /// Whether `agent` runs the turn of task `task` now.
     pub(crate) fn runs(&self, agent: &AgentId, task: &str) -> bool {
-        self.inner
-            .running
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        lock(&self.inner.running)
             .get(agent)
             .is_some_and(|t| t == task)
     }
@@ -136,6 +140,9 @@ impl A2a {
                 Err(spacebot_core::bus::RecvError::Lagged { .. }) => continue,
                 Err(_) => return,
             };
+            if event.task.is_some() {
+                self.follow_approval(&event).await;
+            }
             let Some(task) = event
                 .channel
                 .as_ref()
@@ -146,25 +153,152 @@ impl A2a {
             };
             match event.kind {
                 EventKind::TurnStarted => {
-                    self.inner
-                        .running
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .insert(event.agent.clone(), task.clone());
+                    if let Some(request) = &event.request {
+                        lock(&self.inner.requests).insert(request.clone(), task.clone());
+                    }
+                    lock(&self.inner.running).insert(event.agent.clone(), task.clone());
                     self.set_state(&task, TaskState::Working, None).await;
                 }
                 EventKind::TurnFinished { .. } | EventKind::TurnCancelled => {
-                    let mut running = self
-                        .inner
-                        .running
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner);
+                    let mut running = lock(&self.inner.running);
                     if running.get(&event.agent) == Some(&task) {
                         running.remove(&event.agent);
                     }
                 }
                 _ => {}
             }
+        }
+    }
+
+    /// A task of a request behind an A2A task waits for approval: the A2A task is
+    /// `input-required` while it waits, `working` again once it is claimed (approved), `rejected`
+    /// when it is cancelled (rejected) instead.
+    async fn follow_approval(&self, event: &Event) {
+        let Some(task_ref) = &event.task else {
+            return;
+        };
+        match &event.kind {
+            EventKind::TaskCreated {
+                status: TaskStatus::PendingApproval,
+                ..
+            } => {
+                let Some(a2a_task) = event
+                    .request
+                    .as_ref()
+                    .and_then(|r| lock(&self.inner.requests).get(r).cloned())
+                else {
+                    return;
+                };
+                let what = self.describe(task_ref).await;
+                lock(&self.inner.approvals).insert(task_ref.clone(), (a2a_task.clone(), what));
+                self.show_waits(&a2a_task).await;
+            }
+            EventKind::TaskClaimed { .. }
+            | EventKind::TaskCompleted
+            | EventKind::TaskFailed { .. } => {
+                let Some((a2a_task, _)) = lock(&self.inner.approvals).remove(task_ref) else {
+                    return;
+                };
+                self.show_waits(&a2a_task).await;
+            }
+            EventKind::TaskCancelled => {
+                let Some((a2a_task, what)) = lock(&self.inner.approvals).remove(task_ref) else {
+                    return;
+                };
+                let reason = match self.attached() {
+                    Some(attached) => attached
+                        .boards
+                        .get(&task_ref.agent, task_ref.number)
+                        .await
+                        .ok()
+                        .flatten()
+                        .and_then(|t| t.error),
+                    None => None,
+                };
+                let reason = reason.map(|r| format!(" ({r})")).unwrap_or_default();
+                self.set_state(
+                    &a2a_task,
+                    TaskState::Rejected,
+                    Some(format!("refused: {what} was not approved{reason}")),
+                )
+                .await;
+                lock(&self.inner.approvals).retain(|_, (t, _)| *t != a2a_task);
+            }
+            _ => {}
+        }
+    }
+
+    /// What waits, said to the client: the task, its assignee, who delegated it.
+    async fn describe(&self, task_ref: &TaskRef) -> String {
+        let task = match self.attached() {
+            Some(attached) => attached
+                .boards
+                .get(&task_ref.agent, task_ref.number)
+                .await
+                .ok()
+                .flatten(),
+            None => None,
+        };
+        match task {
+            Some(task) => {
+                let by = task
+                    .metadata
+                    .delegated_by
+                    .map(|a| format!(", delegated by {a}"))
+                    .unwrap_or_default();
+                format!("task {task_ref} ({:?}{by})", task.title)
+            }
+            None => format!("task {task_ref}"),
+        }
+    }
+
+    /// The A2A task is `input-required` with what waits while an approval of its request waits,
+    /// else `working` again.
+    async fn show_waits(&self, a2a_task: &str) {
+        let waits: Vec<String> = {
+            let approvals = lock(&self.inner.approvals);
+            let mut waits: Vec<(&TaskRef, &String)> = approvals
+                .iter()
+                .filter(|(_, (t, _))| t == a2a_task)
+                .map(|(r, (_, what))| (r, what))
+                .collect();
+            waits.sort();
+            waits.into_iter().map(|(_, what)| what.clone()).collect()
+        };
+        let waiting = (!waits.is_empty())
+            .then(|| format!("waiting for an operator's approval of {}", waits.join("; ")));
+        self.set_waiting(a2a_task, waiting).await;
+    }
+
+    /// `Some`: the task waits for input (`input-required`, `waiting` its status message); `None`:
+    /// a task that waited is `working` again. A task that ended is left as it is.
+    pub(crate) async fn set_waiting(&self, task: &str, waiting: Option<String>) {
+        let Some(attached) = self.attached() else {
+            return;
+        };
+        let result = attached
+            .store
+            .update(task, attached.clock.now(), |t| match &waiting {
+                Some(text) => {
+                    if t.state == TaskState::InputRequired && t.waiting.as_ref() == Some(text) {
+                        return false;
+                    }
+                    t.state = TaskState::InputRequired;
+                    t.waiting = Some(text.clone());
+                    true
+                }
+                None if t.state == TaskState::InputRequired => {
+                    t.state = TaskState::Working;
+                    t.waiting = None;
+                    true
+                }
+                None => false,
+            })
+            .await;
+        match result {
+            Ok(Some((_, true))) => self.notify(task),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(task, "A2A task could not be updated: {e}"),
         }
     }
 
@@ -196,7 +330,20 @@ impl A2a {
             Ok(_) => {}
             Err(e) => tracing::warn!(task, "A2A task could not be updated: {e}"),
         }
+        if state.is_terminal() {
+            self.forget(task);
+        }
     }
+
+    /// Forgets what is followed for a task that ended.
+    fn forget(&self, task: &str) {
+        lock(&self.inner.requests).retain(|_, t| t != task);
+        lock(&self.inner.approvals).retain(|_, (t, _)| t != task);
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 #[async_trait]
@@ -243,6 +390,7 @@ impl Outbound for A2a {
             })
             .await
             .map_err(|e| OutboundError::Closed(format!("the A2A task {task}: {e}")))?;
+        self.forget(&task);
         self.notify(&task);
         Ok(())
     }
@@ -263,6 +411,7 @@ impl Behaviour for A2a {
         let store = TaskStore::new(ctx.stores().records.clone())?;
         let attached = Attached {
             store,
+            boards: ctx.stores().tasks.clone(),
             clock: ctx.clock().clone(),
             config,
         };

@@ -51,7 +51,9 @@ pub const SKILL_METADATA_KEY: &str = "skill";
 /// [`PLATFORM`], its own channel `a2a:{task id}`) and the agent's final reply, its delegations
 /// included, kept in the organization's records (namespace
 /// [`TASKS_NAMESPACE`](crate::TASKS_NAMESPACE)): `submitted` when stored, `working` when the
-/// agent's turn starts, `completed` with the reply, `failed` when the agent could not answer,
+/// agent's turn starts, `input-required` while a task of its request waits for an operator's
+/// approval (`working` again once approved, `rejected` when rejected), `completed` with the
+/// reply, `failed` when the agent could not answer,
 /// `rejected` when the message could not be delivered, `canceled` by `CancelTask`. A message id
 /// sent again (per agent) answers with the same task and delivers nothing new.
 ///
@@ -451,10 +453,7 @@ impl A2aServer {
             ));
         }
         if !message.task_id.is_empty() {
-            return Err(RpcError::new(
-                codes::UNSUPPORTED_OPERATION,
-                "a message continuing a task is not supported: each message starts a task",
-            ));
+            return Err(self.follow_up(&message.task_id).await);
         }
         let text = message.to_text();
         if text.trim().is_empty() {
@@ -485,6 +484,7 @@ impl A2aServer {
             state: TaskState::Submitted,
             request: message,
             answer: None,
+            waiting: None,
             updated_ms: now.as_millis(),
         };
         let (task, _new) = attached
@@ -512,6 +512,36 @@ impl A2aServer {
             }
         }
         Ok(task)
+    }
+
+    /// The refusal of a message continuing the task `id`: not found (-32001), else unsupported
+    /// (-32004), saying why for the task's state.
+    async fn follow_up(&self, id: &str) -> RpcError {
+        let task = match self.find(id).await {
+            Ok(task) => task,
+            Err(e) => return e,
+        };
+        // `completed`, `input-required`: as the protocol's text names the states.
+        let state = task
+            .state
+            .as_str()
+            .trim_start_matches("TASK_STATE_")
+            .to_lowercase()
+            .replace('_', "-");
+        let why = if task.state.is_terminal() {
+            format!("task {id} is {state}: a task that ended takes no more messages")
+        } else if task.state == TaskState::InputRequired {
+            format!(
+                "task {id} is {state}, and waits for an operator's approval in the organization, \
+                 not for a message: this server takes no follow-up messages in a task"
+            )
+        } else {
+            format!("task {id} is {state}: this server takes no follow-up messages in a task")
+        };
+        RpcError::new(
+            codes::UNSUPPORTED_OPERATION,
+            format!("{why}; send the message without taskId to start a new task"),
+        )
     }
 
     async fn find(&self, id: &str) -> Result<TaskRecord, RpcError> {
@@ -594,14 +624,18 @@ impl A2aServer {
                 let Ok(now) = this.find(&last.id).await else {
                     return;
                 };
-                if now.state == last.state {
+                if now.state == last.state && now.waiting == last.waiting {
                     continue;
                 }
                 // An answer means the turn ran: a client that read the task too late to see it
                 // working is told so first, so every stream tells the states in their order.
-                if last.state == TaskState::Submitted
-                    && matches!(now.state, TaskState::Completed | TaskState::Failed)
-                {
+                // The same for a task that waits for input: its turn ran.
+                let ran = match now.state {
+                    TaskState::Completed | TaskState::Failed => last.state != TaskState::Working,
+                    TaskState::InputRequired => last.state == TaskState::Submitted,
+                    _ => false,
+                };
+                if ran {
                     let mut working = now.status();
                     working.state = TaskState::Working;
                     working.message = None;

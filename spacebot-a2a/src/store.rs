@@ -32,6 +32,10 @@ pub struct TaskRecord {
     /// The agent's answer (completed), or why it failed, was rejected or canceled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub answer: Option<String>,
+    /// What it waits for while `input-required` (an operator's approval of a task of its
+    /// request): its status message then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<String>,
     /// When the state last changed (milliseconds since the epoch).
     pub updated_ms: i64,
 }
@@ -76,8 +80,25 @@ impl TaskRecord {
         }
     }
 
-    /// The task's status (with the answer as its message once there is one).
+    /// The task's status (with the answer as its message once there is one; what it waits for
+    /// while `input-required`).
     pub fn status(&self) -> TaskStatus {
+        if self.state == TaskState::InputRequired
+            && let Some(waiting) = &self.waiting
+        {
+            return TaskStatus {
+                state: self.state,
+                message: Some(Message {
+                    message_id: format!("{}-waiting", self.id),
+                    context_id: self.context_id.clone(),
+                    task_id: self.id.clone(),
+                    role: Role::Agent,
+                    parts: vec![Part::text(waiting.clone())],
+                    metadata: None,
+                }),
+                timestamp: Some(rfc3339(self.updated_ms)),
+            };
+        }
         TaskStatus {
             state: self.state,
             message: self.answer.as_ref().map(|text| Message {

@@ -1,7 +1,8 @@
 //! Spacebot's A2A client against an agent no one here wrote: a small remote agent on PyPI
 //! `a2a-sdk`'s server (`tests/fixtures/a2a_server.py`, on 127.0.0.1), declared as a member of
-//! the organization and delegated to: the result reaches the delegator; a restart mid-task sends
-//! nothing twice; a remote agent killed mid-task is tried again, then the task fails and the
+//! the organization and delegated to: the result reaches the delegator; an organization SIGKILLed
+//! mid-task and restarted resumes the task and the remote agent receives the message once (killed
+//! after the remote task's id was stored, or before); a remote agent killed mid-task is tried again, then the task fails and the
 //! delegator is told; a link that is disabled refuses the delegation.
 //!
 //! Needs SPACEBOT_PYTHON (a Python with PyPI's `a2a-sdk`, made by `.ci/python`); without it each
@@ -16,10 +17,13 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use spacebot_a2a::{A2a, REMOTE_NAMESPACE, RetryPolicy, remote_executors};
 use spacebot_core::delegation::DelegationOrigin;
+use spacebot_core::records::{Record, RecordStore, RecordWrite, WriteOutcome};
 use spacebot_core::task::TaskStatus;
 use spacebot_core::testing::external::python;
 use spacebot_core::testing::{OrgHarness, ScriptedLlm};
-use spacebot_core::{AgentId, ChannelId, ChatMessage, InboundMessage, OrgConfig, Stores};
+use spacebot_core::{
+    AgentId, ChannelId, ChatMessage, EventKind, InboundMessage, OrgConfig, StoreError, Stores,
+};
 use tokio::io::AsyncBufReadExt;
 
 const TOKEN: &str = "remote-token";
@@ -184,32 +188,175 @@ async fn the_remote_agents_answer_reaches_the_delegator() {
     h.org.shutdown().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_restart_mid_task_resumes_by_the_remote_task_and_sends_once() {
-    let Some(python) = python() else { return };
-    let (_server, base) = remote(&python, "2").await;
-    let dir = tempfile::tempdir().unwrap();
-    let config = org(&base, true);
+/// Set in the first life of the SIGKILL tests (this test binary again): the data directory.
+const CHILD_DIR: &str = "SPACEBOT_A2A_CHILD_DIR";
+/// Set in the first life: the remote agent's base URL.
+const CHILD_REMOTE: &str = "SPACEBOT_A2A_CHILD_REMOTE";
+/// Set to `1` in the first life: the remote task's id is never stored (its write hangs), so the
+/// kill falls between the remote accepting the message and the record of it.
+const CHILD_HOLD: &str = "SPACEBOT_A2A_CHILD_HOLD";
 
+/// Whether a [`HoldRemoteWrites`] holds a write.
+static HELD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// A record store whose writes of the remote tasks' ids never finish: they say `HOLDING` on
+/// stdout and wait forever, as a process killed in that moment would.
+#[derive(Debug)]
+struct HoldRemoteWrites(Arc<dyn RecordStore>);
+
+#[async_trait::async_trait]
+impl RecordStore for HoldRemoteWrites {
+    async fn get(&self, namespace: &str, key: &str) -> Result<Option<Record>, StoreError> {
+        self.0.get(namespace, key).await
+    }
+    async fn version(
+        &self,
+        namespace: &str,
+        key: &str,
+        version: u64,
+    ) -> Result<Option<Record>, StoreError> {
+        self.0.version(namespace, key, version).await
+    }
+    async fn write(&self, write: RecordWrite) -> Result<WriteOutcome, StoreError> {
+        if write.namespace == REMOTE_NAMESPACE {
+            println!("HOLDING");
+            HELD.store(true, std::sync::atomic::Ordering::SeqCst);
+            futures::future::pending::<()>().await;
+        }
+        self.0.write(write).await
+    }
+    async fn list(&self, namespace: &str, prefix: &str) -> Result<Vec<Record>, StoreError> {
+        self.0.list(namespace, prefix).await
+    }
+    async fn history(&self, namespace: &str, key: &str) -> Result<Vec<Record>, StoreError> {
+        self.0.history(namespace, key).await
+    }
+    async fn release(&self) {
+        self.0.release().await;
+    }
+}
+
+/// The first life of the SIGKILL tests, run by them as a child process and killed once the
+/// remote agent received the message: the boss delegates a held question to far; far's executor
+/// sends it; `READY` once the remote task's id is stored (or, with [`CHILD_HOLD`], once its write
+/// hangs) and the boss's turn is over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the child process of the SIGKILL tests"]
+async fn a2a_child() {
+    let (Ok(dir), Ok(base)) = (std::env::var(CHILD_DIR), std::env::var(CHILD_REMOTE)) else {
+        panic!("run by the SIGKILL tests only");
+    };
+    let hold = std::env::var(CHILD_HOLD).as_deref() == Ok("1");
+    let mut stores = spacebot_sqlite::open(&dir).await.unwrap();
+    if hold {
+        stores.records = Arc::new(HoldRemoteWrites(stores.records.clone()));
+    }
     let llm = ScriptedLlm::new();
-    script_delegation(&llm, "a slow question", "unused");
+    let boss = agent("boss");
+    llm.push_tool_call(
+        &boss,
+        "send_agent_message",
+        json!({"target": "far", "message": "a held question"}),
+    );
+    llm.push_text(&boss, "asked far");
     let h = harness(
-        &config,
+        &org(&base, true),
         &llm,
-        Some(spacebot_sqlite::open(dir.path()).await.unwrap()),
+        Some(stores),
         &RetryPolicy::default(),
     )
     .await;
     h.org.start_all().await.unwrap();
     h.org
-        .deliver(
-            "boss",
-            InboundMessage::new("portal", "u1", "ask far slowly"),
-        )
+        .deliver("boss", InboundMessage::new("portal", "u1", "ask far"))
         .await
         .unwrap();
-    // Sent and its remote task stored: stop in the middle of the remote work.
-    h.wait_until("the remote task stored", || async {
+    h.wait_until("the remote task stored (or its write held)", || async {
+        if hold {
+            HELD.load(std::sync::atomic::Ordering::SeqCst)
+        } else {
+            !h.stores
+                .records
+                .list(REMOTE_NAMESPACE, "")
+                .await
+                .unwrap()
+                .is_empty()
+        }
+    })
+    .await;
+    h.wait_until("the boss's turn started", || async {
+        !llm.requests_for(&boss).is_empty()
+    })
+    .await;
+    h.wait_idle("boss").await;
+    println!("READY");
+    futures::future::pending::<()>().await;
+}
+
+/// How many SendMessage requests the remote received for each message id.
+async fn sent(base: &str) -> BTreeMap<String, u64> {
+    reqwest::get(format!("{base}/sent"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// The organization runs in a child process, SIGKILLed while the remote task works (the remote
+/// received the message: its agent holds it until released); a new organization on the same
+/// SQLite directory resumes far's task: the delegator gets the remote answer, once; the remote
+/// agent received the message once; the task completed once. `hold`: the kill falls before the
+/// remote task's id was stored. Returns how many times the message was sent.
+async fn sigkill_mid_task(python: &str, hold: bool) -> u64 {
+    let (_server, base) = remote(python, "0").await;
+    let dir = tempfile::tempdir().unwrap();
+
+    // The first life, killed once the remote works on the message.
+    let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
+        .args(["a2a_child", "--exact", "--ignored", "--nocapture"])
+        .env(CHILD_DIR, dir.path())
+        .env(CHILD_REMOTE, &base)
+        .env(CHILD_HOLD, if hold { "1" } else { "0" })
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut holding = false;
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            holding |= line == "HOLDING";
+            if line == "READY" {
+                return;
+            }
+        }
+        panic!("the first life ended before it was ready");
+    })
+    .await
+    .expect("the first life was ready within 60 s");
+    assert_eq!(holding, hold, "the remote task's write held: {holding}");
+    let received_first = received(&base).await;
+    assert_eq!(
+        received_first.values().copied().collect::<Vec<_>>(),
+        [1],
+        "the remote agent works on the message: {received_first:?}"
+    );
+    child.kill().await.unwrap(); // SIGKILL
+    child.wait().await.unwrap();
+
+    // The second life on the same directory.
+    let llm = ScriptedLlm::new();
+    llm.push_text(&agent("boss"), "far answered after the restart");
+    let h = harness(
+        &org(&base, true),
+        &llm,
+        Some(spacebot_sqlite::open(dir.path()).await.unwrap()),
+        &RetryPolicy::new(5, Duration::from_millis(50)),
+    )
+    .await;
+    h.org.start_all().await.unwrap();
+    h.wait_until("far's task stored its remote task", || async {
         !h.stores
             .records
             .list(REMOTE_NAMESPACE, "")
@@ -218,37 +365,67 @@ async fn a_restart_mid_task_resumes_by_the_remote_task_and_sends_once() {
             .is_empty()
     })
     .await;
-    assert_eq!(received(&base).await.len(), 1);
-    h.org.shutdown().await.unwrap();
-    h.stores.close().await;
-    drop(h);
-
-    let llm = ScriptedLlm::new();
-    llm.push_text(&agent("boss"), "far answered after the restart");
-    let h = harness(
-        &config,
-        &llm,
-        Some(spacebot_sqlite::open(dir.path()).await.unwrap()),
-        &RetryPolicy::default(),
-    )
-    .await;
-    h.org.start_all().await.unwrap();
+    reqwest::get(format!("{base}/release")).await.unwrap();
     let task = wait_task(&h, TaskStatus::Done).await;
     assert_eq!(
         task.result.as_deref(),
-        Some("remote answer to: a slow question")
-    );
-    let counts = received(&base).await;
-    assert_eq!(counts.len(), 1, "one message id: {counts:?}");
-    assert!(
-        counts.values().all(|n| *n == 1),
-        "received once: {counts:?}"
+        Some("remote answer to: a held question")
     );
     h.wait_until("boss was told the result", || async {
-        last_request_text(&llm, "boss").contains("remote answer to: a slow question")
+        last_request_text(&llm, "boss").contains("remote answer to: a held question")
     })
     .await;
+    h.wait_quiet().await;
+    assert_eq!(
+        received(&base).await,
+        received_first,
+        "the remote agent received the message once"
+    );
+    let told = llm
+        .requests_for(&agent("boss"))
+        .iter()
+        .filter(|r| format!("{:?}", r.messages).contains("remote answer to: a held question"))
+        .count();
+    assert_eq!(told, 1, "the delegator is told once");
+    assert_eq!(
+        h.count(|k| matches!(k, EventKind::TaskCompleted)),
+        1,
+        "far's task completed once"
+    );
+    assert!(
+        h.stores
+            .tasks
+            .get(&agent("far"), 2)
+            .await
+            .unwrap()
+            .is_none(),
+        "no second task"
+    );
+    let sends = sent(&base).await;
+    assert_eq!(sends.len(), 1, "one message id: {sends:?}");
     h.org.shutdown().await.unwrap();
+    sends.into_values().sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigkill_while_the_remote_works_resumes_by_the_remote_task_and_sends_once() {
+    let Some(python) = python() else { return };
+    assert_eq!(
+        sigkill_mid_task(&python, false).await,
+        1,
+        "resumed by the stored remote task: not sent again"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigkill_before_the_remote_task_is_stored_sends_the_same_message_id_and_the_remote_runs_it_once()
+ {
+    let Some(python) = python() else { return };
+    assert_eq!(
+        sigkill_mid_task(&python, true).await,
+        2,
+        "sent again after the restart, with the same message id, answered with the first task"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

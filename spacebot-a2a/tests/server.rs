@@ -15,7 +15,10 @@ use serde_json::{Value, json};
 use spacebot_a2a::{A2a, A2aServer};
 use spacebot_core::testing::external::python;
 use spacebot_core::testing::{OrgHarness, ScriptedLlm, last_user_text};
-use spacebot_core::{AgentId, ChatRequest, ChatResponse, EventKind, LlmError, LlmProvider};
+use spacebot_core::{
+    AgentId, ChatRequest, ChatResponse, EventKind, LlmError, LlmProvider, TaskRef,
+};
+use tokio::io::AsyncBufReadExt;
 
 const TOKEN: &str = "a2a-test-token";
 
@@ -170,6 +173,22 @@ async fn python_client_talks_to_the_organization_over_a2a() {
     );
     assert_eq!(repeat["state"], "TASK_STATE_COMPLETED");
 
+    let follow_up = step(&lines, "follow_up");
+    let ended = follow_up["ended"].as_str().unwrap_or_default();
+    assert!(
+        ended.starts_with("UnsupportedOperationError")
+            && ended.contains("is completed: a task that ended takes no more messages")
+            && ended.contains("without taskId"),
+        "{follow_up}"
+    );
+    assert!(
+        follow_up["unknown"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("TaskNotFoundError"),
+        "{follow_up}"
+    );
+
     let stream = step(&lines, "stream");
     let kinds: Vec<(String, String)> = stream["events"]
         .as_array()
@@ -220,6 +239,151 @@ async fn python_client_talks_to_the_organization_over_a2a() {
             .any(|e| e.agent == chief && e.kind == EventKind::TurnCancelled)
     })
     .await;
+    served.abort();
+}
+
+/// A task of the request behind an A2A task waits for an operator's approval: PyPI a2a-sdk's
+/// client sees the task `input-required` (in the stream and with `GetTask`) with a status
+/// message naming what waits; approved (`Organization::approve_task`), it is working again and
+/// completes; rejected (`Organization::reject_task`), it is rejected with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_waiting_in_the_tree_makes_the_task_input_required() {
+    let Some(python) = python() else { return };
+    let llm = ScriptedLlm::new();
+    let (chief, lead) = (agent("chief"), agent("lead"));
+    for (verdict, after) in [
+        ("approve", "chief: the lead did it"),
+        ("reject", "chief: the lead was refused"),
+    ] {
+        llm.push_tool_call(
+            &chief,
+            "send_agent_message",
+            json!({"target": "lead", "message": format!("{verdict} this work")}),
+        );
+        llm.push_text(&chief, after);
+    }
+    llm.push_text(&lead, "the lead did it");
+    let a2a = A2a::new();
+    let config = spacebot_core::testing::orgs::with_settings("approval = \"always\"", ORG);
+    let mut h = OrgHarness::builder(config)
+        .llm(Arc::new(llm.clone()))
+        .behaviour(Arc::new(a2a.clone()))
+        .outbound(Arc::new(a2a.clone()))
+        .build()
+        .await;
+    h.timeout = Duration::from_secs(30);
+    h.org.start_all().await.unwrap();
+    let server = A2aServer::new(h.org.clone(), a2a)
+        .unwrap()
+        .with_token(Some(TOKEN.into()));
+    let (base, served) = serve(server.router()).await;
+
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/a2a_client.py");
+    let mut child = tokio::process::Command::new(&python)
+        .arg(script)
+        .args([base.as_str(), TOKEN, "approval"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut out = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut lines = Vec::new();
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(line) = out.next_line().await.unwrap() {
+            let line: Value = serde_json::from_str(&line).unwrap();
+            if line["step"] == "waiting" {
+                let pending = h
+                    .board("lead")
+                    .await
+                    .into_iter()
+                    .find(|t| t.status == spacebot_core::TaskStatus::PendingApproval)
+                    .expect("a task of lead waits for approval");
+                let task = TaskRef::new(lead.clone(), pending.number);
+                if line["verdict"] == "approve" {
+                    h.org.approve_task(&task).await.unwrap();
+                } else {
+                    h.org.reject_task(&task, "not today").await.unwrap();
+                }
+            }
+            lines.push(line);
+        }
+    })
+    .await
+    .expect("the client finished within 60 s");
+    assert!(child.wait().await.unwrap().success(), "{lines:?}");
+
+    let states = |verdict: &str| -> Vec<String> {
+        step(&lines, verdict)["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["state"].as_str().unwrap_or("artifact").to_owned())
+            .collect()
+    };
+    let waiting: Vec<&Value> = lines.iter().filter(|l| l["step"] == "waiting").collect();
+    assert_eq!(waiting.len(), 2, "{lines:?}");
+    for (line, verdict) in waiting.iter().zip(["approve", "reject"]) {
+        assert_eq!(line["verdict"], verdict);
+        assert_eq!(
+            line["state"], "TASK_STATE_INPUT_REQUIRED",
+            "GetTask: {line}"
+        );
+        let text = line["text"].as_str().unwrap();
+        assert!(
+            text.contains("waiting for an operator's approval of task lead#")
+                && text.contains(&format!("{verdict} this work"))
+                && text.contains("delegated by chief"),
+            "{text}"
+        );
+    }
+    assert_eq!(
+        states("approve"),
+        [
+            "TASK_STATE_SUBMITTED",
+            "TASK_STATE_WORKING",
+            "TASK_STATE_INPUT_REQUIRED",
+            "TASK_STATE_WORKING",
+            "artifact",
+            "TASK_STATE_COMPLETED"
+        ],
+        "{lines:?}"
+    );
+    assert_eq!(step(&lines, "approve")["state"], "TASK_STATE_COMPLETED");
+    assert_eq!(
+        states("reject"),
+        [
+            "TASK_STATE_SUBMITTED",
+            "TASK_STATE_WORKING",
+            "TASK_STATE_INPUT_REQUIRED",
+            "TASK_STATE_REJECTED"
+        ],
+        "{lines:?}"
+    );
+    let rejected = step(&lines, "reject");
+    assert_eq!(rejected["state"], "TASK_STATE_REJECTED");
+    let last = rejected["events"].as_array().unwrap().last().unwrap();
+    assert!(
+        last["text"].as_str().unwrap().contains("not today"),
+        "{rejected}"
+    );
+    // The chief is told of the refusal and answers: the rejected task stays rejected.
+    h.wait_until("the chief answered the refusal", || async {
+        llm.remaining(&chief) == 0
+    })
+    .await;
+    h.wait_quiet().await;
+    let http = reqwest::Client::new();
+    let got = rpc(
+        &http,
+        &format!("{base}/a2a"),
+        "GetTask",
+        json!({"id": rejected["id"]}),
+    )
+    .await;
+    assert_eq!(
+        got["result"]["status"]["state"], "TASK_STATE_REJECTED",
+        "{got}"
+    );
     served.abort();
 }
 

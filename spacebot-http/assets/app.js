@@ -119,6 +119,7 @@
       { selector: "node.running", style: { "border-color": "#f08c00", "border-width": 3 } },
       { selector: "node.stopped", style: { "border-color": "#b4b9c4", color: "#8a90a0" } },
       { selector: "node.busy", style: { "background-color": "#fff3e0" } },
+      { selector: "node.remote", style: { "border-style": "dashed", "background-color": "#f4f1ff" } },
       { selector: "node.drop", style: { "border-color": "#2f6fdb", "border-width": 4 } },
       { selector: "node.ghost", style: { width: 1, height: 1, padding: 0, opacity: 0, label: "" } },
       { selector: "edge", style: { width: 2.5, "curve-style": "bezier", label: "data(label)", "font-size": 11,
@@ -136,7 +137,7 @@
   }
 
   function renderLegend() {
-    for (const sw of document.querySelectorAll(".legend .sw")) {
+    for (const sw of document.querySelectorAll(".legend .sw[data-kind]")) {
       const colour = COLOURS[sw.dataset.kind];
       if (sw.dataset.kind === "disabled") sw.style.borderTopColor = colour;
       else sw.style.backgroundColor = colour;
@@ -147,8 +148,12 @@
     const at = positions(topology);
     const elements = [];
     for (const a of topology.agents) {
-      const status = (state.agents.find((x) => x.id === a.id) || {}).status || "stopped";
-      elements.push({ group: "nodes", data: { id: "agent:" + a.id, agent: a.id, label: a.name }, classes: status });
+      const view = state.agents.find((x) => x.id === a.id) || {};
+      const status = view.status || "stopped";
+      // A remote A2A agent: a dashed node, "A2A" after its name.
+      const label = view.remote ? a.name + " · A2A" : a.name;
+      elements.push({ group: "nodes", data: { id: "agent:" + a.id, agent: a.id, label, remote: view.remote || "" },
+        classes: status + (view.remote ? " remote" : "") });
     }
     for (const l of topology.links) {
       elements.push({

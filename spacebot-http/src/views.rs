@@ -38,6 +38,10 @@ pub struct AgentView {
     pub status: AgentStatus,
     /// Envelopes waiting in its queue (0 when stopped).
     pub queued: usize,
+    /// A remote A2A agent (`a2a = "..."` in its `[[agents]]` entry): its base URL. Its token is
+    /// never shown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote: Option<String>,
 }
 
 /// Who may start an exchange over a link.

@@ -85,7 +85,20 @@ fn agent_view(org: &Organization, id: &AgentId) -> AgentView {
         name: org.display_name(id),
         status,
         queued: org.queue_len(id).unwrap_or(0),
+        remote: remote_url(org, id),
     }
+}
+
+/// The base URL of a remote A2A agent (its `a2a` field), never its token.
+fn remote_url(org: &Organization, id: &AgentId) -> Option<String> {
+    org.config()
+        .agents
+        .iter()
+        .find(|a| &a.id == id)?
+        .fields
+        .get(spacebot_a2a::URL_FIELD)?
+        .as_str()
+        .map(|url| url.trim_end_matches('/').to_owned())
 }
 
 fn find_link(org: &Organization, id: &str) -> ApiResult<AgentLink> {
