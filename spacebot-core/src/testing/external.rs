@@ -40,6 +40,7 @@ fn workspace() -> PathBuf {
 
 /// `var` when it is set, else `default` when it exists; panics otherwise, saying what the test
 /// needs. Only tests compiled to run (their cfg set by the build script) call it.
+#[allow(clippy::panic)] // Test support: a test that was compiled to run and cannot, fails.
 fn tool(var: &str, default: PathBuf, what: &str) -> String {
     if let Ok(v) = std::env::var(var)
         && !v.trim().is_empty()
