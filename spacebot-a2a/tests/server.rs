@@ -2,8 +2,10 @@
 //! (`tests/fixtures/a2a_client.py`) over JSON-RPC and SSE on 127.0.0.1, against a two-hop
 //! delegation on the scripted mock model; and a task kept across a restart on SQLite.
 //!
-//! The Python test needs SPACEBOT_PYTHON (a Python with PyPI's `a2a-sdk`, made by `.ci/python`);
-//! without it it says so and returns, unless SPACEBOT_REQUIRE_PYTHON=1 (CI), when it fails.
+//! The Python tests need SPACEBOT_PYTHON (a Python with PyPI's `a2a-sdk`, made by `.ci/python`);
+//! where neither it nor `.ci/python`'s environment is at hand they are compiled as ignored, with the
+//! reason (`cfg(spacebot_python)`, set by the build script), unless SPACEBOT_REQUIRE_PYTHON=1
+//! (CI), when they run and fail without it.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::PathBuf;
@@ -106,8 +108,12 @@ async fn serve(router: axum::Router) -> (String, tokio::task::JoinHandle<()>) {
 /// Card, a bad token, send across two hops, a repeated message id, stream, get, subscribe,
 /// cancel.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(spacebot_python),
+    ignore = "no Python with the protocol kits here: set SPACEBOT_PYTHON (see .ci/python); see README"
+)]
 async fn python_client_talks_to_the_organization_over_a2a() {
-    let Some(python) = python() else { return };
+    let python = python();
     let llm = ScriptedLlm::new();
     let (chief, lead, worker) = (agent("chief"), agent("lead"), agent("worker"));
     llm.push_tool_call(
@@ -247,8 +253,12 @@ async fn python_client_talks_to_the_organization_over_a2a() {
 /// message naming what waits; approved (`Organization::approve_task`), it is working again and
 /// completes; rejected (`Organization::reject_task`), it is rejected with the reason.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(spacebot_python),
+    ignore = "no Python with the protocol kits here: set SPACEBOT_PYTHON (see .ci/python); see README"
+)]
 async fn an_approval_waiting_in_the_tree_makes_the_task_input_required() {
-    let Some(python) = python() else { return };
+    let python = python();
     let llm = ScriptedLlm::new();
     let (chief, lead) = (agent("chief"), agent("lead"));
     for (verdict, after) in [

@@ -2,7 +2,8 @@
 //!
 //! Needs `/usr/bin/chromium` and `/usr/bin/chromedriver` (Debian: `apt-get install chromium
 //! chromium-driver`; elsewhere set `SPACEBOT_CHROMIUM` and `SPACEBOT_CHROMEDRIVER`). Without them the
-//! test is skipped, except under CI (`CI` set), where it fails.
+//! tests are compiled as ignored, with the reason (`cfg(spacebot_chromium)`, set by the build
+//! script), unless `SPACEBOT_REQUIRE_CHROMIUM=1` (CI), when they run and fail without them.
 //! Screenshots go to `target/browser/` (under `CARGO_TARGET_DIR` when it is set).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -153,27 +154,23 @@ fn model() -> ScriptedLlm {
     llm
 }
 
-/// Whether the browser and its driver are installed; under CI their absence fails the test.
-fn browser_installed() -> bool {
+/// Panics, saying what to install, when the browser or its driver is missing (the tests run
+/// without them only when told to, under `SPACEBOT_REQUIRE_CHROMIUM=1`).
+fn browser_installed() {
     let (browser_bin, driver_bin) = (chromium(), chromedriver());
-    if Path::new(&browser_bin).exists() && Path::new(&driver_bin).exists() {
-        return true;
-    }
     assert!(
-        std::env::var_os("CI").is_none(),
+        Path::new(&browser_bin).exists() && Path::new(&driver_bin).exists(),
         "{browser_bin} or {driver_bin} is missing; install them with: apt-get install -y chromium chromium-driver"
     );
-    eprintln!(
-        "skipped: {browser_bin} or {driver_bin} is missing (the test fails instead under CI)"
-    );
-    false
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(spacebot_chromium),
+    ignore = "no Chromium here: install chromium and chromium-driver, or set SPACEBOT_CHROMIUM and SPACEBOT_CHROMEDRIVER; see README"
+)]
 async fn the_dashboard_delegates_through_the_chat_and_shows_it_live() {
-    if !browser_installed() {
-        return;
-    }
+    browser_installed();
     let s = serve_with(Options {
         llm: Some(model()),
         http: spacebot_http::HttpConfig::with_token(TOKEN).with_trace_url(TRACE_URL),
@@ -322,10 +319,12 @@ const HOSTILE: &str =
     "Ship 0.1 on Friday.\n<img src=x onerror=\"window.noteMarkupRan = true\"><b>bold?</b>";
 
 #[tokio::test]
+#[cfg_attr(
+    not(spacebot_chromium),
+    ignore = "no Chromium here: install chromium and chromium-driver, or set SPACEBOT_CHROMIUM and SPACEBOT_CHROMEDRIVER; see README"
+)]
 async fn the_dashboard_shows_shared_notes_live_and_as_text() {
-    if !browser_installed() {
-        return;
-    }
+    browser_installed();
     let llm = ScriptedLlm::new().with_fallback(|request| {
         let agent = request.agent.as_ref().map_or("?", |a| a.as_str());
         Ok(ChatResponse::text(format!("{agent} says ok")))
@@ -632,10 +631,12 @@ async fn send_chat(client: &Client, agent: &str, text: &str) {
 /// A request's tree grows live across two hops; an answer streams in; the chat keeps its
 /// history across a reload.
 #[tokio::test]
+#[cfg_attr(
+    not(spacebot_chromium),
+    ignore = "no Chromium here: install chromium and chromium-driver, or set SPACEBOT_CHROMIUM and SPACEBOT_CHROMEDRIVER; see README"
+)]
 async fn the_console_shows_the_request_tree_live_streams_and_keeps_the_chat() {
-    if !browser_installed() {
-        return;
-    }
+    browser_installed();
     let s = serve_with(Options {
         llm: Some(console_model()),
         stream_pause: Some(Duration::from_millis(120)),
@@ -728,10 +729,12 @@ async fn run_console(s: &Server, driver: &Driver, client: &Client) {
 /// once: a delegation allowed, then refused, the refusal in the link's timeline), a task approved
 /// from the console, and the page at 800 px.
 #[tokio::test]
+#[cfg_attr(
+    not(spacebot_chromium),
+    ignore = "no Chromium here: install chromium and chromium-driver, or set SPACEBOT_CHROMIUM and SPACEBOT_CHROMEDRIVER; see README"
+)]
 async fn the_topology_editor_changes_policy_at_once_and_approvals_work_from_the_console() {
-    if !browser_installed() {
-        return;
-    }
+    browser_installed();
     let s = serve().await;
     let driver = start_driver().await;
     let profile = tempfile::tempdir().unwrap();

@@ -2,8 +2,10 @@
 //! `ClientSession` (`tests/fixtures/mcp_client.py`) over streamable HTTP at `/mcp`, behind the
 //! API's bearer token, against a two-hop delegation on the scripted mock model.
 //!
-//! Needs SPACEBOT_PYTHON (a Python with PyPI's `mcp`, made by `.ci/python`); without it each test
-//! says so and returns, unless SPACEBOT_REQUIRE_PYTHON=1 (CI), when it fails.
+//! Needs SPACEBOT_PYTHON (a Python with PyPI's `mcp`, made by `.ci/python`); where
+//! neither it nor `.ci/python`'s environment is at hand the tests are compiled as ignored, with the
+//! reason (`cfg(spacebot_python)`, set by the build script), unless SPACEBOT_REQUIRE_PYTHON=1 (CI),
+//! when they run and fail without it.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use spacebot_core::testing::external::python;
@@ -111,8 +113,12 @@ fn script(llm: &ScriptedLlm) {
 
 /// list tools, ask across two hops with progress, read resources, cancel, a bad token refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(spacebot_python),
+    ignore = "no Python with the protocol kits here: set SPACEBOT_PYTHON (see .ci/python); see README"
+)]
 async fn python_client_asks_the_organization_over_streamable_http() {
-    let Some(python) = python() else { return };
+    let python = python();
     let llm = ScriptedLlm::new();
     script(&llm);
     let web = WebChat::new();

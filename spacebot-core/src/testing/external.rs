@@ -1,6 +1,15 @@
 //! What a test needs from outside the workspace (a Python with the protocol kits, a PostgreSQL
-//! server), named by an environment variable: a test without it says why and returns, unless the
-//! matching `SPACEBOT_REQUIRE_*` is `1` (CI), when it fails.
+//! server, npm's MCP reference server), named by an environment variable or found where the
+//! workspace's `.ci/` scripts put it.
+//!
+//! Tests that need a tool are compiled as ignored, with the reason, where the tool cannot be had:
+//! the build scripts set a cfg per tool (`spacebot_pg`, `spacebot_python`, `spacebot_node`,
+//! `spacebot_chromium`; see the `spacebot-probe` crate), so a run reports them as not run instead
+//! of passed. A test that runs because its cfg is set and then finds no tool fails, saying what is
+//! missing: [`python`] and [`mcp_everything`] panic, [`database_url`] panics under
+//! `SPACEBOT_REQUIRE_POSTGRES=1`.
+
+use std::path::{Path, PathBuf};
 
 /// The value of `var`, or `None` after saying on stderr that the test is skipped for want of
 /// `what`. Panics when `require` is set to `1`: under CI a test that cannot run fails.
@@ -24,13 +33,57 @@ pub fn env_or_skip(var: &str, require: &str, what: &str) -> Option<String> {
     }
 }
 
-/// `SPACEBOT_PYTHON`: a Python with PyPI's `mcp`, `opentelemetry-proto` and `a2a-sdk` (made by
-/// `.ci/python`); required under `SPACEBOT_REQUIRE_PYTHON=1`.
-pub fn python() -> Option<String> {
-    env_or_skip(
+/// The workspace's directory (the tests of its crates run from it or below it).
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// `var` when it is set, else `default` when it exists; panics otherwise, saying what the test
+/// needs. Only tests compiled to run (their cfg set by the build script) call it.
+#[allow(clippy::panic)] // Test support: a test that was compiled to run and cannot, fails.
+fn tool(var: &str, default: PathBuf, what: &str) -> String {
+    if let Ok(v) = std::env::var(var)
+        && !v.trim().is_empty()
+    {
+        return v;
+    }
+    if default.is_file() {
+        return default.display().to_string();
+    }
+    panic!(
+        "this test needs {what}: {var} is not set and {} does not exist (the build found the tool \
+         or was told it must run; see README, Tests)",
+        default.display()
+    )
+}
+
+/// `SPACEBOT_PYTHON`, or the Python of `.ci/python`'s virtual environment (`target/ci-venv`, or
+/// `$SPACEBOT_VENV`): a Python with PyPI's `mcp`, `opentelemetry-proto` and `a2a-sdk`.
+///
+/// For tests marked `#[cfg_attr(not(spacebot_python), ignore = "...")]`: panics, saying what is
+/// missing, when there is neither.
+pub fn python() -> String {
+    let venv = std::env::var_os("SPACEBOT_VENV")
+        .map_or_else(|| workspace().join("target/ci-venv"), PathBuf::from);
+    tool(
         "SPACEBOT_PYTHON",
-        "SPACEBOT_REQUIRE_PYTHON",
-        "a Python with the protocol kits; see .ci/python",
+        venv.join("bin/python"),
+        "a Python with the protocol kits (make one with .ci/python)",
+    )
+}
+
+/// `SPACEBOT_MCP_EVERYTHING`, or where `.ci/node` installs it (`target/ci-node`, or
+/// `$SPACEBOT_NODE_DIR`): the `dist/index.js` of npm's `@modelcontextprotocol/server-everything`.
+///
+/// For tests marked `#[cfg_attr(not(spacebot_node), ignore = "...")]`: panics, saying what is
+/// missing, when there is neither.
+pub fn mcp_everything() -> String {
+    let dir = std::env::var_os("SPACEBOT_NODE_DIR")
+        .map_or_else(|| workspace().join("target/ci-node"), PathBuf::from);
+    tool(
+        "SPACEBOT_MCP_EVERYTHING",
+        dir.join("node_modules/@modelcontextprotocol/server-everything/dist/index.js"),
+        "npm's MCP reference server (install it with .ci/node)",
     )
 }
 
@@ -41,7 +94,8 @@ pub fn python() -> Option<String> {
 /// `SPACEBOT_REQUIRE_POSTGRES=1` (CI), when it fails.
 ///
 /// Tests that need a server are compiled as ignored, with the reason, where none can be had (the
-/// `spacebot_pg` cfg of the crates' build scripts), so a run reports them as not run.
+/// `spacebot_pg` cfg the crates' build scripts set with `spacebot-probe`), so a run reports them
+/// as not run.
 pub fn database_url() -> Option<String> {
     if let Ok(url) = std::env::var("DATABASE_URL")
         && !url.trim().is_empty()
