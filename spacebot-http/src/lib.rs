@@ -8,7 +8,7 @@
 //! | `/api/agents...` | agents with status, start/stop, their links, tasks, channels; chat and delegate |
 //! | `/api/links...` | links: list, create, change (enable/disable), delete, timelines |
 //! | `GET /api/topology` | the graph as JSON (seed 003), DOT or Mermaid |
-//! | `/api/requests...` | each recent user request as a live tree (turns, model and tool calls, tasks across agents), with its spend |
+//! | `/api/requests...` | each recent user request as a live tree (turns, model and tool calls, tasks across agents, conversations), with its spend |
 //! | `GET /api/approvals` | tasks and MCP tool calls waiting for an operator's approval |
 //! | `/api/conversations...` | conversations: list, one, sever |
 //! | `/api/notes...` | shared notes ([`Api::with_notes`]): list, one, history, compare-and-set write, grants |

@@ -40,7 +40,9 @@ pub struct RequestNodeView {
     /// The node it hangs from; `None` at the top.
     #[serde(default)]
     pub parent: Option<usize>,
-    /// `turn`, `model_call`, `tool_call`, `task`, `steer`, `refused`, `limit` or `compacted`.
+    /// `turn`, `model_call`, `tool_call`, `task`, `conversation`, `steer`, `refused`, `limit` or
+    /// `compacted`. A conversation hangs under the turn that opened it (status `running`,
+    /// `concluded` or `severed`), the other members' turns in it under the conversation.
     pub kind: String,
     /// The agent it happened on.
     pub agent: String,
@@ -108,6 +110,8 @@ struct Tree {
     turned: Vec<String>,
     /// Task node of each task reference.
     tasks: HashMap<String, usize>,
+    /// Conversation node of each conversation opened in the request, with its members.
+    conversations: HashMap<String, (usize, Vec<String>)>,
 }
 
 impl Tree {
@@ -210,6 +214,7 @@ impl Requests {
                 open_turn: HashMap::new(),
                 turned: Vec::new(),
                 tasks: HashMap::new(),
+                conversations: HashMap::new(),
             };
             state.trees.insert(request.clone(), tree);
             state.order.push_back(request.clone());
@@ -310,15 +315,31 @@ fn apply(tree: &mut Tree, e: &Event, task: Option<String>) {
     match &e.kind {
         EventKind::TurnStarted => {
             let under_task = task.as_ref().and_then(|t| tree.tasks.get(t).copied());
+            // A member's turn while a conversation it is in runs (not the opener's own).
+            let in_conversation = if task.is_none() {
+                tree.conversations
+                    .values()
+                    .filter(|(node, members)| {
+                        tree.nodes[*node].status == "running"
+                            && tree.nodes[*node].agent != agent
+                            && members.contains(&agent)
+                    })
+                    .map(|(node, _)| *node)
+                    .max()
+            } else {
+                None
+            };
             let label = if task.is_some() {
                 "turn on the task".to_string()
+            } else if in_conversation.is_some() {
+                "turn in the conversation".to_string()
             } else if tree.turned.contains(&agent) {
                 "retrigger".to_string()
             } else {
                 "turn".to_string()
             };
             let mut node = base(e, "turn", label, "running");
-            node.parent = under_task;
+            node.parent = under_task.or(in_conversation);
             let id = tree.node(node);
             tree.open_turn.insert(agent, id);
         }
@@ -449,6 +470,44 @@ fn apply(tree: &mut Tree, e: &Event, task: Option<String>) {
                     "ok",
                 ),
             );
+        }
+        EventKind::ConversationOpened {
+            conversation,
+            members,
+        } => {
+            let members: Vec<String> = members.iter().map(ToString::to_string).collect();
+            let others: Vec<&str> = members
+                .iter()
+                .filter(|m| **m != agent)
+                .map(String::as_str)
+                .collect();
+            let mut node = base(
+                e,
+                "conversation",
+                format!("conversation {conversation} with {}", others.join(", ")),
+                "running",
+            );
+            node.parent = turn;
+            let id = tree.node(node);
+            tree.conversations
+                .insert(conversation.to_string(), (id, members));
+        }
+        EventKind::ConversationConcluded { conversation }
+        | EventKind::ConversationSevered { conversation, .. } => {
+            let Some((id, _)) = tree.conversations.get(&conversation.to_string()) else {
+                return;
+            };
+            let node = &mut tree.nodes[*id];
+            if node.status == "running" {
+                node.status = match &e.kind {
+                    EventKind::ConversationConcluded { .. } => "concluded".into(),
+                    _ => "severed".into(),
+                };
+                node.ended_at = Some(e.at.0);
+            }
+            if let EventKind::ConversationSevered { reason, .. } = &e.kind {
+                node.label = format!("{} · severed: {reason}", node.label);
+            }
         }
         EventKind::TaskCreated { created_by, status } => {
             let Some(t) = task else { return };

@@ -933,3 +933,63 @@ async fn period_limits_set_and_cleared_at_run_time() {
         assert_eq!(error_of(&answer).1.as_deref(), Some(field), "{answer}");
     }
 }
+
+/// A conversation opened within a request hangs in its tree under the turn that opened it, and
+/// the other member's turns in it hang under the conversation.
+#[tokio::test]
+async fn a_conversation_appears_in_the_request_tree_with_its_members_turns() {
+    let llm = spacebot_core::testing::ScriptedLlm::new().with_fallback(|request| {
+        let agent = request.agent.as_ref().map_or("?", |a| a.as_str());
+        Ok(spacebot_core::llm::ChatResponse::text(format!(
+            "{agent} says ok"
+        )))
+    });
+    llm.push_tool_call(
+        &id("chief"),
+        "send_link_message",
+        json!({"target": "lead", "message": "how is the release?"}),
+    );
+    llm.push_text(&id("chief"), "asked the lead");
+    let s = serve_with(Options {
+        llm: Some(llm),
+        ..Options::default()
+    })
+    .await;
+    let (status, body) = s
+        .post(
+            "/api/agents/chief/messages",
+            json!({"content": "ask the lead", "chat_id": "conv"}),
+        )
+        .await;
+    assert_eq!(status, 202, "{body}");
+    let request = body["envelope_id"].as_str().unwrap().to_string();
+    let path = format!("/api/requests/{request}/tree");
+    let member_turn_under_conversation = |tree: &serde_json::Value| {
+        let nodes = tree["nodes"].as_array().cloned().unwrap_or_default();
+        let conversation = nodes.iter().find(|n| n["kind"] == "conversation");
+        conversation.is_some_and(|c| {
+            nodes
+                .iter()
+                .any(|n| n["kind"] == "turn" && n["agent"] == "lead" && n["parent"] == c["id"])
+        })
+    };
+    let tree = s.get_until(&path, member_turn_under_conversation).await;
+    let nodes = tree["nodes"].as_array().unwrap();
+    let conversation = nodes.iter().find(|n| n["kind"] == "conversation").unwrap();
+    assert_eq!(conversation["agent"], "chief", "{conversation}");
+    assert!(
+        conversation["label"].as_str().unwrap().contains("lead"),
+        "{conversation}"
+    );
+    let parent = &nodes[conversation["parent"].as_u64().unwrap() as usize];
+    assert_eq!(parent["kind"], "turn", "{parent}");
+    assert_eq!(parent["agent"], "chief", "{parent}");
+    let member_turn = nodes
+        .iter()
+        .find(|n| n["agent"] == "lead" && n["parent"] == conversation["id"])
+        .unwrap();
+    assert_eq!(
+        member_turn["label"].as_str().unwrap().split(" · ").next(),
+        Some("turn in the conversation")
+    );
+}

@@ -108,7 +108,11 @@ async fn open_or_join(
                 .await
             {
                 Ok(stored) => {
-                    carry_out(org, &stored, &transition.effects, &Context::default()).await;
+                    let ctx = Context {
+                        exchange: Some(exchange),
+                        result_key: None,
+                    };
+                    carry_out(org, &stored, &transition.effects, &ctx).await;
                     return Ok((stored, Opening::Reopened));
                 }
                 Err(e @ (StoreError::Conflict { .. } | StoreError::AlreadyExists { .. })) => {
@@ -122,7 +126,11 @@ async fn open_or_join(
         match store.create(&created.conversation).await {
             Ok(()) => {
                 let conversation = &created.conversation;
-                carry_out(org, conversation, &created.effects, &Context::default()).await;
+                let ctx = Context {
+                    exchange: Some(exchange),
+                    result_key: None,
+                };
+                carry_out(org, conversation, &created.effects, &ctx).await;
                 return Ok((created.conversation, Opening::Created));
             }
             Err(e @ StoreError::AlreadyExists { .. }) => last = Some(e),

@@ -122,9 +122,18 @@ fn link_between(org: &BehaviourContext, a: &AgentId, b: &AgentId) -> Option<Link
         .map(|l| l.id.clone())
 }
 
-fn emit(org: &BehaviourContext, agent: &AgentId, channel: Option<&ChannelId>, kind: EventKind) {
+/// Emits `kind` for `agent`, naming the user request whose exchange caused it (the console hangs
+/// a conversation in that request's tree).
+fn emit(
+    org: &BehaviourContext,
+    agent: &AgentId,
+    channel: Option<&ChannelId>,
+    request: Option<&EnvelopeId>,
+    kind: EventKind,
+) {
     let mut event = org.event(agent, kind);
     event.channel = channel.cloned();
+    event.request = request.cloned();
     org.emit_event(event);
 }
 
@@ -184,6 +193,7 @@ pub(super) async fn carry_out(
     ctx: &Context<'_>,
 ) -> (usize, Option<AgentId>) {
     let id = &conversation.id;
+    let request = ctx.exchange.map(|e| e.cause);
     let mut delivered = 0;
     let mut sever_for_budget = None;
     for effect in effects {
@@ -193,6 +203,7 @@ pub(super) async fn carry_out(
                 org,
                 &conversation.initiator,
                 conversation.initiated_from.as_ref(),
+                request,
                 EventKind::ConversationOpened {
                     conversation: id.clone(),
                     members: conversation
@@ -223,6 +234,7 @@ pub(super) async fn carry_out(
                 org,
                 &from.agent,
                 Some(&from.channel),
+                request,
                 EventKind::MessageSent { to: to.clone() },
             ),
             Effect::SeverForBudget { by } => sever_for_budget = Some(by.clone()),
@@ -244,6 +256,7 @@ pub(super) async fn carry_out(
                 org,
                 by,
                 conversation.member(by).map(|m| &m.channel),
+                request,
                 EventKind::ConversationConcluded {
                     conversation: id.clone(),
                 },
@@ -255,6 +268,7 @@ pub(super) async fn carry_out(
                 org,
                 by.as_ref().unwrap_or(&conversation.initiator),
                 None,
+                request,
                 EventKind::ConversationSevered {
                     conversation: id.clone(),
                     reason: reason.clone(),
@@ -313,6 +327,7 @@ async fn deliver(
                     org,
                     &member.agent,
                     Some(&member.channel),
+                    ctx.exchange.map(|e| e.cause),
                     EventKind::MessageReceived {
                         from: from.agent.clone(),
                     },
