@@ -22,30 +22,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use criterion::{Criterion, Throughput, criterion_group};
 use futures::StreamExt;
 use spacebot::config::OrgConfig;
-use spacebot::error::LlmError;
-use spacebot::llm::{ChatRequest, ChatResponse, LlmProvider, Usage};
 use spacebot::{InboundMessage, Organization, Replies, Stores};
-
-/// A model that answers at once, reporting usage.
-#[derive(Debug)]
-struct Stub;
-
-#[async_trait]
-impl LlmProvider for Stub {
-    async fn complete(&self, _req: ChatRequest) -> Result<ChatResponse, LlmError> {
-        let mut answer = ChatResponse::text("ok");
-        answer.usage = Some(Usage {
-            prompt_tokens: 10,
-            completion_tokens: 2,
-            total_tokens: 12,
-        });
-        Ok(answer)
-    }
-}
+use spacebot_benches::Stub;
 
 const CONFIG: &str = r#"
 [[agents]]
