@@ -423,7 +423,7 @@ impl RecordStore for RedbStore {
             .await
     }
     async fn write(&self, write: RecordWrite) -> Result<WriteOutcome, StoreError> {
-        write.validate()?;
+        write.check()?;
         self.instance
             .call(Access::Write, move |t| t.record_write(write))
             .await

@@ -128,12 +128,14 @@ impl RequestLedger {
         mut change: impl FnMut(&mut LedgerEntry) -> Result<Option<T>, E>,
     ) -> Result<Result<Option<T>, E>, StoreError> {
         // What the record is believed to be: remembered, else absent (a new request); a
-        // refused write says what it is.
-        let mut current: Option<(u64, LedgerEntry)> = self.known().get(request.as_str()).cloned();
+        // refused write says what it is. Taken out, not copied: a concurrent change of the same
+        // request in this process finds nothing remembered and learns the record from its
+        // refused write (the store decides).
+        let mut current: Option<(u64, LedgerEntry)> = self.known().remove(request.as_str());
         let mut read = false;
         for _ in 0..CAS_ATTEMPTS {
-            let (mut entry, expect) = match &current {
-                Some((version, entry)) => (entry.clone(), Expect::Version(*version)),
+            let (mut entry, expect) = match current.take() {
+                Some((version, entry)) => (entry, Expect::Version(version)),
                 None => (
                     LedgerEntry {
                         started_at: now,

@@ -66,7 +66,7 @@ impl RecordStore for MemoryRecordStore {
     }
 
     async fn write(&self, write: RecordWrite) -> Result<WriteOutcome, StoreError> {
-        write.validate()?;
+        write.check()?;
         let mut st = lock(&self.state);
         if let Some(effect) = &write.effect_key
             && let Some((key, version)) = st.effects.get(&(write.namespace.clone(), effect.clone()))
@@ -90,20 +90,25 @@ impl RecordStore for MemoryRecordStore {
             return Ok(WriteOutcome::AlreadyApplied(record));
         }
         let id = (write.namespace.clone(), write.key.clone());
-        let current = st.keys.get(&id).and_then(|v| v.last()).cloned();
-        let latest = current.as_ref().map_or(0, |r| r.version);
+        let latest = st
+            .keys
+            .get(&id)
+            .and_then(|v| v.last())
+            .map_or(0, |r| r.version);
         if !write.expect.admits(latest) {
+            // Only a refusal copies what is stored.
+            let current = st.keys.get(&id).and_then(|v| v.last()).cloned();
             return Ok(WriteOutcome::Conflict { current });
         }
         let effect = write.effect_key.clone();
         let record = write.into_record(latest + 1);
+        st.keys.entry(id).or_default().push(record.clone());
         if let Some(effect) = effect {
             st.effects.insert(
                 (record.namespace.clone(), effect),
                 (record.key.clone(), record.version),
             );
         }
-        st.keys.entry(id).or_default().push(record.clone());
         Ok(WriteOutcome::Written(record))
     }
 

@@ -326,29 +326,45 @@ impl RecordWrite {
     /// # Errors
     /// [`StoreError::Invalid`] naming the field.
     pub fn validate(&self) -> Result<String, StoreError> {
+        self.check_fields()?;
+        let json = serde_json::to_string(&self.value).map_err(|e| unencodable(&e))?;
+        self.check_len(json.len())?;
+        Ok(json)
+    }
+
+    /// [`validate`](Self::validate) without keeping the JSON text: for a store that keeps the
+    /// value as it is (the value's length is counted, not collected).
+    ///
+    /// # Errors
+    /// [`StoreError::Invalid`] naming the field.
+    pub fn check(&self) -> Result<(), StoreError> {
+        self.check_fields()?;
+        let mut counter = LenCounter(0);
+        serde_json::to_writer(&mut counter, &self.value).map_err(|e| unencodable(&e))?;
+        self.check_len(counter.0)
+    }
+
+    fn check_fields(&self) -> Result<(), StoreError> {
         check_namespace(&self.namespace)?;
         check_key(&self.key)?;
         check_text("record author", &self.author, MAX_AUTHOR_LEN)?;
         if let Some(effect) = &self.effect_key {
             check_text("record effect key", effect, MAX_KEY_LEN)?;
         }
-        let json = serde_json::to_string(&self.value).map_err(|e| {
-            StoreError::Invalid(InvalidInput::new(
-                "record value",
-                format!("cannot be written as JSON: {e}"),
-            ))
-        })?;
-        if json.len() > MAX_VALUE_LEN {
+        Ok(())
+    }
+
+    fn check_len(&self, len: usize) -> Result<(), StoreError> {
+        if len > MAX_VALUE_LEN {
             return Err(StoreError::Invalid(InvalidInput::new(
                 "record value",
                 format!(
-                    "{} bytes as JSON, more than the limit of {MAX_VALUE_LEN} (record {})",
-                    json.len(),
+                    "{len} bytes as JSON, more than the limit of {MAX_VALUE_LEN} (record {})",
                     describe(&self.namespace, &self.key, None)
                 ),
             )));
         }
-        Ok(json)
+        Ok(())
     }
 
     /// The record this write makes as version `version`.
@@ -361,6 +377,28 @@ impl RecordWrite {
             author: self.author,
             written_at: self.written_at,
         }
+    }
+}
+
+/// The error of a value serde cannot write as JSON.
+fn unencodable(e: &serde_json::Error) -> StoreError {
+    StoreError::Invalid(InvalidInput::new(
+        "record value",
+        format!("cannot be written as JSON: {e}"),
+    ))
+}
+
+/// Counts the bytes written to it.
+struct LenCounter(usize);
+
+impl std::io::Write for LenCounter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 += buf.len();
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 

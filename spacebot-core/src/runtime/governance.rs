@@ -178,12 +178,10 @@ impl Host {
         let scopes = self.period_scopes(agent);
         let periods = PeriodLedger::new(self.stores.records.clone());
         let mut rounds = 0;
+        // Registered once a call finds the request busy, then tried again before waiting: a
+        // settlement in between wakes it (most calls never wait, and register nothing).
+        let mut settled: Option<oneshot::Receiver<()>> = None;
         loop {
-            let settled = {
-                let (tx, rx) = oneshot::channel();
-                lock(&self.settle_waiters).push(tx);
-                rx
-            };
             let now = self.clock.now();
             let mut granted = call;
             let mut held: Vec<&Scope> = Vec::new();
@@ -242,9 +240,15 @@ impl Host {
                     }));
                 }
                 Refusal::Busy(_) => {
-                    rounds += 1;
-                    let poll = self.clock.sleep(BUSY_POLL);
-                    futures::future::select(settled, poll).await;
+                    if let Some(waiter) = settled.take() {
+                        rounds += 1;
+                        let poll = self.clock.sleep(BUSY_POLL);
+                        futures::future::select(waiter, poll).await;
+                    }
+                    // Registered before the next try: a settlement after it wakes the wait.
+                    let (tx, rx) = oneshot::channel();
+                    lock(&self.settle_waiters).push(tx);
+                    settled = Some(rx);
                 }
             }
         }
