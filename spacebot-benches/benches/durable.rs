@@ -23,14 +23,17 @@
 //!   the boards and channels already are. After criterion's figures, the two are measured again
 //!   in alternation (pairs of 20-round-trip blocks, `SPACEBOT_BENCH_PAIRS` pairs, 15 by default)
 //!   and the medians and the median per-pair ratio are printed (`.../interleaved` on stderr);
-//! - `durable_round_trip/{sqlite_normal,sqlite_full,redb}/1_chain`: one chain's round trip (as
+//! - `durable_round_trip/{sqlite_normal,sqlite_full,redb,postgres}/1_chain` (`postgres` when
+//!   `DATABASE_URL` is set): one chain's round trip (as
 //!   in `durable_delegation`), then what it costs, measured in blocks after criterion's figures
 //!   (`.../cost` on stderr): wall and CPU time of the process per round trip (user and system,
 //!   as `getrusage` counts them), the write transactions the store committed per round trip
 //!   (each an `fsync` on `sqlite_full` and `redb`), and the raw `fsync` rate measured before each
 //!   block (`SPACEBOT_BENCH_BLOCKS` blocks, 9 by default, of `SPACEBOT_BENCH_BLOCK` round trips,
 //!   200); count the `fsync`s themselves with
-//!   `strace -c -f -e trace=fsync,fdatasync` around a filtered run;
+//!   `strace -c -f -e trace=fsync,fdatasync` around a filtered run. With
+//!   `SPACEBOT_BENCH_STATEMENTS=1` the SQL statements sqlx runs (SQLite and PostgreSQL) are
+//!   counted too (statements per round trip); `=top` lists them by kind;
 //! - `durable_store_persist/{backend}/64_concurrent`: the stores alone, 64 concurrent
 //!   `DeliveryStore::persist` calls to one agent's database (what group commit is for);
 //! - `raw_fsync/write_4k_sync_data`: write 4 KiB at the start of a temporary file and
@@ -534,7 +537,13 @@ fn round_trip(c: &mut Criterion) {
     let mut group = c.benchmark_group("durable_round_trip");
     configure(&mut group);
     group.throughput(Throughput::Elements(1));
-    for backend in [Backend::SqliteNormal, Backend::SqliteFull, Backend::Redb] {
+    let mut backends = vec![Backend::SqliteNormal, Backend::SqliteFull, Backend::Redb];
+    if std::env::var("DATABASE_URL").is_ok_and(|u| !u.trim().is_empty()) {
+        backends.push(Backend::Postgres);
+    } else {
+        eprintln!("DATABASE_URL not set: durable_round_trip runs on SQLite and redb only");
+    }
+    for backend in backends {
         let mut built: Option<Running> = None;
         group.bench_function(format!("{}/1_chain", backend.name()), |b| {
             let running = built.get_or_insert_with(|| {
@@ -593,6 +602,8 @@ fn round_trip_cost(rt: &Runtime, backend: Backend, running: &mut Running) {
         .unwrap();
     let (mut walls, mut cpus, mut fsyncs) = (Vec::new(), Vec::new(), Vec::new());
     let (mut commits, mut counted) = (0u64, 0u64);
+    let statements0 = statements::count();
+    statements::print_top(0.0); // forgets what criterion's runs made
     for _ in 0..blocks {
         fsyncs.push(fsync_rate(fsync_dir.path(), 100));
         let (cpu0, commits0) = (process_cpu(), running.commits.count(&agents));
@@ -616,6 +627,14 @@ fn round_trip_cost(rt: &Runtime, backend: Backend, running: &mut Running) {
         v.sort_by(f64::total_cmp);
         v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
     };
+    let statements = statements::count().map(|n| {
+        let n = n - statements0.unwrap_or(0);
+        format!(
+            "; {:.1} statements per round trip",
+            n as f64 / f64::from(blocks * per_block)
+        )
+    });
+    statements::print_top(f64::from(blocks * per_block));
     let (wall, cpu, fsync) = (median(&mut walls), median(&mut cpus), median(&mut fsyncs));
     let per_trip = if counted == 0 {
         "not counted".to_string()
@@ -625,11 +644,12 @@ fn round_trip_cost(rt: &Runtime, backend: Backend, running: &mut Running) {
     eprintln!(
         "durable_round_trip/{}/cost: {blocks} blocks of {per_block}: median {wall:.3} ms per \
          round trip ({:.0}/s), CPU {cpu:.3} ms ({:.2} of the wall time), commits per round \
-         trip {per_trip}; raw fsync {fsync:.0}/s: a round trip takes {:.1} fsync times",
+         trip {per_trip}; raw fsync {fsync:.0}/s: a round trip takes {:.1} fsync times{}",
         backend.name(),
         1e3 / wall,
         cpu / wall,
         wall * fsync / 1e3,
+        statements.unwrap_or_default(),
     );
 }
 
@@ -713,7 +733,92 @@ criterion_group!(
     history
 );
 
+/// Counts the SQL statements sqlx runs (its `sqlx::query` events, one per statement: SQLite's and
+/// PostgreSQL's), only when `SPACEBOT_BENCH_STATEMENTS` is set (a subscriber makes sqlx describe
+/// every statement, which costs CPU); `=top` also prints the statements of `durable_round_trip`'s
+/// blocks by kind (sqlx's summary: the first words), most frequent first.
+mod statements {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use tracing::field::{Field, Visit};
+    use tracing::{Event, Metadata, Subscriber};
+    use tracing_subscriber::layer::{Context, Layer};
+    use tracing_subscriber::prelude::*;
+
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    static INSTALLED: AtomicU64 = AtomicU64::new(0);
+    static TOP: Mutex<Option<HashMap<String, u64>>> = Mutex::new(None);
+
+    struct Counter;
+
+    struct Summary(Option<String>);
+
+    impl Visit for Summary {
+        fn record_str(&mut self, field: &Field, value: &str) {
+            if field.name() == "summary" {
+                self.0 = Some(value.to_string());
+            }
+        }
+        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+            if field.name() == "summary" {
+                self.0 = Some(format!("{value:?}"));
+            }
+        }
+    }
+
+    impl<S: Subscriber> Layer<S> for Counter {
+        fn enabled(&self, metadata: &Metadata<'_>, _: Context<'_, S>) -> bool {
+            metadata.target() == "sqlx::query"
+        }
+        fn on_event(&self, event: &Event<'_>, _: Context<'_, S>) {
+            COUNT.fetch_add(1, Ordering::Relaxed);
+            let mut top = TOP.lock().unwrap();
+            if let Some(top) = top.as_mut() {
+                let mut summary = Summary(None);
+                event.record(&mut summary);
+                *top.entry(summary.0.unwrap_or_default()).or_default() += 1;
+            }
+        }
+    }
+
+    /// Installs the counter when `SPACEBOT_BENCH_STATEMENTS` asks for it.
+    pub fn install() {
+        let Ok(mode) = std::env::var("SPACEBOT_BENCH_STATEMENTS") else {
+            return;
+        };
+        if mode == "top" {
+            *TOP.lock().unwrap() = Some(HashMap::new());
+        }
+        tracing_subscriber::registry().with(Counter).init();
+        INSTALLED.store(1, Ordering::Relaxed);
+    }
+
+    /// Statements run so far, when counted.
+    pub fn count() -> Option<u64> {
+        (INSTALLED.load(Ordering::Relaxed) == 1).then(|| COUNT.load(Ordering::Relaxed))
+    }
+
+    /// Prints (and forgets) the statements by kind, each divided by `per` (`0`: forgets them
+    /// only).
+    pub fn print_top(per: f64) {
+        let Some(top) = TOP.lock().unwrap().as_mut().map(std::mem::take) else {
+            return;
+        };
+        if per == 0.0 {
+            return;
+        }
+        let mut top: Vec<_> = top.into_iter().collect();
+        top.sort_by(|a, b| b.1.cmp(&a.1));
+        for (summary, n) in top {
+            eprintln!("  {:6.2}  {summary}", n as f64 / per);
+        }
+    }
+}
+
 fn main() {
+    statements::install();
     benches();
     Criterion::default().configure_from_args().final_summary();
 }

@@ -4,7 +4,6 @@
 use async_trait::async_trait;
 use spacebot_core::channel::{ChannelRecord, NewRecord};
 use spacebot_core::{AgentId, ChannelId, ChannelStore, StoreError, Timestamp};
-use sqlx::PgConnection;
 use sqlx::postgres::PgRow;
 
 use crate::PgStores;
@@ -53,57 +52,6 @@ const APPEND_SQL: &str = "WITH s AS ( \
      INSERT INTO channel_records (agent_id, seq, channel_id, kind, author, content, metadata, at) \
      SELECT $1, s.last_seq, $2, $3, $4, $5, $6, $7 FROM s \
      RETURNING seq";
-
-/// Takes `count` sequence numbers of `agent` at once; returns the last.
-const RESERVE_SQL: &str = "INSERT INTO histories (agent_id, last_seq) VALUES ($1, $2) \
-     ON CONFLICT (agent_id) DO UPDATE SET last_seq = histories.last_seq + $2 \
-     RETURNING last_seq";
-
-/// Inserts a record whose sequence number is already reserved, registering its channel.
-const INSERT_RESERVED_SQL: &str = "WITH c AS (INSERT INTO channels (agent_id, id) \
-         VALUES ($1, $3) ON CONFLICT DO NOTHING) \
-     INSERT INTO channel_records (agent_id, seq, channel_id, kind, author, content, metadata, at) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8)";
-
-/// Appends `records` to `agent`'s history in order, inside the caller's transaction (a turn's
-/// commit), exactly as that many appends would.
-pub(crate) async fn append_all(
-    conn: &mut PgConnection,
-    location: &str,
-    agent: &AgentId,
-    records: &[NewRecord],
-) -> Result<(), StoreError> {
-    if records.is_empty() {
-        return Ok(());
-    }
-    let fail = |doing: &str, e| db_error(location, doing, e);
-    let count = i64::try_from(records.len())
-        .map_err(|_| corrupt(location, "too many records in one commit"))?;
-    let last: i64 = sqlx::query_scalar(RESERVE_SQL)
-        .bind(agent.as_str())
-        .bind(count)
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(|e| fail("numbering channel records", e))?;
-    let first = last - count + 1;
-    for (seq, record) in (first..).zip(records) {
-        let metadata = serde_json::to_string(&record.metadata)
-            .map_err(|e| encode_error(location, "record metadata", e))?;
-        sqlx::query(INSERT_RESERVED_SQL)
-            .bind(agent.as_str())
-            .bind(seq)
-            .bind(record.channel.as_str().as_bytes())
-            .bind(record.kind.as_str())
-            .bind(record.author.as_bytes())
-            .bind(record.content.as_bytes())
-            .bind(metadata)
-            .bind(record.at.0)
-            .execute(&mut *conn)
-            .await
-            .map_err(|e| fail("appending a channel record", e))?;
-    }
-    Ok(())
-}
 
 /// [`ChannelStore`] on the `channel_records` and `channels` tables. Get one from
 /// [`PgStores::channels`].

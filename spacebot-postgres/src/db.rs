@@ -122,6 +122,29 @@ impl Db {
     }
 }
 
+impl Db {
+    /// Runs `op`: one statement on the pool, outside any transaction (PostgreSQL makes a single
+    /// statement atomic by itself: no `BEGIN` and `COMMIT` round trips), run again when the
+    /// server refused it because of a concurrent transaction, as [`tx`](Self::tx) does.
+    pub(crate) async fn statement<T, F>(&self, op: F) -> Result<T, StoreError>
+    where
+        T: Send,
+        F: for<'p> Fn(&'p PgPool) -> BoxFuture<'p, Result<T, StoreError>> + Send + Sync,
+    {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match op(&self.pool).await {
+                Err(e) if attempt < RETRIES && is_retryable(&e) => {
+                    tracing::debug!(location = %self.location, attempt, error = %e, "retrying a statement");
+                    tokio::time::sleep(pause(attempt)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+}
+
 /// A short, growing, randomized pause before retry `attempt` (so that two transactions that
 /// deadlocked do not meet again at once): up to 10, 20, 40 ... 640 ms.
 fn pause(attempt: u32) -> Duration {

@@ -45,18 +45,13 @@ const SELECT_ONE_SQL: &str = "SELECT number, title, description, status, priorit
      metadata, attempts, max_attempts, lease_holder, lease_expires_at, revision, result, error, \
      created_at, updated_at FROM tasks WHERE agent_id = $1 AND number = $2";
 
-/// One task, locked until the transaction ends: a transition reads it so.
-const LOCK_ONE_SQL: &str = "SELECT number, title, description, status, priority, created_by, \
-     metadata, attempts, max_attempts, lease_holder, lease_expires_at, revision, result, error, \
-     created_at, updated_at FROM tasks WHERE agent_id = $1 AND number = $2 FOR UPDATE";
-
-/// The next ready task in claim order (served by the `tasks_claim` index), locked; tasks another
-/// transaction holds (another claim, a transition) are skipped, not waited for.
+/// The next ready task in claim order (served by the `tasks_claim` index), unlocked: the claim
+/// then writes it guarded by the revision read (a claimer that lost the race reads again).
 pub const CLAIM_SQL: &str = "SELECT number, title, description, status, priority, \
      created_by, metadata, attempts, max_attempts, lease_holder, lease_expires_at, revision, \
      result, error, created_at, updated_at FROM tasks \
      WHERE agent_id = $1 AND status = 'ready' \
-     ORDER BY priority DESC, number ASC LIMIT 1 FOR UPDATE SKIP LOCKED";
+     ORDER BY priority DESC, number ASC LIMIT 1";
 
 /// In-progress tasks whose lease expired (served by the `tasks_lease` index of in-progress tasks
 /// in number order), locked; tasks another transaction holds are left for the next call.
@@ -65,6 +60,25 @@ pub const EXPIRED_SQL: &str = "SELECT number, title, description, status, priori
      result, error, created_at, updated_at FROM tasks \
      WHERE agent_id = $1 AND status = 'in_progress' AND lease_expires_at <= $2 \
      ORDER BY number FOR UPDATE SKIP LOCKED";
+
+/// [`UPDATE_SQL`] with the transition's notice inserted in the same statement, only when the
+/// update was made (`$18` key, `$19` notice, `$20` its time).
+const UPDATE_WITH_NOTICE_SQL: &str = "WITH u AS (UPDATE tasks SET title = $3, description = $4, \
+     status = $5, priority = $6, delegated_by = $7, metadata = $8, attempts = $9, \
+     max_attempts = $10, lease_holder = $11, lease_expires_at = $12, revision = $13, \
+     result = $14, error = $15, updated_at = $16 \
+     WHERE agent_id = $1 AND number = $2 AND revision = $17 RETURNING agent_id, number) \
+     INSERT INTO outbox (agent_id, key, task_number, notice, created_at) \
+     SELECT u.agent_id, $18, u.number, $19, $20 FROM u";
+
+/// How many times a transition or a claim reads again after its guarded write found the task
+/// changed by a concurrent writer, before it gives up.
+const OPTIMISTIC_ATTEMPTS: usize = 32;
+
+/// Whether the agent has an in-progress task whose lease expired (no lock: what
+/// [`EXPIRED_SQL`] then takes, in a transaction).
+const EXPIRED_EXISTS_SQL: &str = "SELECT EXISTS (SELECT 1 FROM tasks WHERE agent_id = $1 \
+     AND status = 'in_progress' AND lease_expires_at <= $2)";
 
 /// Writes a task after a transition, guarded by the revision read (and locked) in the same
 /// transaction.
@@ -175,6 +189,69 @@ async fn write_transition(
         write_notice(conn, location, &task.agent, number, notice).await?;
     }
     Ok(())
+}
+
+/// Writes a transition in one statement, outside any transaction: the task's update guarded by
+/// the revision it was read at, and its notice (if any) inserted only with that update. `false`:
+/// the task changed since it was read (nothing written; read it again).
+async fn write_transition_alone(
+    pool: &sqlx::PgPool,
+    location: &str,
+    old_revision: u64,
+    transition: &Transition,
+) -> Result<bool, StoreError> {
+    let task = &transition.task;
+    let number = to_sql_or(location, "task number", task.number)?;
+    let notice = match &transition.notice {
+        Some(notice) => Some((
+            notice,
+            serde_json::to_string(notice).map_err(|e| encode_error(location, "a notice", e))?,
+        )),
+        None => None,
+    };
+    let sql = if notice.is_some() {
+        UPDATE_WITH_NOTICE_SQL
+    } else {
+        UPDATE_SQL
+    };
+    let mut query = sqlx::query(sql)
+        .bind(task.agent.as_str())
+        .bind(number)
+        .bind(task.title.as_bytes())
+        .bind(task.description.as_bytes())
+        .bind(task.status.as_str())
+        .bind(task.priority.rank())
+        .bind(task.metadata.delegated_by.as_ref().map(AgentId::as_str))
+        .bind(encode_metadata(location, &task.metadata)?)
+        .bind(i64::from(task.attempts))
+        .bind(i64::from(task.max_attempts))
+        .bind(task.lease.as_ref().map(|l| l.holder.as_bytes()))
+        .bind(task.lease.as_ref().map(|l| l.expires_at.0))
+        .bind(to_sql_or(location, "task revision", task.revision)?)
+        .bind(task.result.as_deref().map(str::as_bytes))
+        .bind(task.error.as_deref().map(str::as_bytes))
+        .bind(task.updated_at.0)
+        .bind(to_sql_or(location, "task revision", old_revision)?);
+    if let Some((notice, json)) = &notice {
+        query = query
+            .bind(notice.key.as_bytes())
+            .bind(json.as_str())
+            .bind(notice.created_at.0);
+    }
+    let done = query
+        .execute(pool)
+        .await
+        .map_err(|e| db_error(location, "updating a task", e))?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// The error of a write that kept missing because concurrent writers changed what it read.
+fn changed_under(what: &str) -> StoreError {
+    StoreError::Conflict {
+        what: what.to_string(),
+        expected: "no concurrent change".into(),
+        actual: format!("changed under {OPTIMISTIC_ATTEMPTS} writes in a row"),
+    }
 }
 
 async fn write_notice(
@@ -408,30 +485,24 @@ impl TaskStore for PgTaskStore {
         let missing = format!("task {agent}#{number}");
         let n = to_sql(number).ok_or_else(|| StoreError::not_found(missing.clone()))?;
         let db = self.0.db()?;
-        let location = db.location.clone();
-        db.tx(|conn| {
-            let (agent, event, location, missing) = (
-                agent.clone(),
-                event.clone(),
-                location.clone(),
-                missing.clone(),
-            );
-            Box::pin(async move {
-                let row = sqlx::query(LOCK_ONE_SQL)
-                    .bind(agent.as_str())
-                    .bind(n)
-                    .fetch_optional(&mut *conn)
-                    .await
-                    .map_err(|e| db_error(&location, "reading a task", e))?
-                    .ok_or_else(|| StoreError::not_found(missing))?;
-                let task = decode(&location, &agent, &row)?;
-                expect.check(&task)?;
-                let transition = task.apply(event, now)?;
-                write_transition(conn, &location, task.revision, &transition).await?;
-                Ok(transition)
-            })
-        })
-        .await
+        // Read, decide, then write guarded by the revision read, in one statement each (no
+        // transaction): a concurrent change makes the write miss, and it is decided again.
+        for _ in 0..OPTIMISTIC_ATTEMPTS {
+            let row = sqlx::query(SELECT_ONE_SQL)
+                .bind(agent.as_str())
+                .bind(n)
+                .fetch_optional(&db.pool)
+                .await
+                .map_err(|e| db_error(&db.location, "reading a task", e))?
+                .ok_or_else(|| StoreError::not_found(missing.clone()))?;
+            let task = decode(&db.location, agent, &row)?;
+            expect.check(&task)?;
+            let transition = task.apply(event.clone(), now)?;
+            if write_transition_alone(&db.pool, &db.location, task.revision, &transition).await? {
+                return Ok(transition);
+            }
+        }
+        Err(changed_under(&missing))
     }
 
     async fn claim_next(
@@ -442,29 +513,29 @@ impl TaskStore for PgTaskStore {
         now: Timestamp,
     ) -> Result<Option<Task>, StoreError> {
         let db = self.0.db()?;
-        let location = db.location.clone();
-        db.tx(|conn| {
-            let (agent, holder, location) = (agent.clone(), holder.to_string(), location.clone());
-            Box::pin(async move {
-                let Some(row) = sqlx::query(CLAIM_SQL)
-                    .bind(agent.as_str())
-                    .fetch_optional(&mut *conn)
-                    .await
-                    .map_err(|e| db_error(&location, "claiming a task", e))?
-                else {
-                    return Ok(None);
-                };
-                let task = decode(&location, &agent, &row)?;
-                let event = TaskEvent::Claim {
-                    holder,
-                    lease_until: now.plus(lease),
-                };
-                let transition = task.apply(event, now)?;
-                write_transition(conn, &location, task.revision, &transition).await?;
-                Ok(Some(transition.task))
-            })
-        })
-        .await
+        // The next ready task read unlocked, then claimed by a write guarded by its revision
+        // (one statement each, no transaction); a task another claimer took first makes the
+        // write miss, and the next one is read. A round that finds nothing costs one read.
+        for _ in 0..OPTIMISTIC_ATTEMPTS {
+            let Some(row) = sqlx::query(CLAIM_SQL)
+                .bind(agent.as_str())
+                .fetch_optional(&db.pool)
+                .await
+                .map_err(|e| db_error(&db.location, "claiming a task", e))?
+            else {
+                return Ok(None);
+            };
+            let task = decode(&db.location, agent, &row)?;
+            let event = TaskEvent::Claim {
+                holder: holder.to_string(),
+                lease_until: now.plus(lease),
+            };
+            let transition = task.apply(event, now)?;
+            if write_transition_alone(&db.pool, &db.location, task.revision, &transition).await? {
+                return Ok(Some(transition.task));
+            }
+        }
+        Err(changed_under(&format!("the ready tasks of {agent}")))
     }
 
     async fn requeue_expired(
@@ -473,6 +544,16 @@ impl TaskStore for PgTaskStore {
         now: Timestamp,
     ) -> Result<Vec<Transition>, StoreError> {
         let db = self.0.db()?;
+        // A read first: a lease check that finds nothing expired writes nothing.
+        let expired: bool = sqlx::query_scalar(EXPIRED_EXISTS_SQL)
+            .bind(agent.as_str())
+            .bind(now.0)
+            .fetch_one(&db.pool)
+            .await
+            .map_err(|e| db_error(&db.location, "looking for expired leases", e))?;
+        if !expired {
+            return Ok(Vec::new());
+        }
         let location = db.location.clone();
         db.tx(|conn| {
             let (agent, location) = (agent.clone(), location.clone());
