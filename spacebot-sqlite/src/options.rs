@@ -4,7 +4,6 @@ use std::path::Path;
 use std::time::Duration;
 
 use spacebot_core::StoreError;
-use sqlx::sqlite::SqliteSynchronous;
 
 use crate::SqliteStores;
 
@@ -28,13 +27,14 @@ pub enum Synchronous {
     Extra,
 }
 
-impl From<Synchronous> for SqliteSynchronous {
-    fn from(value: Synchronous) -> Self {
-        match value {
-            Synchronous::Off => Self::Off,
-            Synchronous::Normal => Self::Normal,
-            Synchronous::Full => Self::Full,
-            Synchronous::Extra => Self::Extra,
+impl Synchronous {
+    /// The value of `PRAGMA synchronous`.
+    pub(crate) fn pragma(self) -> &'static str {
+        match self {
+            Self::Off => "OFF",
+            Self::Normal => "NORMAL",
+            Self::Full => "FULL",
+            Self::Extra => "EXTRA",
         }
     }
 }
