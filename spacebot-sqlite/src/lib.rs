@@ -16,7 +16,8 @@
 //! time a store call names that agent. Migrations are embedded in the binary (`migrations/` for
 //! agent databases, `migrations_instance/` for the instance database) and run at open. Every file
 //! runs in WAL mode with a busy timeout and foreign keys on; writes of one process go through a
-//! single connection per file, reads through a small pool.
+//! single connection per file, owned by a thread that runs each batch of writes whole, and reads
+//! through a small pool, each read one closure on a blocking thread.
 //!
 //! # Guarantees
 //! - One data directory has one owner: [`open`] takes an exclusive lock on `{dir}/spacebot.lock`
@@ -29,7 +30,7 @@
 //!   tasks share a number and numbers have no gaps.
 //! - A terminal transition and its completion notice are written in one `BEGIN IMMEDIATE`
 //!   transaction.
-//! - Group commit: each database's writes go through one writer task, which runs every write
+//! - Group commit: each database's writes go through one writer thread, which runs every write
 //!   queued meanwhile (up to [`SqliteOptions::max_batch`]) in one transaction, each in its own
 //!   savepoint, commits once and only then answers the callers. A write refused by the store's
 //!   contract is rolled back alone; a failed commit fails every write of the batch.

@@ -139,7 +139,7 @@ impl SqliteOptions {
     /// Group commit: the most write operations of one database that share a transaction (and its
     /// `fsync`), at least 1; default 256.
     ///
-    /// Each database has one writer task. It takes every operation queued while the previous
+    /// Each database has one writer thread. It takes every operation queued while the previous
     /// transaction committed (up to `max_batch`), runs them in one transaction, each inside its own
     /// savepoint (an operation refused by the store's contract is rolled back alone), commits once,
     /// and only then answers every caller: an acknowledged write is committed whatever the batch
