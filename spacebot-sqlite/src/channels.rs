@@ -1,38 +1,38 @@
 //! [`ChannelStore`] on each agent's database.
 
 use async_trait::async_trait;
+use rusqlite::{Row, params};
 use spacebot_core::channel::{ChannelRecord, NewRecord};
 use spacebot_core::{AgentId, ChannelId, ChannelStore, StoreError, Timestamp};
-use sqlx::Row;
-use sqlx::sqlite::SqliteRow;
 
 use crate::SqliteStores;
 use crate::error::{Location, corrupt, db_error, encode_error};
+use crate::query;
 
 fn decode(
     location: &Location,
     agent: &AgentId,
-    row: &SqliteRow,
+    row: &Row<'_>,
 ) -> Result<ChannelRecord, StoreError> {
     let read = |e| db_error(location, "reading a channel record", e);
-    let seq: i64 = row.try_get("seq").map_err(read)?;
+    let seq: i64 = row.get("seq").map_err(read)?;
     let bad =
         |what: &str, why: String| corrupt(location, format!("channel record {seq}: {what}: {why}"));
-    let kind: String = row.try_get("kind").map_err(read)?;
-    let metadata: String = row.try_get("metadata").map_err(read)?;
+    let kind: String = row.get("kind").map_err(read)?;
+    let metadata: String = row.get("metadata").map_err(read)?;
     Ok(ChannelRecord {
         seq: u64::try_from(seq).map_err(|_| bad("seq", "negative".into()))?,
         agent: agent.clone(),
         record: NewRecord {
-            channel: ChannelId::new(row.try_get::<String, _>("channel_id").map_err(read)?),
+            channel: ChannelId::new(row.get::<_, String>("channel_id").map_err(read)?),
             kind: kind
                 .parse()
                 .map_err(|e: spacebot_core::InvalidInput| bad("kind", e.to_string()))?,
-            author: row.try_get::<String, _>("author").map_err(read)?.into(),
-            content: row.try_get::<String, _>("content").map_err(read)?.into(),
+            author: row.get::<_, String>("author").map_err(read)?.into(),
+            content: row.get::<_, String>("content").map_err(read)?.into(),
             metadata: serde_json::from_str(&metadata)
                 .map_err(|e| bad("metadata", e.to_string()))?,
-            at: Timestamp(row.try_get("at").map_err(read)?),
+            at: Timestamp(row.get("at").map_err(read)?),
         },
     })
 }
@@ -71,20 +71,16 @@ impl ChannelStore for SqliteChannelStore {
         let seq: i64 = db
             .writes
             .run(move |conn| {
-                Box::pin(async move {
-                    // The `channel_records_known` trigger registers the channel in the same
-                    // statement.
-                    sqlx::query_scalar(APPEND_SQL)
-                        .bind(channel)
-                        .bind(kind)
-                        .bind(author)
-                        .bind(content)
-                        .bind(metadata)
-                        .bind(at)
-                        .fetch_one(&mut *conn)
-                        .await
-                        .map_err(|e| db_error(&location, "appending a channel record", e))
-                })
+                // The `channel_records_known` trigger registers the channel in the same
+                // statement.
+                conn.prepare_cached(APPEND_SQL)
+                    .and_then(|mut statement| {
+                        statement
+                            .query_row(params![channel, kind, author, content, metadata, at], |r| {
+                                r.get(0)
+                            })
+                    })
+                    .map_err(|e| db_error(&location, "appending a channel record", e))
             })
             .await?;
         Ok(ChannelRecord {
@@ -104,20 +100,25 @@ impl ChannelStore for SqliteChannelStore {
         let db = self.0.agent(agent).await?;
         // The most recent `limit` records, returned oldest first; -1 is "no limit" to SQLite.
         let limit = limit.map_or(-1, |l| i64::try_from(l).unwrap_or(i64::MAX));
-        let rows = sqlx::query(
-            "SELECT seq, channel_id, kind, author, content, metadata, at FROM ( \
-                 SELECT seq, channel_id, kind, author, content, metadata, at FROM channel_records \
-                 WHERE channel_id = ? ORDER BY seq DESC LIMIT ? \
-             ) ORDER BY seq ASC",
-        )
-        .bind(channel.as_str())
-        .bind(limit)
-        .fetch_all(&mut *db.read("taking a reader connection").await?)
+        let (agent, channel, location) = (
+            agent.clone(),
+            channel.as_str().to_string(),
+            db.location.clone(),
+        );
+        db.read("reading a channel history", move |conn| {
+            query::all(
+                conn,
+                &location,
+                "reading a channel history",
+                "SELECT seq, channel_id, kind, author, content, metadata, at FROM ( \
+                     SELECT seq, channel_id, kind, author, content, metadata, at FROM channel_records \
+                     WHERE channel_id = ? ORDER BY seq DESC LIMIT ? \
+                 ) ORDER BY seq ASC",
+                params![channel, limit],
+                |row| decode(&location, &agent, row),
+            )
+        })
         .await
-        .map_err(|e| db_error(&db.location, "reading a channel history", e))?;
-        rows.iter()
-            .map(|r| decode(&db.location, agent, r))
-            .collect()
     }
 
     async fn ensure_channel(&self, agent: &AgentId, channel: &ChannelId) -> Result<(), StoreError> {
@@ -125,24 +126,33 @@ impl ChannelStore for SqliteChannelStore {
         let (channel, location) = (channel.as_str().to_string(), db.location.clone());
         db.writes
             .run(move |conn| {
-                Box::pin(async move {
-                    sqlx::query("INSERT OR IGNORE INTO channels (id) VALUES (?)")
-                        .bind(channel)
-                        .execute(&mut *conn)
-                        .await
-                        .map_err(|e| db_error(&location, "registering a channel", e))?;
-                    Ok(())
-                })
+                query::execute(
+                    conn,
+                    "INSERT OR IGNORE INTO channels (id) VALUES (?)",
+                    [channel],
+                )
+                .map_err(|e| db_error(&location, "registering a channel", e))?;
+                Ok(())
             })
             .await
     }
 
     async fn channels(&self, agent: &AgentId) -> Result<Vec<ChannelId>, StoreError> {
         let db = self.0.agent(agent).await?;
-        let ids: Vec<String> = sqlx::query_scalar("SELECT id FROM channels ORDER BY id")
-            .fetch_all(&mut *db.read("taking a reader connection").await?)
-            .await
-            .map_err(|e| db_error(&db.location, "listing channels", e))?;
-        Ok(ids.into_iter().map(ChannelId::new).collect())
+        let location = db.location.clone();
+        db.read("listing channels", move |conn| {
+            query::all(
+                conn,
+                &location,
+                "listing channels",
+                "SELECT id FROM channels ORDER BY id",
+                [],
+                |row| {
+                    query::get::<String>(&location, "listing channels", row, "id")
+                        .map(ChannelId::new)
+                },
+            )
+        })
+        .await
     }
 }

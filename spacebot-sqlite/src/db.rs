@@ -1,29 +1,27 @@
-//! Opening one database file: checking that it is ours, migrating it, and building its pools.
+//! Opening one database file: checking that it is ours, migrating it, and starting its writer
+//! thread and its readers.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
 
-use futures::TryStreamExt;
+use rusqlite::{Connection, OpenFlags};
 use spacebot_core::StoreError;
-use sqlx::migrate::Migrator;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
-use sqlx::{Connection, Row, SqliteConnection, TypeInfo, ValueRef};
 
 use crate::error::{BACKEND, Location, corrupt, db_error, migrate_error};
+use crate::migrate::{self, Migration};
 use crate::options::{OpenCheck, SqliteOptions};
-use crate::readers::Readers;
+use crate::readers::{ReaderOptions, Readers};
 use crate::writer::Writer;
-
-/// Migrations of every agent's `spacebot.db`.
-pub(crate) static AGENT_MIGRATOR: Migrator = sqlx::migrate!("./migrations");
-/// Migrations of `instance.db`.
-pub(crate) static INSTANCE_MIGRATOR: Migrator = sqlx::migrate!("./migrations_instance");
 
 /// `PRAGMA application_id` of an instance database (`SBI1`).
 pub(crate) const INSTANCE_APPLICATION_ID: i64 = 0x5342_4931;
 /// `PRAGMA application_id` of an agent database (`SBA1`).
 pub(crate) const AGENT_APPLICATION_ID: i64 = 0x5342_4131;
+
+/// Prepared statements each connection keeps (the stores use about 40 distinct ones).
+pub(crate) const STATEMENT_CACHE: usize = 64;
 
 const SQLITE_HEADER: &[u8; 16] = b"SQLite format 3\0";
 
@@ -44,10 +42,10 @@ impl DbKind {
         }
     }
 
-    fn migrator(self) -> &'static Migrator {
+    fn migrations(self) -> &'static [Migration] {
         match self {
-            Self::Instance => &INSTANCE_MIGRATOR,
-            Self::Agent => &AGENT_MIGRATOR,
+            Self::Instance => migrate::INSTANCE,
+            Self::Agent => migrate::AGENT,
         }
     }
 
@@ -67,25 +65,16 @@ impl DbKind {
     }
 }
 
-/// One open database: a single writer connection and a pool of readers (the same single connection
-/// for an in-memory database).
+/// One open database: a writer thread owning the single writer connection, and a pool of readers
+/// (the writer's connection itself for an in-memory database).
 #[derive(Debug, Clone)]
 pub(crate) struct Db {
-    /// Serializes every write of this process to the file.
-    pub(crate) writer: SqlitePool,
     /// Serves reads concurrently (WAL lets them run beside the writer).
     pub(crate) reader: Readers,
     /// The file (or `:memory:`), for error messages; remembers damage seen in it.
     pub(crate) location: Location,
-    /// The writer task: runs write operations in shared transactions (group commit).
+    /// The writer thread: runs write operations in shared transactions (group commit).
     pub(crate) writes: Writer,
-}
-
-/// A database's pools before its writer task starts.
-struct Pools {
-    writer: SqlitePool,
-    reader: Readers,
-    location: Location,
 }
 
 impl Db {
@@ -96,131 +85,153 @@ impl Db {
         kind: DbKind,
         options: &SqliteOptions,
     ) -> Result<Self, StoreError> {
-        let db = match path {
-            Some(path) => Self::open_file(path, kind, options).await?,
-            None => Self::open_memory(kind).await?,
-        };
-        // Under the write lock, so that two processes opening a new file do not both migrate it:
-        // the second sees the first's migrations applied (each one runs in a savepoint).
-        let mut tx = db
-            .writer
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(|e| db_error(&db.location, "locking the database to migrate it", e))?;
-        // `run_direct` is what `Migrator::run` calls once it has a connection; `run` itself takes an
-        // `Acquire` whose higher-ranked bound makes the future not provably `Send` here.
-        kind.migrator()
-            .run_direct(None, &mut *tx, false)
-            .await
-            .map_err(|e| migrate_error(&db.location, e))?;
-        tx.commit()
-            .await
-            .map_err(|e| db_error(&db.location, "committing migrations", e))?;
-        // A file database's writer pool serves the writer task alone (reads have their own pool):
-        // the task keeps its connection. In memory, the one connection also serves the reads.
-        let writes = Writer::start(
-            db.writer.clone(),
-            db.location.clone(),
-            options.max_batch,
-            path.is_some(),
-        )?;
-        Ok(Self {
-            writer: db.writer,
-            reader: db.reader,
-            location: db.location,
-            writes,
-        })
-    }
-
-    async fn open_memory(kind: DbKind) -> Result<Pools, StoreError> {
-        let location: Arc<str> = Arc::from(match kind {
-            DbKind::Instance => ":memory: (instance)",
-            DbKind::Agent => ":memory: (agent)",
-        });
-        let connect = SqliteConnectOptions::new()
-            .in_memory(true)
-            .foreign_keys(true);
-        // One connection that is never closed: an in-memory database lives as long as it does.
-        let pool = SqlitePoolOptions::new()
-            .max_connections(1)
-            .min_connections(1)
-            .idle_timeout(None)
-            .max_lifetime(None)
-            .test_before_acquire(false)
-            .connect_with(connect)
-            .await
-            .map_err(|e| db_error(&location, "opening an in-memory database", e))?;
-        Ok(Pools {
-            writer: pool.clone(),
-            reader: Readers::Shared(pool),
-            location: Location::new(location),
-        })
-    }
-
-    async fn open_file(
-        path: &Path,
-        kind: DbKind,
-        options: &SqliteOptions,
-    ) -> Result<Pools, StoreError> {
-        let location: Arc<str> = Arc::from(path.display().to_string());
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).map_err(|e| {
-                StoreError::backend(
-                    BACKEND,
-                    format!(
-                        "creating directory {} for {location}: {e}",
-                        parent.display()
-                    ),
-                    e,
-                )
-            })?;
-        }
-        check_existing(path, &location, kind, options).await?;
-
-        let base = SqliteConnectOptions::new()
-            .filename(path)
-            .busy_timeout(options.busy_timeout)
-            .synchronous(options.synchronous.into())
-            .foreign_keys(true);
-        let writer = SqlitePoolOptions::new()
-            .max_connections(1)
-            .min_connections(1)
-            .idle_timeout(None)
-            .max_lifetime(None)
-            .test_before_acquire(false)
-            .connect_with(
-                base.clone()
-                    .create_if_missing(true)
-                    .journal_mode(SqliteJournalMode::Wal),
+        let runtime = tokio::runtime::Handle::try_current().map_err(|e| {
+            StoreError::backend(
+                BACKEND,
+                format!(
+                    "opening {}: no Tokio runtime is running",
+                    path.map_or_else(|| ":memory:".into(), |p| p.display().to_string())
+                ),
+                e,
             )
+        })?;
+        let (path, options) = (path.map(Path::to_path_buf), options.clone());
+        // Checking and migrating read and write the file: on a blocking thread.
+        let opened = runtime
+            .spawn_blocking(move || open_blocking(path.as_deref(), kind, &options))
             .await
-            .map_err(|e| db_error(&location, "opening the database for writing", e))?;
-        let reader = Readers::own(base, options.readers, options.reader_idle_timeout);
-        Ok(Pools {
-            writer,
-            reader,
-            location: Location::new(location),
-        })
+            .map_err(|e| StoreError::Backend {
+                backend: BACKEND,
+                message: format!("opening a database: the open did not finish: {e}"),
+                source: None,
+            })??;
+        Ok(opened)
     }
 
-    /// Finishes the queued writes, stops the writer task, then closes the readers (those in use
-    /// close when given back) and the writer's pool, waiting for its connection.
+    /// Finishes the queued writes, stops the writer thread (closing its connection), then closes
+    /// the readers (those in use close when given back).
     pub(crate) async fn close(&self) {
         self.writes.close().await;
         self.reader.close().await;
-        self.writer.close().await;
+    }
+
+    /// Runs `read` on a reader connection, in one hand-off to a blocking thread; `doing` names
+    /// the read in errors about the connection.
+    pub(crate) async fn read<T, F>(&self, doing: &'static str, read: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        self.reader.run(&self.location, doing, read).await
     }
 }
 
-/// Refuses, without writing anything, a file that is not an SQLite database, another
-/// application's database, the other kind of spacebot database, or one with a schema newer than
-/// this build.
+/// [`Db::open`], on a blocking thread.
+fn open_blocking(
+    path: Option<&Path>,
+    kind: DbKind,
+    options: &SqliteOptions,
+) -> Result<Db, StoreError> {
+    let (conn, location, reader) = match path {
+        Some(path) => open_file(path, kind, options)?,
+        None => open_memory(kind)?,
+    };
+    // Under the write lock, so that two processes opening a new file do not both migrate it:
+    // the second sees the first's migrations applied (each one runs in a savepoint).
+    conn.execute_batch("BEGIN IMMEDIATE")
+        .map_err(|e| db_error(&location, "locking the database to migrate it", e))?;
+    if let Err(e) = migrate::run(&conn, kind.migrations()) {
+        let _ = conn.execute_batch("ROLLBACK");
+        return Err(migrate_error(&location, e));
+    }
+    if let Err(e) = conn.execute_batch("COMMIT") {
+        let _ = conn.execute_batch("ROLLBACK");
+        return Err(db_error(&location, "committing migrations", e));
+    }
+    let shared = Arc::new(Mutex::new(conn));
+    let reader =
+        reader.unwrap_or_else(|| Readers::Shared(shared.clone(), Arc::new(AtomicBool::new(false))));
+    let writes = Writer::start(shared, location.clone(), options.max_batch)?;
+    Ok(Db {
+        reader,
+        location,
+        writes,
+    })
+}
+
+/// A database's writer connection and readers (`None`: the writer's connection) before its
+/// migrations.
+type Opened = (Connection, Location, Option<Readers>);
+
+fn open_memory(kind: DbKind) -> Result<Opened, StoreError> {
+    let location = Location::new(match kind {
+        DbKind::Instance => ":memory: (instance)",
+        DbKind::Agent => ":memory: (agent)",
+    });
+    // One connection that is never closed: an in-memory database lives as long as it does.
+    let conn = Connection::open_in_memory()
+        .and_then(|conn| {
+            conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+            conn.execute_batch("PRAGMA foreign_keys = ON")?;
+            Ok(conn)
+        })
+        .map_err(|e| db_error(&location, "opening an in-memory database", e))?;
+    Ok((conn, location, None))
+}
+
+fn open_file(path: &Path, kind: DbKind, options: &SqliteOptions) -> Result<Opened, StoreError> {
+    let location: Arc<str> = Arc::from(path.display().to_string());
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| {
+            StoreError::backend(
+                BACKEND,
+                format!(
+                    "creating directory {} for {location}: {e}",
+                    parent.display()
+                ),
+                e,
+            )
+        })?;
+    }
+    check_existing(path, &location, kind, options)?;
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .and_then(|conn| {
+        conn.busy_timeout(options.busy_timeout)?;
+        conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+        // `journal_mode` answers with the mode set; the others answer nothing.
+        conn.query_row("PRAGMA journal_mode = WAL", [], |_| Ok(()))?;
+        conn.execute_batch(&format!(
+            "PRAGMA synchronous = {}; PRAGMA foreign_keys = ON;",
+            options.synchronous.pragma()
+        ))?;
+        Ok(conn)
+    })
+    .map_err(|e| db_error(&*location, "opening the database for writing", e))?;
+    let reader = Readers::own(
+        ReaderOptions {
+            path: path.to_path_buf(),
+            busy_timeout: options.busy_timeout,
+        },
+        options.readers,
+        options.reader_idle_timeout,
+    );
+    Ok((conn, Location::new(location), Some(reader)))
+}
+
 /// Whether a non-empty write-ahead log lies beside the database file.
 fn has_wal(path: &Path) -> bool {
     std::fs::metadata(wal_path(path)).is_ok_and(|m| m.len() > 0)
 }
 
-async fn check_existing(
+/// Refuses, without writing anything, a file that is not an SQLite database, another
+/// application's database, the other kind of spacebot database, or one with a schema newer than
+/// this build.
+fn check_existing(
     path: &Path,
     location: &str,
     kind: DbKind,
@@ -255,7 +266,7 @@ async fn check_existing(
         // a non-empty log beside it, the file alone may be mid-checkpoint (a process killed while
         // it closed): only the file as the log leaves it, checked on a copy below, tells.
         if !has_wal(path) {
-            let checked = inspect_file(path, location, kind, options.check_on_open).await;
+            let checked = inspect_file(path, location, kind, options.check_on_open);
             if options.check_on_open != OpenCheck::Skip {
                 // Also when SQLite refused the file for a reason of its own ("unsupported file
                 // format"): a damaged header is named as such.
@@ -305,20 +316,23 @@ async fn check_existing(
                 })?;
                 check_wal(&log, location)?;
             }
-            let connect = SqliteConnectOptions::new()
-                .filename(&copy)
-                .create_if_missing(false)
-                .busy_timeout(options.busy_timeout);
-            let mut conn = SqliteConnection::connect_with(&connect)
-                .await
-                .map_err(|e| db_error(location, "checking the database's write-ahead log", e))?;
-            let mut checked = inspect(&mut conn, location, kind, options.check_on_open).await;
+            let conn = Connection::open_with_flags(
+                &copy,
+                OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+            )
+            .and_then(|conn| {
+                conn.busy_timeout(options.busy_timeout)?;
+                Ok(conn)
+            })
+            .map_err(|e| db_error(location, "checking the database's write-ahead log", e))?;
+            let mut checked = inspect(&conn, location, kind, options.check_on_open);
             if checked.is_ok() && options.check_on_open != OpenCheck::Skip {
                 // The copy as the log leaves it, the log copied into it: its header and length are
                 // then those of a closed database.
-                checked = sqlx::query_scalar::<_, i64>("PRAGMA wal_checkpoint(TRUNCATE)")
-                    .fetch_one(&mut conn)
-                    .await
+                checked = conn
+                    .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+                        r.get::<_, i64>(0)
+                    })
                     .map_err(|e| db_error(location, "checkpointing a copy of the database", e))
                     .and_then(|busy| {
                         if busy == 0 {
@@ -329,7 +343,7 @@ async fn check_existing(
                     });
             }
             // The copy is thrown away; closing it cannot lose anything.
-            let _ = conn.close().await;
+            drop(conn);
             checked
         }
         Ok(_) => Ok(()),
@@ -344,24 +358,36 @@ async fn check_existing(
 
 /// Checks `path` through a read-only, immutable connection: nothing is written, created or
 /// replayed.
-async fn inspect_file(
+fn inspect_file(
     path: &Path,
     location: &str,
     kind: DbKind,
     check: OpenCheck,
 ) -> Result<(), StoreError> {
-    let connect = SqliteConnectOptions::new()
-        .filename(path)
-        .create_if_missing(false)
-        .read_only(true)
-        .immutable(true);
-    let mut conn = SqliteConnection::connect_with(&connect)
-        .await
-        .map_err(|e| db_error(location, "opening the database read-only to check it", e))?;
-    let checked = inspect(&mut conn, location, kind, check).await;
-    // Closing a read-only connection cannot lose anything; its error would hide the real one.
-    let _ = conn.close().await;
-    checked
+    let conn = Connection::open_with_flags(
+        immutable_uri(path),
+        OpenFlags::SQLITE_OPEN_READ_ONLY
+            | OpenFlags::SQLITE_OPEN_URI
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|e| db_error(location, "opening the database read-only to check it", e))?;
+    // Closing a read-only connection cannot lose anything.
+    inspect(&conn, location, kind, check)
+}
+
+/// `file:{path}?immutable=1`, the path percent-encoded where a URI needs it.
+fn immutable_uri(path: &Path) -> String {
+    let mut uri = String::from("file:");
+    for byte in path.as_os_str().as_encoded_bytes() {
+        match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'/' | b'-' | b'_' | b'.' | b'~' => {
+                uri.push(char::from(*byte));
+            }
+            _ => uri.push_str(&format!("%{byte:02X}")),
+        }
+    }
+    uri.push_str("?immutable=1");
+    uri
 }
 
 /// `{path}-wal`.
@@ -371,20 +397,18 @@ fn wal_path(path: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
-async fn inspect(
-    conn: &mut SqliteConnection,
+fn inspect(
+    conn: &Connection,
     location: &str,
     kind: DbKind,
     check_on_open: OpenCheck,
 ) -> Result<(), StoreError> {
     let check = |e| db_error(location, "checking the database", e);
-    let application_id: i64 = sqlx::query_scalar("PRAGMA application_id")
-        .fetch_one(&mut *conn)
-        .await
+    let application_id: i64 = conn
+        .query_row("PRAGMA application_id", [], |r| r.get(0))
         .map_err(check)?;
-    let objects: i64 = sqlx::query_scalar("SELECT count(*) FROM sqlite_schema")
-        .fetch_one(&mut *conn)
-        .await
+    let objects: i64 = conn
+        .query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0))
         .map_err(check)?;
     if application_id != kind.application_id() {
         if application_id == 0 && objects == 0 {
@@ -405,28 +429,31 @@ async fn inspect(
             format!("the file is {what}: refusing to touch it"),
         ));
     }
-    let has_migrations: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = '_sqlx_migrations'",
-    )
-    .fetch_one(&mut *conn)
-    .await
-    .map_err(check)?;
+    let has_migrations: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = '_sqlx_migrations'",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(check)?;
     if has_migrations == 0 {
         return Err(corrupt(
             location,
             "the schema history table _sqlx_migrations is missing",
         ));
     }
-    let rows = sqlx::query("SELECT version, success FROM _sqlx_migrations ORDER BY version")
-        .fetch_all(&mut *conn)
-        .await
+    let rows: Vec<(i64, bool)> = conn
+        .prepare("SELECT version, success FROM _sqlx_migrations ORDER BY version")
+        .and_then(|mut statement| {
+            statement
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect()
+        })
         .map_err(check)?;
-    let known = kind.migrator();
+    let known = kind.migrations();
     let latest = known.iter().map(|m| m.version).max().unwrap_or(0);
-    for row in rows {
-        let version: i64 = row.try_get("version").map_err(check)?;
-        let success: bool = row.try_get("success").map_err(check)?;
-        if !known.version_exists(version) {
+    for (version, success) in rows {
+        if !migrate::knows(known, version) {
             return Err(corrupt(
                 location,
                 format!(
@@ -441,25 +468,21 @@ async fn inspect(
             ));
         }
     }
-    check_contents(conn, location, check_on_open).await
+    check_contents(conn, location, check_on_open)
 }
 
 /// The whole file through SQLite: `PRAGMA integrity_check` (or `quick_check`), then every text
 /// value decoded as UTF-8 (SQLite stores text as it was given and never checks it).
-async fn check_contents(
-    conn: &mut SqliteConnection,
-    location: &str,
-    check: OpenCheck,
-) -> Result<(), StoreError> {
+fn check_contents(conn: &Connection, location: &str, check: OpenCheck) -> Result<(), StoreError> {
     let pragma = match check {
         OpenCheck::Full => "PRAGMA integrity_check(10)",
         OpenCheck::Quick => "PRAGMA quick_check(10)",
         OpenCheck::Skip => return Ok(()),
     };
     let doing = |e| db_error(location, "checking the database's integrity", e);
-    let findings: Vec<String> = sqlx::query_scalar(pragma)
-        .fetch_all(&mut *conn)
-        .await
+    let findings: Vec<String> = conn
+        .prepare(pragma)
+        .and_then(|mut statement| statement.query_map([], |r| r.get(0))?.collect())
         .map_err(doing)?;
     if findings.len() != 1 || findings[0] != "ok" {
         return Err(corrupt(
@@ -467,22 +490,22 @@ async fn check_contents(
             format!("the integrity check failed: {}", findings.join("; ")),
         ));
     }
-    let tables: Vec<String> = sqlx::query_scalar(
-        "SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' ORDER BY name",
-    )
-    .fetch_all(&mut *conn)
-    .await
-    .map_err(doing)?;
+    let tables: Vec<String> = conn
+        .prepare(
+            "SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' ORDER BY name",
+        )
+        .and_then(|mut statement| statement.query_map([], |r| r.get(0))?.collect())
+        .map_err(doing)?;
     for table in tables {
         let sql = format!("SELECT * FROM \"{}\"", table.replace('"', "\"\""));
-        let mut rows = sqlx::query(sqlx::AssertSqlSafe(sql)).fetch(&mut *conn);
-        while let Some(row) = rows.try_next().await.map_err(doing)? {
-            for i in 0..row.len() {
-                let raw = row.try_get_raw(i).map_err(doing)?;
-                if raw.is_null() || raw.type_info().name() != "TEXT" {
-                    continue;
-                }
-                if let Err(e) = row.try_get::<&str, _>(i) {
+        let mut statement = conn.prepare(&sql).map_err(doing)?;
+        let columns = statement.column_count();
+        let mut rows = statement.query([]).map_err(doing)?;
+        while let Some(row) = rows.next().map_err(doing)? {
+            for i in 0..columns {
+                if let rusqlite::types::ValueRef::Text(text) = row.get_ref(i).map_err(doing)?
+                    && let Err(e) = std::str::from_utf8(text)
+                {
                     return Err(corrupt(
                         location,
                         format!("table {table}: a text value is not UTF-8: {e}"),
@@ -674,14 +697,4 @@ pub(crate) fn agent_path(dir: &Path, agent: &spacebot_core::AgentId) -> PathBuf 
         .join(agent.as_str())
         .join("data")
         .join("spacebot.db")
-}
-
-impl Db {
-    /// A reader connection for one read; `doing` names the read in the error.
-    pub(crate) async fn read(&self, doing: &str) -> Result<crate::readers::Reader, StoreError> {
-        self.reader
-            .acquire()
-            .await
-            .map_err(|e| db_error(&self.location, doing, e))
-    }
 }

@@ -5,9 +5,19 @@ use spacebot_core::{
     AgentId, DeliveryStore, Envelope, EnvelopeId, StoreError, Timestamp, TurnCommit,
 };
 
+use rusqlite::params;
+
 use crate::SqliteStores;
 use crate::channels::APPEND_SQL;
 use crate::error::{corrupt, db_error, encode_error};
+use crate::query;
+
+/// Marks an idempotency key applied (a no-op if it already is).
+const APPLY_KEY_SQL: &str =
+    "INSERT INTO applied_keys (key, applied_at) VALUES (?, ?) ON CONFLICT (key) DO NOTHING";
+
+/// Removes a pending delivery.
+const REMOVE_SQL: &str = "DELETE FROM pending_deliveries WHERE id = ?";
 
 /// [`DeliveryStore`] on the agents' databases: pending deliveries and applied keys. Get one from [`SqliteStores::deliveries`].
 ///
@@ -37,37 +47,37 @@ impl DeliveryStore for SqliteDeliveryStore {
         let location = db.location.clone();
         db.writes
             .run(move |conn| {
-                Box::pin(async move {
-                    sqlx::query(
-                        "INSERT INTO pending_deliveries (id, channel_id, kind, envelope) \
-                         VALUES (?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
-                    )
-                    .bind(id)
-                    .bind(channel)
-                    .bind(kind)
-                    .bind(json)
-                    .execute(&mut *conn)
-                    .await
-                    .map_err(|e| db_error(&location, "persisting a delivery", e))?;
-                    Ok(())
-                })
+                query::execute(
+                    conn,
+                    "INSERT INTO pending_deliveries (id, channel_id, kind, envelope) \
+                     VALUES (?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
+                    params![id, channel, kind, json],
+                )
+                .map_err(|e| db_error(&location, "persisting a delivery", e))?;
+                Ok(())
             })
             .await
     }
 
     async fn pending(&self, agent: &AgentId) -> Result<Vec<Envelope>, StoreError> {
         let db = self.0.agent(agent).await?;
-        let rows: Vec<String> =
-            sqlx::query_scalar("SELECT envelope FROM pending_deliveries ORDER BY seq")
-                .fetch_all(&mut *db.read("taking a reader connection").await?)
-                .await
-                .map_err(|e| db_error(&db.location, "reading pending deliveries", e))?;
-        rows.iter()
-            .map(|json| {
-                serde_json::from_str(json)
-                    .map_err(|e| corrupt(&db.location, format!("pending delivery: {e}")))
-            })
-            .collect()
+        let location = db.location.clone();
+        db.read("reading pending deliveries", move |conn| {
+            query::all(
+                conn,
+                &location,
+                "reading pending deliveries",
+                "SELECT envelope FROM pending_deliveries ORDER BY seq",
+                [],
+                |row| {
+                    let json: String =
+                        query::get(&location, "reading pending deliveries", row, "envelope")?;
+                    serde_json::from_str(&json)
+                        .map_err(|e| corrupt(&location, format!("pending delivery: {e}")))
+                },
+            )
+        })
+        .await
     }
 
     async fn remove(&self, agent: &AgentId, id: &EnvelopeId) -> Result<(), StoreError> {
@@ -76,14 +86,9 @@ impl DeliveryStore for SqliteDeliveryStore {
         let location = db.location.clone();
         db.writes
             .run(move |conn| {
-                Box::pin(async move {
-                    sqlx::query("DELETE FROM pending_deliveries WHERE id = ?")
-                        .bind(id)
-                        .execute(&mut *conn)
-                        .await
-                        .map_err(|e| db_error(&location, "removing a delivery", e))?;
-                    Ok(())
-                })
+                query::execute(conn, REMOVE_SQL, [id])
+                    .map_err(|e| db_error(&location, "removing a delivery", e))?;
+                Ok(())
             })
             .await
     }
@@ -99,18 +104,9 @@ impl DeliveryStore for SqliteDeliveryStore {
         let location = db.location.clone();
         db.writes
             .run(move |conn| {
-                Box::pin(async move {
-                    let done = sqlx::query(
-                        "INSERT INTO applied_keys (key, applied_at) VALUES (?, ?) \
-                         ON CONFLICT (key) DO NOTHING",
-                    )
-                    .bind(key)
-                    .bind(now.0)
-                    .execute(&mut *conn)
-                    .await
+                let done = query::execute(conn, APPLY_KEY_SQL, params![key, now.0])
                     .map_err(|e| db_error(&location, "marking a key applied", e))?;
-                    Ok(done.rows_affected() == 1)
-                })
+                Ok(done == 1)
             })
             .await
     }
@@ -121,12 +117,19 @@ impl DeliveryStore for SqliteDeliveryStore {
 
     async fn is_applied(&self, agent: &AgentId, key: &str) -> Result<bool, StoreError> {
         let db = self.0.agent(agent).await?;
-        let found: Option<i64> = sqlx::query_scalar("SELECT 1 FROM applied_keys WHERE key = ?")
-            .bind(key)
-            .fetch_optional(&mut *db.read("taking a reader connection").await?)
-            .await
-            .map_err(|e| db_error(&db.location, "reading an applied key", e))?;
-        Ok(found.is_some())
+        let (key, location) = (key.to_string(), db.location.clone());
+        db.read("reading an applied key", move |conn| {
+            let found = query::first(
+                conn,
+                &location,
+                "reading an applied key",
+                "SELECT 1 FROM applied_keys WHERE key = ?",
+                [key],
+                |_| Ok(()),
+            )?;
+            Ok(found.is_some())
+        })
+        .await
     }
 
     async fn commit(
@@ -173,40 +176,29 @@ impl DeliveryStore for SqliteDeliveryStore {
         // One operation of the writer: its savepoint keeps the whole turn together.
         db.writes
             .run(move |conn| {
-                Box::pin(async move {
-                    let fail = |doing: &str, e| db_error(&location, doing, e);
-                    for id in consumed {
-                        sqlx::query("DELETE FROM pending_deliveries WHERE id = ?")
-                            .bind(id)
-                            .execute(&mut *conn)
-                            .await
-                            .map_err(|e| fail("removing a consumed delivery", e))?;
-                    }
+                let fail = |doing: &str, e| db_error(&location, doing, e);
+                for id in consumed {
+                    query::execute(conn, REMOVE_SQL, [id])
+                        .map_err(|e| fail("removing a consumed delivery", e))?;
+                }
+                if !records.is_empty() {
+                    let mut append = conn
+                        .prepare_cached(APPEND_SQL)
+                        .map_err(|e| fail("appending a channel record", e))?;
                     for (channel, kind, author, content, metadata, at) in records {
-                        sqlx::query(APPEND_SQL)
-                            .bind(channel)
-                            .bind(kind)
-                            .bind(author)
-                            .bind(content)
-                            .bind(metadata)
-                            .bind(at)
-                            .fetch_one(&mut *conn)
-                            .await
+                        append
+                            .query_row(
+                                params![channel, kind, author, content, metadata, at],
+                                |_| Ok(()),
+                            )
                             .map_err(|e| fail("appending a channel record", e))?;
                     }
-                    for key in applied {
-                        sqlx::query(
-                            "INSERT INTO applied_keys (key, applied_at) VALUES (?, ?) \
-                             ON CONFLICT (key) DO NOTHING",
-                        )
-                        .bind(key)
-                        .bind(now.0)
-                        .execute(&mut *conn)
-                        .await
+                }
+                for key in applied {
+                    query::execute(conn, APPLY_KEY_SQL, params![key, now.0])
                         .map_err(|e| fail("marking a key applied", e))?;
-                    }
-                    Ok(())
-                })
+                }
+                Ok(())
             })
             .await
     }

@@ -5,7 +5,6 @@ use std::ops::Deref;
 use std::sync::{Arc, OnceLock};
 
 use spacebot_core::StoreError;
-use sqlx::migrate::MigrateError;
 
 /// The backend name carried by [`StoreError::Backend`].
 pub(crate) const BACKEND: &str = "sqlite";
@@ -110,15 +109,15 @@ fn damaged<S: Site + ?Sized>(site: &S, reason: String) -> StoreError {
     }
 }
 
-fn extended_code(e: &sqlx::Error) -> Option<i64> {
+fn extended_code(e: &rusqlite::Error) -> Option<i64> {
     match e {
-        sqlx::Error::Database(d) => d.code().and_then(|c| c.parse().ok()),
+        rusqlite::Error::SqliteFailure(failure, _) => Some(i64::from(failure.extended_code)),
         _ => None,
     }
 }
 
 /// Whether `e` is a unique or primary-key constraint violation.
-pub(crate) fn is_unique_violation(e: &sqlx::Error) -> bool {
+pub(crate) fn is_unique_violation(e: &rusqlite::Error) -> bool {
     matches!(
         extended_code(e),
         Some(SQLITE_CONSTRAINT_UNIQUE | SQLITE_CONSTRAINT_PRIMARYKEY)
@@ -130,9 +129,15 @@ pub(crate) fn is_unique_violation(e: &sqlx::Error) -> bool {
 /// A file that is not a database, or a corrupted one, and a stored value that does not decode as
 /// its column's type (text that is not UTF-8, a blob where text belongs) are
 /// [`StoreError::Corrupt`]; everything else is [`StoreError::Backend`]. Both name the file.
-pub(crate) fn db_error<S: Site + ?Sized>(site: &S, doing: &str, e: sqlx::Error) -> StoreError {
+pub(crate) fn db_error<S: Site + ?Sized>(site: &S, doing: &str, e: rusqlite::Error) -> StoreError {
     let location = site.name();
-    if matches!(e, sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_)) {
+    if matches!(
+        e,
+        rusqlite::Error::FromSqlConversionFailure(..)
+            | rusqlite::Error::InvalidColumnType(..)
+            | rusqlite::Error::IntegralValueOutOfRange(..)
+            | rusqlite::Error::Utf8Error(..)
+    ) {
         return damaged(
             site,
             format!("{doing}: a stored value does not decode: {e}"),
@@ -150,6 +155,21 @@ pub(crate) fn db_error<S: Site + ?Sized>(site: &S, doing: &str, e: sqlx::Error) 
         ),
         _ => StoreError::backend(BACKEND, format!("{doing} in {location}: {e}"), e),
     }
+}
+
+/// Why the recorded migrations of a database refuse it (see `crate::migrate`).
+#[derive(Debug)]
+pub(crate) enum MigrateError {
+    /// A statement failed outside any one migration (the history table, the lock).
+    Execute(rusqlite::Error),
+    /// Migration `version`'s SQL failed.
+    ExecuteMigration(rusqlite::Error, i64),
+    /// The file records a version this build does not know (a newer build applied it).
+    VersionMissing(i64),
+    /// The file records a version this build knows, with another checksum.
+    VersionMismatch(i64),
+    /// The file records a version as not successfully applied.
+    Dirty(i64),
 }
 
 /// Maps a migration failure on the database at `location`.
@@ -176,11 +196,6 @@ pub(crate) fn migrate_error<S: Site + ?Sized>(site: &S, e: MigrateError) -> Stor
             location: location.to_string(),
             reason: format!("schema version {version} was only partly applied"),
         },
-        other => StoreError::backend(
-            BACKEND,
-            format!("running migrations in {location}: {other}"),
-            other,
-        ),
     }
 }
 

@@ -1,4 +1,4 @@
-//! SQLite backends of every spacebot store, through `sqlx`.
+//! SQLite backends of every spacebot store, through `rusqlite`.
 //!
 //! [`open`] a directory and get the [`Stores`] bundle the runtime needs. The layout follows the
 //! instance / per-agent split of the links design:
@@ -16,7 +16,8 @@
 //! time a store call names that agent. Migrations are embedded in the binary (`migrations/` for
 //! agent databases, `migrations_instance/` for the instance database) and run at open. Every file
 //! runs in WAL mode with a busy timeout and foreign keys on; writes of one process go through a
-//! single connection per file, reads through a small pool.
+//! single connection per file, owned by a thread that runs each batch of writes whole, and reads
+//! through a small pool, each read one closure on a blocking thread.
 //!
 //! # Guarantees
 //! - One data directory has one owner: [`open`] takes an exclusive lock on `{dir}/spacebot.lock`
@@ -29,7 +30,7 @@
 //!   tasks share a number and numbers have no gaps.
 //! - A terminal transition and its completion notice are written in one `BEGIN IMMEDIATE`
 //!   transaction.
-//! - Group commit: each database's writes go through one writer task, which runs every write
+//! - Group commit: each database's writes go through one writer thread, which runs every write
 //!   queued meanwhile (up to [`SqliteOptions::max_batch`]) in one transaction, each in its own
 //!   savepoint, commits once and only then answers the callers. A write refused by the store's
 //!   contract is rolled back alone; a failed commit fails every write of the batch.
@@ -53,7 +54,9 @@ mod db;
 mod deliveries;
 mod error;
 mod links;
+mod migrate;
 mod options;
+mod query;
 mod readers;
 mod records;
 mod tasks;
@@ -79,7 +82,7 @@ pub use crate::writer::WriteStats;
 use spacebot_core::dir_lock::{self, DirLock};
 
 /// The statements of a task cycle (create, claim, complete with its outbox row), for the benchmark
-/// that compares the stores with raw sqlx running the same SQL. Not a stable API.
+/// that compares the stores with a raw driver running the same SQL. Not a stable API.
 #[doc(hidden)]
 pub mod sql {
     pub use crate::tasks::{CLAIM_SQL, INSERT_SQL, OUTBOX_INSERT_SQL, SELECT_ONE_SQL, UPDATE_SQL};
@@ -299,21 +302,16 @@ impl SqliteStores {
         let location = db.location.clone();
         db.writes
             .run(move |conn| {
-                Box::pin(async move {
-                    let fail = |e| error::db_error(&location, "capping the page count", e);
-                    let pages: i64 = sqlx::query_scalar("PRAGMA page_count")
-                        .fetch_one(&mut *conn)
-                        .await
-                        .map_err(fail)?;
-                    let cap = headroom.map_or(4_294_967_294, |h| pages + i64::from(h));
-                    sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(format!(
-                        "PRAGMA max_page_count = {cap}"
-                    )))
-                    .fetch_one(&mut *conn)
-                    .await
+                let fail = |e| error::db_error(&location, "capping the page count", e);
+                let pages: i64 = conn
+                    .query_row("PRAGMA page_count", [], |r| r.get(0))
                     .map_err(fail)?;
-                    Ok(())
+                let cap = headroom.map_or(4_294_967_294, |h| pages + i64::from(h));
+                conn.query_row(&format!("PRAGMA max_page_count = {cap}"), [], |r| {
+                    r.get::<_, i64>(0)
                 })
+                .map_err(fail)?;
+                Ok(())
             })
             .await
     }

@@ -1,16 +1,16 @@
 //! [`LinkStore`] on the instance database.
 
 use async_trait::async_trait;
+use rusqlite::{Row, params, params_from_iter};
 use spacebot_core::{AgentId, AgentLink, LinkId, LinkStore, StoreError, Timestamp};
-use sqlx::Row;
-use sqlx::sqlite::SqliteRow;
 
 use crate::SqliteStores;
 use crate::error::{Location, corrupt, db_error, is_unique_violation};
+use crate::query;
 
-fn decode(location: &Location, row: &SqliteRow) -> Result<AgentLink, StoreError> {
+fn decode(location: &Location, row: &Row<'_>) -> Result<AgentLink, StoreError> {
     let read = |e| db_error(location, "reading a link", e);
-    let text = |name: &str| row.try_get::<String, _>(name).map_err(read);
+    let text = |name: &str| row.get::<_, String>(name).map_err(read);
     let bad = |e: spacebot_core::InvalidInput| corrupt(location, format!("stored link: {e}"));
     Ok(AgentLink {
         id: LinkId::new(text("id")?),
@@ -18,9 +18,9 @@ fn decode(location: &Location, row: &SqliteRow) -> Result<AgentLink, StoreError>
         to: AgentId::parse(text("to_agent_id")?).map_err(bad)?,
         direction: text("direction")?.parse().map_err(bad)?,
         relationship: text("relationship")?.parse().map_err(bad)?,
-        enabled: row.try_get("enabled").map_err(read)?,
-        created_at: Timestamp(row.try_get("created_at").map_err(read)?),
-        updated_at: Timestamp(row.try_get("updated_at").map_err(read)?),
+        enabled: row.get("enabled").map_err(read)?,
+        created_at: Timestamp(row.get("created_at").map_err(read)?),
+        updated_at: Timestamp(row.get("updated_at").map_err(read)?),
     })
 }
 
@@ -31,15 +31,19 @@ impl SqliteStores {
         binds: &[&str],
     ) -> Result<Vec<AgentLink>, StoreError> {
         let db = self.instance();
-        let mut query = sqlx::query(sql);
-        for b in binds {
-            query = query.bind(*b);
-        }
-        let rows = query
-            .fetch_all(&mut *db.read("taking a reader connection").await?)
-            .await
-            .map_err(|e| db_error(&db.location, "reading links", e))?;
-        rows.iter().map(|r| decode(&db.location, r)).collect()
+        let binds: Vec<String> = binds.iter().map(|b| (*b).to_string()).collect();
+        let location = db.location.clone();
+        db.read("reading links", move |conn| {
+            query::all(
+                conn,
+                &location,
+                "reading links",
+                sql,
+                params_from_iter(binds),
+                |row| decode(&location, row),
+            )
+        })
+        .await
     }
 }
 
@@ -58,34 +62,32 @@ impl LinkStore for SqliteLinkStore {
         let (link, location) = (link.clone(), db.location.clone());
         db.writes
             .run(move |conn| {
-                Box::pin(async move {
-                    let link = &link;
-                    sqlx::query(
-            "INSERT INTO agent_links (id, from_agent_id, to_agent_id, direction, relationship, \
-             enabled, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-        )
-        .bind(link.id.as_str())
-        .bind(link.from.as_str())
-        .bind(link.to.as_str())
-        .bind(link.direction.as_str())
-        .bind(link.relationship.as_str())
-        .bind(link.enabled)
-        .bind(link.created_at.0)
-        .bind(link.updated_at.0)
-        .execute(&mut *conn)
-        .await
-        .map_err(|e| {
-            if is_unique_violation(&e) {
-                StoreError::already_exists(format!(
-                    "link {} ({} -> {})",
-                    link.id, link.from, link.to
-                ))
-            } else {
-                db_error(&location, "creating a link", e)
-            }
-        })?;
-                    Ok(())
-                })
+                query::execute(
+                    conn,
+                    "INSERT INTO agent_links (id, from_agent_id, to_agent_id, direction, \
+                     relationship, enabled, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    params![
+                        link.id.as_str(),
+                        link.from.as_str(),
+                        link.to.as_str(),
+                        link.direction.as_str(),
+                        link.relationship.as_str(),
+                        link.enabled,
+                        link.created_at.0,
+                        link.updated_at.0,
+                    ],
+                )
+                .map_err(|e| {
+                    if is_unique_violation(&e) {
+                        StoreError::already_exists(format!(
+                            "link {} ({} -> {})",
+                            link.id, link.from, link.to
+                        ))
+                    } else {
+                        db_error(&location, "creating a link", e)
+                    }
+                })?;
+                Ok(())
             })
             .await
     }
@@ -95,24 +97,23 @@ impl LinkStore for SqliteLinkStore {
         let (link, location) = (link.clone(), db.location.clone());
         db.writes
             .run(move |conn| {
-                Box::pin(async move {
-                    let done = sqlx::query(
-            "UPDATE agent_links SET direction = ?, relationship = ?, enabled = ?, updated_at = ? \
-             WHERE id = ?",
-        )
-        .bind(link.direction.as_str())
-        .bind(link.relationship.as_str())
-        .bind(link.enabled)
-        .bind(link.updated_at.0)
-        .bind(link.id.as_str())
-        .execute(&mut *conn)
-        .await
-        .map_err(|e| db_error(&location, "updating a link", e))?;
-                    if done.rows_affected() == 0 {
-                        return Err(StoreError::not_found(format!("link {}", link.id)));
-                    }
-                    Ok(())
-                })
+                let done = query::execute(
+                    conn,
+                    "UPDATE agent_links SET direction = ?, relationship = ?, enabled = ?, \
+                     updated_at = ? WHERE id = ?",
+                    params![
+                        link.direction.as_str(),
+                        link.relationship.as_str(),
+                        link.enabled,
+                        link.updated_at.0,
+                        link.id.as_str(),
+                    ],
+                )
+                .map_err(|e| db_error(&location, "updating a link", e))?;
+                if done == 0 {
+                    return Err(StoreError::not_found(format!("link {}", link.id)));
+                }
+                Ok(())
             })
             .await
     }
@@ -122,17 +123,13 @@ impl LinkStore for SqliteLinkStore {
         let (id, location) = (id.clone(), db.location.clone());
         db.writes
             .run(move |conn| {
-                Box::pin(async move {
-                    let done = sqlx::query("DELETE FROM agent_links WHERE id = ?")
-                        .bind(id.as_str())
-                        .execute(&mut *conn)
-                        .await
+                let done =
+                    query::execute(conn, "DELETE FROM agent_links WHERE id = ?", [id.as_str()])
                         .map_err(|e| db_error(&location, "deleting a link", e))?;
-                    if done.rows_affected() == 0 {
-                        return Err(StoreError::not_found(format!("link {id}")));
-                    }
-                    Ok(())
-                })
+                if done == 0 {
+                    return Err(StoreError::not_found(format!("link {id}")));
+                }
+                Ok(())
             })
             .await
     }
@@ -205,40 +202,40 @@ impl LinkStore for SqliteLinkStore {
         let (links, location) = (links.to_vec(), db.location.clone());
         // One operation of the writer: its savepoint makes the whole list atomic.
         db.writes
-            .run(move |tx| {
-                Box::pin(async move {
-                    let fail = |doing: &str, e| db_error(&location, doing, e);
-                    for link in &links {
-                        sqlx::query(
-                "INSERT INTO agent_links (id, from_agent_id, to_agent_id, direction, relationship, \
-                 enabled, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) \
-                 ON CONFLICT (from_agent_id, to_agent_id) DO UPDATE SET \
-                 direction = excluded.direction, relationship = excluded.relationship, \
-                 enabled = excluded.enabled, updated_at = excluded.updated_at",
-            )
-            .bind(link.id.as_str())
-            .bind(link.from.as_str())
-            .bind(link.to.as_str())
-            .bind(link.direction.as_str())
-            .bind(link.relationship.as_str())
-            .bind(link.enabled)
-            .bind(link.created_at.0)
-            .bind(link.updated_at.0)
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| {
-                if is_unique_violation(&e) {
-                    StoreError::already_exists(format!(
-                        "link {} (its id is taken by another pair than {} -> {})",
-                        link.id, link.from, link.to
-                    ))
-                } else {
-                    fail("writing links", e)
+            .run(move |conn| {
+                let fail = |doing: &str, e| db_error(&location, doing, e);
+                for link in &links {
+                    query::execute(
+                        conn,
+                        "INSERT INTO agent_links (id, from_agent_id, to_agent_id, direction, \
+                         relationship, enabled, created_at, updated_at) \
+                         VALUES (?, ?, ?, ?, ?, ?, ?, ?) \
+                         ON CONFLICT (from_agent_id, to_agent_id) DO UPDATE SET \
+                         direction = excluded.direction, relationship = excluded.relationship, \
+                         enabled = excluded.enabled, updated_at = excluded.updated_at",
+                        params![
+                            link.id.as_str(),
+                            link.from.as_str(),
+                            link.to.as_str(),
+                            link.direction.as_str(),
+                            link.relationship.as_str(),
+                            link.enabled,
+                            link.created_at.0,
+                            link.updated_at.0,
+                        ],
+                    )
+                    .map_err(|e| {
+                        if is_unique_violation(&e) {
+                            StoreError::already_exists(format!(
+                                "link {} (its id is taken by another pair than {} -> {})",
+                                link.id, link.from, link.to
+                            ))
+                        } else {
+                            fail("writing links", e)
+                        }
+                    })?;
                 }
-            })?;
-                    }
-                    Ok(())
-                })
+                Ok(())
             })
             .await
     }

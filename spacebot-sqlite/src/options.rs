@@ -4,7 +4,6 @@ use std::path::Path;
 use std::time::Duration;
 
 use spacebot_core::StoreError;
-use sqlx::sqlite::SqliteSynchronous;
 
 use crate::SqliteStores;
 
@@ -28,13 +27,14 @@ pub enum Synchronous {
     Extra,
 }
 
-impl From<Synchronous> for SqliteSynchronous {
-    fn from(value: Synchronous) -> Self {
-        match value {
-            Synchronous::Off => Self::Off,
-            Synchronous::Normal => Self::Normal,
-            Synchronous::Full => Self::Full,
-            Synchronous::Extra => Self::Extra,
+impl Synchronous {
+    /// The value of `PRAGMA synchronous`.
+    pub(crate) fn pragma(self) -> &'static str {
+        match self {
+            Self::Off => "OFF",
+            Self::Normal => "NORMAL",
+            Self::Full => "FULL",
+            Self::Extra => "EXTRA",
         }
     }
 }
@@ -139,7 +139,7 @@ impl SqliteOptions {
     /// Group commit: the most write operations of one database that share a transaction (and its
     /// `fsync`), at least 1; default 256.
     ///
-    /// Each database has one writer task. It takes every operation queued while the previous
+    /// Each database has one writer thread. It takes every operation queued while the previous
     /// transaction committed (up to `max_batch`), runs them in one transaction, each inside its own
     /// savepoint (an operation refused by the store's contract is rolled back alone), commits once,
     /// and only then answers every caller: an acknowledged write is committed whatever the batch

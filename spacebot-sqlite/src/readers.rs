@@ -1,62 +1,55 @@
 //! The reader connections of one database file.
 //!
-//! A small pool of its own rather than sqlx's: sqlx's pool tests every connection given back to it
-//! with a ping, a command to the connection's thread and back, in a task spawned for it, after
-//! every read. A read here is one statement on a connection that never opens a transaction, whose
-//! thread runs commands in order (a statement dropped half-way is reset before the next one
-//! runs), so a connection given back is ready for the next read as it is.
+//! A read is one synchronous closure run on a connection from a blocking thread of the runtime
+//! (`spawn_blocking`): one hand-off there and one answer back, whatever the number of its
+//! statements. A read of several statements that must see one snapshot opens a transaction in its
+//! closure; a connection given back with a transaction still open (a closure that returned early)
+//! has it rolled back first, so the next read never sees an old snapshot.
 
-use std::ops::{Deref, DerefMut};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use sqlx::pool::PoolConnection;
-use sqlx::sqlite::{SqliteConnectOptions, SqlitePool};
-use sqlx::{ConnectOptions, Connection, Sqlite, SqliteConnection};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use rusqlite::{Connection, OpenFlags};
+use spacebot_core::StoreError;
+use tokio::sync::Semaphore;
+
+use crate::error::{BACKEND, Location, db_error};
+use crate::writer::{Shared, lock};
 
 /// Where a database's reads get their connection.
 #[derive(Debug, Clone)]
 pub(crate) enum Readers {
-    /// A pool shared with the writer (an in-memory database: one connection for everything).
-    Shared(SqlitePool),
+    /// The writer's connection (an in-memory database: one connection for everything), and
+    /// whether the database was closed.
+    Shared(Shared, Arc<AtomicBool>),
     /// Connections of their own (a file database).
     Own(Arc<Own>),
+}
+
+/// How a reader connection to a file is opened.
+#[derive(Debug, Clone)]
+pub(crate) struct ReaderOptions {
+    pub(crate) path: PathBuf,
+    pub(crate) busy_timeout: Duration,
 }
 
 /// The reader connections of a file database.
 #[derive(Debug)]
 pub(crate) struct Own {
-    options: SqliteConnectOptions,
+    options: ReaderOptions,
     /// At most this many connections exist at once (one permit each).
     permits: Arc<Semaphore>,
     /// How long an idle connection is kept (`None`: for ever).
     idle_timeout: Option<Duration>,
     /// Idle connections, the most recently used last, with when each was given back.
-    idle: Mutex<Vec<(SqliteConnection, Instant)>>,
-}
-
-/// A connection taken for one read; given back when dropped.
-#[derive(Debug)]
-pub(crate) enum Reader {
-    /// From the shared pool.
-    Shared(PoolConnection<Sqlite>),
-    /// One of a file database's own readers.
-    Own {
-        /// Always `Some` until dropped.
-        conn: Option<SqliteConnection>,
-        _permit: OwnedSemaphorePermit,
-        readers: Arc<Own>,
-    },
+    idle: Mutex<Vec<(Connection, Instant)>>,
 }
 
 impl Readers {
     /// At most `max` connections to the file of `options`, each kept idle for `idle_timeout`.
-    pub(crate) fn own(
-        options: SqliteConnectOptions,
-        max: u32,
-        idle_timeout: Option<Duration>,
-    ) -> Self {
+    pub(crate) fn own(options: ReaderOptions, max: u32, idle_timeout: Option<Duration>) -> Self {
         let max = usize::try_from(max.max(1)).unwrap_or(1);
         Self::Own(Arc::new(Own {
             options,
@@ -66,97 +59,147 @@ impl Readers {
         }))
     }
 
-    /// A connection for one read: an idle one, else a new one while fewer than the most exist,
-    /// else the first one given back.
-    pub(crate) async fn acquire(&self) -> Result<Reader, sqlx::Error> {
-        match self {
-            Self::Shared(pool) => Ok(Reader::Shared(pool.acquire().await?)),
+    /// Runs `read` on a connection (an idle one, else a new one while fewer than the most exist,
+    /// else the first one given back) on a blocking thread. `doing` names the read in errors about
+    /// the connection.
+    pub(crate) async fn run<T, F>(
+        &self,
+        location: &Location,
+        doing: &'static str,
+        read: F,
+    ) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let runtime = tokio::runtime::Handle::try_current().map_err(|e| {
+            StoreError::backend(
+                BACKEND,
+                format!("{doing} in {location}: no Tokio runtime is running"),
+                e,
+            )
+        })?;
+        let closed = || StoreError::Backend {
+            backend: BACKEND,
+            message: format!("{doing} in {location}: the database is closed"),
+            source: None,
+        };
+        let location = location.clone();
+        let task = match self {
+            Self::Shared(conn, closing) => {
+                if closing.load(Ordering::SeqCst) {
+                    return Err(closed());
+                }
+                let conn = conn.clone();
+                runtime.spawn_blocking(move || {
+                    let conn = lock(&conn);
+                    let result = read(&conn);
+                    end_read(&conn);
+                    result
+                })
+            }
             Self::Own(own) => {
                 let permit = own
                     .permits
                     .clone()
                     .acquire_owned()
                     .await
-                    .map_err(|_| sqlx::Error::PoolClosed)?;
-                let idle = own.take_idle();
-                let conn = match idle {
-                    Some(conn) => conn,
-                    None => own.options.connect().await?,
-                };
-                Ok(Reader::Own {
-                    conn: Some(conn),
-                    _permit: permit,
-                    readers: own.clone(),
+                    .map_err(|_| closed())?;
+                let own = own.clone();
+                runtime.spawn_blocking(move || {
+                    let conn = match own.take_idle() {
+                        Some(conn) => conn,
+                        None => own
+                            .options
+                            .connect()
+                            .map_err(|e| db_error(&location, doing, e))?,
+                    };
+                    let result = read(&conn);
+                    end_read(&conn);
+                    if !own.permits.is_closed() {
+                        own.lock().push((conn, Instant::now()));
+                    }
+                    drop(permit);
+                    result
                 })
             }
-        }
+        };
+        task.await.map_err(|e| StoreError::Backend {
+            backend: BACKEND,
+            message: format!("{doing}: the read did not finish: {e}"),
+            source: None,
+        })?
     }
 
     /// Refuses later reads and closes the idle connections (those in use close when given back).
     pub(crate) async fn close(&self) {
-        match self {
-            Self::Shared(pool) => pool.close().await,
-            Self::Own(own) => {
-                own.permits.close();
-                let idle: Vec<_> = own.lock().drain(..).collect();
-                for (conn, _) in idle {
-                    // A connection that fails to close cleanly is dropped all the same.
-                    let _ = conn.close().await;
+        if let Self::Shared(_, closed) = self {
+            closed.store(true, Ordering::SeqCst);
+        }
+        if let Self::Own(own) = self {
+            own.permits.close();
+            let idle: Vec<_> = own.lock().drain(..).collect();
+            if idle.is_empty() {
+                return;
+            }
+            // Closing the last connection to a file checkpoints its log: not on the runtime.
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    let _ = runtime.spawn_blocking(move || drop(idle)).await;
                 }
+                Err(_) => drop(idle),
             }
         }
     }
 }
 
+/// Ends a transaction a read left open.
+fn end_read(conn: &Connection) {
+    if !conn.is_autocommit()
+        && let Err(e) = conn.execute_batch("ROLLBACK")
+    {
+        tracing::trace!(error = %e, "ending a read transaction");
+    }
+}
+
+impl ReaderOptions {
+    /// A new connection to the file (which the writer created): never creates it.
+    pub(crate) fn connect(&self) -> rusqlite::Result<Connection> {
+        let conn = Connection::open_with_flags(
+            &self.path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
+        conn.busy_timeout(self.busy_timeout)?;
+        conn.set_prepared_statement_cache_capacity(crate::db::STATEMENT_CACHE);
+        conn.execute_batch("PRAGMA foreign_keys = ON")?;
+        Ok(conn)
+    }
+}
+
 impl Own {
-    fn lock(&self) -> MutexGuard<'_, Vec<(SqliteConnection, Instant)>> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Vec<(Connection, Instant)>> {
         // The list is consistent between statements, whatever panicked while holding it.
         self.idle.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The most recently used idle connection, dropping those idle for longer than the timeout.
-    fn take_idle(&self) -> Option<SqliteConnection> {
-        let mut idle = self.lock();
-        if let Some(timeout) = self.idle_timeout {
-            let now = Instant::now();
-            idle.retain(|(_, since)| now.duration_since(*since) < timeout);
-        }
-        idle.pop().map(|(conn, _)| conn)
-    }
-}
-
-impl Deref for Reader {
-    type Target = SqliteConnection;
-
-    fn deref(&self) -> &SqliteConnection {
-        match self {
-            Self::Shared(conn) => conn,
-            Self::Own { conn, .. } => conn
-                .as_ref()
-                .unwrap_or_else(|| unreachable!("a reader's connection is taken only on drop")),
-        }
-    }
-}
-
-impl DerefMut for Reader {
-    fn deref_mut(&mut self) -> &mut SqliteConnection {
-        match self {
-            Self::Shared(conn) => conn,
-            Self::Own { conn, .. } => conn
-                .as_mut()
-                .unwrap_or_else(|| unreachable!("a reader's connection is taken only on drop")),
-        }
-    }
-}
-
-impl Drop for Reader {
-    fn drop(&mut self) {
-        if let Self::Own { conn, readers, .. } = self
-            && let Some(conn) = conn.take()
-            && !readers.permits.is_closed()
-        {
-            readers.lock().push((conn, Instant::now()));
-        }
+    /// The most recently used idle connection, closing those idle for longer than the timeout.
+    fn take_idle(&self) -> Option<Connection> {
+        let mut expired = Vec::new();
+        let conn = {
+            let mut idle = self.lock();
+            if let Some(timeout) = self.idle_timeout {
+                let now = Instant::now();
+                let (keep, old): (Vec<_>, Vec<_>) = idle
+                    .drain(..)
+                    .partition(|(_, since)| now.duration_since(*since) < timeout);
+                *idle = keep;
+                expired = old;
+            }
+            idle.pop().map(|(conn, _)| conn)
+        };
+        // Closed outside the lock.
+        drop(expired);
+        conn
     }
 }
 
@@ -165,29 +208,30 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
     use crate::db::{Db, DbKind};
+    use crate::error::db_error;
     use crate::options::SqliteOptions;
 
     use super::Readers;
 
     async fn count(db: &Db) -> i64 {
-        sqlx::query_scalar("SELECT count(*) FROM applied_keys")
-            .fetch_one(&mut *db.read("counting").await.unwrap())
-            .await
-            .unwrap()
+        db.read("counting", |conn| {
+            conn.query_row("SELECT count(*) FROM applied_keys", [], |r| r.get(0))
+                .map_err(|e| db_error("test", "counting", e))
+        })
+        .await
+        .unwrap()
     }
 
     async fn insert(db: &Db, key: &str) {
         let key = key.to_string();
         db.writes
             .run(move |conn| {
-                Box::pin(async move {
-                    sqlx::query("INSERT INTO applied_keys (key, applied_at) VALUES (?, 0)")
-                        .bind(key)
-                        .execute(&mut *conn)
-                        .await
-                        .map_err(|e| crate::error::db_error("test", "inserting", e))?;
-                    Ok(())
-                })
+                conn.execute(
+                    "INSERT INTO applied_keys (key, applied_at) VALUES (?, 0)",
+                    [key],
+                )
+                .map_err(|e| db_error("test", "inserting", e))?;
+                Ok(())
             })
             .await
             .unwrap();
@@ -196,12 +240,12 @@ mod tests {
     fn idle(db: &Db) -> usize {
         match &db.reader {
             Readers::Own(own) => own.lock().len(),
-            Readers::Shared(_) => panic!("a file database has readers of its own"),
+            Readers::Shared(..) => panic!("a file database has readers of its own"),
         }
     }
 
-    /// A reader given back is used again, and a read transaction dropped without its end does not
-    /// leave the next read on that connection in the old snapshot.
+    /// A reader given back is used again, and a read transaction left open does not leave the
+    /// next read on that connection in the old snapshot.
     #[tokio::test]
     async fn readers_are_reused_and_see_later_commits() {
         let dir = tempfile::tempdir().unwrap();
@@ -214,20 +258,21 @@ mod tests {
             assert_eq!(count(&db).await, 1);
         }
         assert_eq!(idle(&db), 1, "ten reads in a row share one connection");
-        {
-            let mut reader = db.read("snapshot").await.unwrap();
-            let mut tx = sqlx::Connection::begin(&mut *reader).await.unwrap();
-            let n: i64 = sqlx::query_scalar("SELECT count(*) FROM applied_keys")
-                .fetch_one(&mut *tx)
-                .await
-                .unwrap();
-            assert_eq!(n, 1);
-            // Dropped here, open: the snapshot must not outlive it.
-        }
+        let n: i64 = db
+            .read("snapshot", |conn| {
+                conn.execute_batch("BEGIN")
+                    .map_err(|e| db_error("test", "begin", e))?;
+                // Left open: the snapshot must not outlive the read.
+                conn.query_row("SELECT count(*) FROM applied_keys", [], |r| r.get(0))
+                    .map_err(|e| db_error("test", "counting", e))
+            })
+            .await
+            .unwrap();
+        assert_eq!(n, 1);
         insert(&db, "two").await;
         assert_eq!(idle(&db), 1);
         assert_eq!(count(&db).await, 2, "the reader kept an old snapshot");
         db.close().await;
-        assert!(db.read("after close").await.is_err());
+        assert!(db.read("after close", |_| Ok(())).await.is_err());
     }
 }

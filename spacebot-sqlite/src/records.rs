@@ -1,55 +1,52 @@
 //! [`RecordStore`] on the instance database.
 
 use async_trait::async_trait;
+use rusqlite::types::Value;
+use rusqlite::{Connection, Row, params, params_from_iter};
 use spacebot_core::records::{
     Record, RecordStore, RecordWrite, WriteOutcome, check_address, check_list_prefix,
     check_namespace,
 };
 use spacebot_core::{StoreError, Timestamp};
-use sqlx::sqlite::SqliteRow;
-use sqlx::{Row, SqliteConnection};
 
 use crate::SqliteStores;
 use crate::error::{Location, corrupt, db_error, is_unique_violation};
+use crate::query;
 
 const COLUMNS: &str = "namespace, key, version, value, author, written_at";
 
-fn decode(location: &Location, row: &SqliteRow) -> Result<Record, StoreError> {
+fn decode(location: &Location, row: &Row<'_>) -> Result<Record, StoreError> {
     let read = |e| db_error(location, "reading a record", e);
-    let namespace: String = row.try_get("namespace").map_err(read)?;
-    let key: String = row.try_get("key").map_err(read)?;
-    let version: i64 = row.try_get("version").map_err(read)?;
+    let namespace: String = row.get("namespace").map_err(read)?;
+    let key: String = row.get("key").map_err(read)?;
+    let version: i64 = row.get("version").map_err(read)?;
     let bad = |what: &str, why: String| {
         corrupt(
             location,
             format!("record {namespace}/{key:?} version {version}: {what}: {why}"),
         )
     };
-    let value: String = row.try_get("value").map_err(read)?;
+    let value: String = row.get("value").map_err(read)?;
     Ok(Record {
         version: u64::try_from(version).map_err(|_| bad("version", "negative".into()))?,
         value: serde_json::from_str(&value).map_err(|e| bad("value", e.to_string()))?,
-        author: row.try_get("author").map_err(read)?,
-        written_at: Timestamp(row.try_get("written_at").map_err(read)?),
+        author: row.get("author").map_err(read)?,
+        written_at: Timestamp(row.get("written_at").map_err(read)?),
         namespace,
         key,
     })
 }
 
 /// Reads one record of the writer's transaction.
-async fn one(
-    conn: &mut SqliteConnection,
+fn one(
+    conn: &Connection,
     location: &Location,
     sql: &str,
     binds: [&str; 2],
 ) -> Result<Option<Record>, StoreError> {
-    let row = sqlx::query(sqlx::AssertSqlSafe(sql.to_string()))
-        .bind(binds[0])
-        .bind(binds[1])
-        .fetch_optional(&mut *conn)
-        .await
-        .map_err(|e| db_error(location, "reading a record", e))?;
-    row.map(|r| decode(location, &r)).transpose()
+    query::first(conn, location, "reading a record", sql, binds, |row| {
+        decode(location, row)
+    })
 }
 
 impl SqliteStores {
@@ -60,18 +57,25 @@ impl SqliteStores {
         version: Option<i64>,
     ) -> Result<Vec<Record>, StoreError> {
         let db = self.instance();
-        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-        for b in binds {
-            query = query.bind(*b);
-        }
+        let mut values: Vec<Value> = binds
+            .iter()
+            .map(|b| Value::Text((*b).to_string()))
+            .collect();
         if let Some(v) = version {
-            query = query.bind(v);
+            values.push(Value::Integer(v));
         }
-        let rows = query
-            .fetch_all(&mut *db.read("taking a reader connection").await?)
-            .await
-            .map_err(|e| db_error(&db.location, "reading records", e))?;
-        rows.iter().map(|r| decode(&db.location, r)).collect()
+        let location = db.location.clone();
+        db.read("reading records", move |conn| {
+            query::all(
+                conn,
+                &location,
+                "reading records",
+                &sql,
+                params_from_iter(values),
+                |row| decode(&location, row),
+            )
+        })
+        .await
     }
 }
 
@@ -135,74 +139,71 @@ impl RecordStore for SqliteRecordStore {
         let location = db.location.clone();
         db.writes
             .run(move |conn| {
-                Box::pin(async move {
-                    if let Some(effect) = &write.effect_key {
-                        let applied = one(
-                            conn,
-                            &location,
-                            &format!(
-                                "SELECT {COLUMNS} FROM records \
-                                 WHERE namespace = ? AND effect_key = ?"
-                            ),
-                            [&write.namespace, effect],
-                        )
-                        .await?;
-                        if let Some(record) = applied {
-                            return Ok(WriteOutcome::AlreadyApplied(record));
-                        }
-                    }
-                    let current = one(
+                if let Some(effect) = &write.effect_key {
+                    let applied = one(
                         conn,
                         &location,
                         &format!(
-                            "SELECT {COLUMNS} FROM records WHERE namespace = ? AND key = ? \
-                             ORDER BY version DESC LIMIT 1"
+                            "SELECT {COLUMNS} FROM records \
+                             WHERE namespace = ? AND effect_key = ?"
                         ),
-                        [&write.namespace, &write.key],
-                    )
-                    .await?;
-                    let latest = current.as_ref().map_or(0, |r| r.version);
-                    if !write.expect.admits(latest) {
-                        return Ok(WriteOutcome::Conflict { current });
+                        [&write.namespace, effect],
+                    )?;
+                    if let Some(record) = applied {
+                        return Ok(WriteOutcome::AlreadyApplied(record));
                     }
-                    let next = latest + 1;
-                    let stored = i64::try_from(next).map_err(|_| {
+                }
+                let current = one(
+                    conn,
+                    &location,
+                    &format!(
+                        "SELECT {COLUMNS} FROM records WHERE namespace = ? AND key = ? \
+                         ORDER BY version DESC LIMIT 1"
+                    ),
+                    [&write.namespace, &write.key],
+                )?;
+                let latest = current.as_ref().map_or(0, |r| r.version);
+                if !write.expect.admits(latest) {
+                    return Ok(WriteOutcome::Conflict { current });
+                }
+                let next = latest + 1;
+                let stored = i64::try_from(next).map_err(|_| {
+                    corrupt(
+                        &location,
+                        format!("record {} has too many versions", write.key),
+                    )
+                })?;
+                query::execute(
+                    conn,
+                    "INSERT INTO records \
+                     (namespace, key, version, value, author, written_at, effect_key) \
+                     VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    params![
+                        write.namespace,
+                        write.key,
+                        stored,
+                        json,
+                        write.author,
+                        write.written_at.0,
+                        write.effect_key.as_deref(),
+                    ],
+                )
+                .map_err(|e| {
+                    if is_unique_violation(&e) {
+                        // The reads above run in the writer's transaction, after every
+                        // earlier write: a duplicate here is not a race but damage.
                         corrupt(
                             &location,
-                            format!("record {} has too many versions", write.key),
+                            format!(
+                                "record {}/{:?} version {next} exists, but was not read: {e}",
+                                write.namespace, write.key
+                            ),
                         )
-                    })?;
-                    sqlx::query(
-                        "INSERT INTO records \
-                         (namespace, key, version, value, author, written_at, effect_key) \
-                         VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    )
-                    .bind(&write.namespace)
-                    .bind(&write.key)
-                    .bind(stored)
-                    .bind(&json)
-                    .bind(&write.author)
-                    .bind(write.written_at.0)
-                    .bind(write.effect_key.as_deref())
-                    .execute(&mut *conn)
-                    .await
-                    .map_err(|e| {
-                        if is_unique_violation(&e) {
-                            // The reads above run in the writer's transaction, after every
-                            // earlier write: a duplicate here is not a race but damage.
-                            corrupt(
-                                &location,
-                                format!(
-                                    "record {}/{:?} version {next} exists, but was not read: {e}",
-                                    write.namespace, write.key
-                                ),
-                            )
-                        } else {
-                            db_error(&location, "writing a record", e)
-                        }
-                    })?;
-                    Ok(WriteOutcome::Written(write.into_record(next)))
-                })
+                    } else {
+                        db_error(&location, "writing a record", e)
+                    }
+                })?;
+                Ok(WriteOutcome::Written(write.into_record(next)))
             })
             .await
     }

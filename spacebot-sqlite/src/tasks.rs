@@ -3,15 +3,16 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
+use rusqlite::types::{ToSql, Value};
+use rusqlite::{Connection, Row, params, params_from_iter};
 use spacebot_core::task::{
     CompletionNotice, Expect, Lease, Priority, TaskEvent, TaskFilter, TaskMetadata, Transition,
 };
 use spacebot_core::{AgentId, NewTask, StoreError, Task, TaskStore, Timestamp};
-use sqlx::sqlite::SqliteRow;
-use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection};
 
 use crate::SqliteStores;
 use crate::error::{Location, corrupt, db_error, encode_error};
+use crate::query;
 
 /// The columns every task query selects, in the order [`decode`] reads them by name.
 const TASK_COLUMNS: &str = "number, title, description, status, priority, created_by, metadata, \
@@ -72,30 +73,30 @@ fn number_to_sql(number: u64) -> Option<i64> {
     i64::try_from(number).ok()
 }
 
-fn decode(location: &Location, agent: &AgentId, row: &SqliteRow) -> Result<Task, StoreError> {
+fn decode(location: &Location, agent: &AgentId, row: &Row<'_>) -> Result<Task, StoreError> {
     let read = |e| db_error(location, "reading a task", e);
-    let number: i64 = row.try_get("number").map_err(read)?;
+    let number: i64 = row.get("number").map_err(read)?;
     let bad = |what: &str, why: String| corrupt(location, format!("task {number}: {what}: {why}"));
     let count = |name: &str| -> Result<u32, StoreError> {
-        let v: i64 = row.try_get(name).map_err(read)?;
+        let v: i64 = row.get(name).map_err(read)?;
         u32::try_from(v).map_err(|_| bad(name, format!("{v} is out of range")))
     };
-    let status: String = row.try_get("status").map_err(read)?;
-    let metadata: String = row.try_get("metadata").map_err(read)?;
-    let lease_holder: Option<String> = row.try_get("lease_holder").map_err(read)?;
-    let lease_expires_at: Option<i64> = row.try_get("lease_expires_at").map_err(read)?;
-    let revision: i64 = row.try_get("revision").map_err(read)?;
+    let status: String = row.get("status").map_err(read)?;
+    let metadata: String = row.get("metadata").map_err(read)?;
+    let lease_holder: Option<String> = row.get("lease_holder").map_err(read)?;
+    let lease_expires_at: Option<i64> = row.get("lease_expires_at").map_err(read)?;
+    let revision: i64 = row.get("revision").map_err(read)?;
     Ok(Task {
         agent: agent.clone(),
         number: u64::try_from(number).map_err(|_| bad("number", "negative".into()))?,
-        title: row.try_get("title").map_err(read)?,
-        description: row.try_get("description").map_err(read)?,
+        title: row.get("title").map_err(read)?,
+        description: row.get("description").map_err(read)?,
         status: status
             .parse()
             .map_err(|e: spacebot_core::InvalidInput| bad("status", e.to_string()))?,
-        priority: Priority::from_rank(row.try_get("priority").map_err(read)?)
+        priority: Priority::from_rank(row.get("priority").map_err(read)?)
             .map_err(|e| bad("priority", e.to_string()))?,
-        created_by: row.try_get("created_by").map_err(read)?,
+        created_by: row.get("created_by").map_err(read)?,
         metadata: serde_json::from_str::<TaskMetadata>(&metadata)
             .map_err(|e| bad("metadata", e.to_string()))?,
         attempts: count("attempts")?,
@@ -108,10 +109,10 @@ fn decode(location: &Location, agent: &AgentId, row: &SqliteRow) -> Result<Task,
             _ => None,
         },
         revision: u64::try_from(revision).map_err(|_| bad("revision", "negative".into()))?,
-        result: row.try_get("result").map_err(read)?,
-        error: row.try_get("error").map_err(read)?,
-        created_at: Timestamp(row.try_get("created_at").map_err(read)?),
-        updated_at: Timestamp(row.try_get("updated_at").map_err(read)?),
+        result: row.get("result").map_err(read)?,
+        error: row.get("error").map_err(read)?,
+        created_at: Timestamp(row.get("created_at").map_err(read)?),
+        updated_at: Timestamp(row.get("updated_at").map_err(read)?),
     })
 }
 
@@ -129,13 +130,12 @@ fn revision_to_sql(location: &Location, revision: u64) -> Result<i64, StoreError
 }
 
 /// Writes `transition` (read at `old_revision` in the same transaction) and its notice.
-async fn write_transition(
-    conn: &mut SqliteConnection,
+fn write_transition(
+    conn: &Connection,
     location: &Location,
     old_revision: u64,
     transition: &Transition,
 ) -> Result<(), StoreError> {
-    let fail = |doing: &str, e| db_error(location, doing, e);
     let task = &transition.task;
     let number = number_to_sql(task.number).ok_or_else(|| {
         corrupt(
@@ -143,27 +143,30 @@ async fn write_transition(
             format!("task number {} is out of range", task.number),
         )
     })?;
-    let done = sqlx::query(UPDATE_SQL)
-        .bind(&task.title)
-        .bind(&task.description)
-        .bind(task.status.as_str())
-        .bind(task.priority.rank())
-        .bind(task.metadata.delegated_by.as_ref().map(AgentId::as_str))
-        .bind(encode_metadata(location, &task.metadata)?)
-        .bind(i64::from(task.attempts))
-        .bind(i64::from(task.max_attempts))
-        .bind(task.lease.as_ref().map(|l| l.holder.as_str()))
-        .bind(task.lease.as_ref().map(|l| l.expires_at.0))
-        .bind(revision_to_sql(location, task.revision)?)
-        .bind(task.result.as_deref())
-        .bind(task.error.as_deref())
-        .bind(task.updated_at.0)
-        .bind(number)
-        .bind(revision_to_sql(location, old_revision)?)
-        .execute(&mut *conn)
-        .await
-        .map_err(|e| fail("updating a task", e))?;
-    if done.rows_affected() != 1 {
+    let done = query::execute(
+        conn,
+        UPDATE_SQL,
+        params![
+            task.title,
+            task.description,
+            task.status.as_str(),
+            task.priority.rank(),
+            task.metadata.delegated_by.as_ref().map(AgentId::as_str),
+            encode_metadata(location, &task.metadata)?,
+            i64::from(task.attempts),
+            i64::from(task.max_attempts),
+            task.lease.as_ref().map(|l| l.holder.as_str()),
+            task.lease.as_ref().map(|l| l.expires_at.0),
+            revision_to_sql(location, task.revision)?,
+            task.result.as_deref(),
+            task.error.as_deref(),
+            task.updated_at.0,
+            number,
+            revision_to_sql(location, old_revision)?,
+        ],
+    )
+    .map_err(|e| db_error(location, "updating a task", e))?;
+    if done != 1 {
         // Unreachable while the transaction holds the write lock; refuse rather than guess.
         return Err(StoreError::Conflict {
             what: format!("task {}", task.task_ref()),
@@ -172,26 +175,24 @@ async fn write_transition(
         });
     }
     if let Some(notice) = &transition.notice {
-        write_notice(conn, location, number, notice).await?;
+        write_notice(conn, location, number, notice)?;
     }
     Ok(())
 }
 
-async fn write_notice(
-    conn: &mut SqliteConnection,
+fn write_notice(
+    conn: &Connection,
     location: &Location,
     number: i64,
     notice: &CompletionNotice,
 ) -> Result<(), StoreError> {
     let json = serde_json::to_string(notice).map_err(|e| encode_error(location, "a notice", e))?;
-    sqlx::query(OUTBOX_INSERT_SQL)
-        .bind(&notice.key)
-        .bind(number)
-        .bind(json)
-        .bind(notice.created_at.0)
-        .execute(&mut *conn)
-        .await
-        .map_err(|e| db_error(location, "writing a completion notice", e))?;
+    query::execute(
+        conn,
+        OUTBOX_INSERT_SQL,
+        params![notice.key, number, json, notice.created_at.0],
+    )
+    .map_err(|e| db_error(location, "writing a completion notice", e))?;
     Ok(())
 }
 
@@ -214,60 +215,62 @@ impl SqliteTaskStore {
         let (agent, key, location) = (agent.clone(), key.to_string(), db.location.clone());
         db.writes
             .run(move |conn| {
-                Box::pin(async move {
-                    let fail = |doing: &str, e| db_error(&location, doing, e);
-                    let existing = sqlx::query(SELECT_BY_KEY_SQL)
-                        .bind(&key)
-                        .fetch_optional(&mut *conn)
-                        .await
-                        .map_err(|e| fail("looking up a task by its idempotency key", e))?;
-                    if let Some(row) = existing {
-                        return decode(&location, &agent, &row);
-                    }
-                    let mut task = task.into_task(agent.clone(), 0, now)?;
-                    let number = insert(conn, &location, &task, Some(&key)).await?;
-                    task.number = u64::try_from(number).map_err(|_| {
-                        corrupt(&location, format!("task number {number} is negative"))
-                    })?;
-                    Ok(task)
-                })
+                let existing = query::first(
+                    conn,
+                    &location,
+                    "looking up a task by its idempotency key",
+                    SELECT_BY_KEY_SQL,
+                    [&key],
+                    |row| decode(&location, &agent, row),
+                )?;
+                if let Some(task) = existing {
+                    return Ok(task);
+                }
+                let mut task = task.into_task(agent.clone(), 0, now)?;
+                let number = insert(conn, &location, &task, Some(&key))?;
+                task.number = u64::try_from(number)
+                    .map_err(|_| corrupt(&location, format!("task number {number} is negative")))?;
+                Ok(task)
             })
             .await
     }
 }
 
 /// Inserts `task` (with its create's idempotency key, if any) and returns its new number.
-async fn insert(
-    conn: &mut SqliteConnection,
+fn insert(
+    conn: &Connection,
     location: &Location,
     task: &Task,
     key: Option<&str>,
 ) -> Result<i64, StoreError> {
     let metadata = encode_metadata(location, &task.metadata)?;
-    let query = sqlx::query_scalar(if key.is_some() {
-        INSERT_KEYED_SQL
-    } else {
-        INSERT_SQL
-    })
-    .bind(&task.title)
-    .bind(&task.description)
-    .bind(task.status.as_str())
-    .bind(task.priority.rank())
-    .bind(&task.created_by)
-    .bind(task.metadata.delegated_by.as_ref().map(AgentId::as_str))
-    .bind(metadata)
-    .bind(i64::from(task.attempts))
-    .bind(i64::from(task.max_attempts))
-    .bind(revision_to_sql(location, task.revision)?)
-    .bind(task.created_at.0)
-    .bind(task.updated_at.0);
-    let query = match key {
-        Some(key) => query.bind(key),
-        None => query,
+    let (status, rank) = (task.status.as_str(), task.priority.rank());
+    let delegated_by = task.metadata.delegated_by.as_ref().map(AgentId::as_str);
+    let (attempts, max_attempts) = (i64::from(task.attempts), i64::from(task.max_attempts));
+    let revision = revision_to_sql(location, task.revision)?;
+    let mut values: Vec<&dyn ToSql> = vec![
+        &task.title,
+        &task.description,
+        &status,
+        &rank,
+        &task.created_by,
+        &delegated_by,
+        &metadata,
+        &attempts,
+        &max_attempts,
+        &revision,
+        &task.created_at.0,
+        &task.updated_at.0,
+    ];
+    let sql = match &key {
+        Some(key) => {
+            values.push(key);
+            INSERT_KEYED_SQL
+        }
+        None => INSERT_SQL,
     };
-    query
-        .fetch_one(&mut *conn)
-        .await
+    conn.prepare_cached(sql)
+        .and_then(|mut statement| statement.query_row(params_from_iter(values), |r| r.get(0)))
         .map_err(|e| db_error(location, "creating a task", e))
 }
 
@@ -292,13 +295,10 @@ impl TaskStore for SqliteTaskStore {
         let location = db.location.clone();
         db.writes
             .run(move |conn| {
-                Box::pin(async move {
-                    let number = insert(conn, &location, &task, None).await?;
-                    task.number = u64::try_from(number).map_err(|_| {
-                        corrupt(&location, format!("task number {number} is negative"))
-                    })?;
-                    Ok(task)
-                })
+                let number = insert(conn, &location, &task, None)?;
+                task.number = u64::try_from(number)
+                    .map_err(|_| corrupt(&location, format!("task number {number} is negative")))?;
+                Ok(task)
             })
             .await
     }
@@ -308,45 +308,59 @@ impl TaskStore for SqliteTaskStore {
             return Ok(None);
         };
         let db = self.0.agent(agent).await?;
-        let row = sqlx::query(SELECT_ONE_SQL)
-            .bind(n)
-            .fetch_optional(&mut *db.read("taking a reader connection").await?)
-            .await
-            .map_err(|e| db_error(&db.location, "reading a task", e))?;
-        row.map(|r| decode(&db.location, agent, &r)).transpose()
+        let (agent, location) = (agent.clone(), db.location.clone());
+        db.read("reading a task", move |conn| {
+            query::first(
+                conn,
+                &location,
+                "reading a task",
+                SELECT_ONE_SQL,
+                [n],
+                |row| decode(&location, &agent, row),
+            )
+        })
+        .await
     }
 
     async fn list(&self, agent: &AgentId, filter: &TaskFilter) -> Result<Vec<Task>, StoreError> {
         let db = self.0.agent(agent).await?;
-        let mut q: QueryBuilder<Sqlite> = QueryBuilder::new("SELECT ");
-        q.push(TASK_COLUMNS).push(" FROM tasks WHERE 1 = 1");
+        let mut sql = format!("SELECT {TASK_COLUMNS} FROM tasks WHERE 1 = 1");
+        let mut values: Vec<Value> = Vec::new();
         if !filter.statuses.is_empty() {
-            q.push(" AND status IN (");
-            let mut list = q.separated(", ");
-            for s in &filter.statuses {
-                list.push_bind(s.as_str());
-            }
-            q.push(")");
+            let marks = vec!["?"; filter.statuses.len()].join(", ");
+            sql.push_str(&format!(" AND status IN ({marks})"));
+            values.extend(
+                filter
+                    .statuses
+                    .iter()
+                    .map(|s| Value::Text(s.as_str().to_string())),
+            );
         }
         if let Some(d) = &filter.delegated_by {
-            q.push(" AND delegated_by = ").push_bind(d.as_str());
+            sql.push_str(" AND delegated_by = ?");
+            values.push(Value::Text(d.as_str().to_string()));
         }
         if let Some(c) = &filter.created_by {
-            q.push(" AND created_by = ").push_bind(c.as_str());
+            sql.push_str(" AND created_by = ?");
+            values.push(Value::Text(c.clone()));
         }
-        q.push(" ORDER BY number");
+        sql.push_str(" ORDER BY number");
         if let Some(limit) = filter.limit {
-            q.push(" LIMIT ")
-                .push_bind(i64::try_from(limit).unwrap_or(i64::MAX));
+            sql.push_str(" LIMIT ?");
+            values.push(Value::Integer(i64::try_from(limit).unwrap_or(i64::MAX)));
         }
-        let rows = q
-            .build()
-            .fetch_all(&mut *db.read("taking a reader connection").await?)
-            .await
-            .map_err(|e| db_error(&db.location, "listing tasks", e))?;
-        rows.iter()
-            .map(|r| decode(&db.location, agent, r))
-            .collect()
+        let (agent, location) = (agent.clone(), db.location.clone());
+        db.read("listing tasks", move |conn| {
+            query::all(
+                conn,
+                &location,
+                "listing tasks",
+                &sql,
+                params_from_iter(values),
+                |row| decode(&location, &agent, row),
+            )
+        })
+        .await
     }
 
     async fn transition(
@@ -363,19 +377,19 @@ impl TaskStore for SqliteTaskStore {
         let (agent, location) = (agent.clone(), db.location.clone());
         db.writes
             .run(move |conn| {
-                Box::pin(async move {
-                    let row = sqlx::query(SELECT_ONE_SQL)
-                        .bind(n)
-                        .fetch_optional(&mut *conn)
-                        .await
-                        .map_err(|e| db_error(&location, "reading a task", e))?
-                        .ok_or_else(|| StoreError::not_found(missing))?;
-                    let task = decode(&location, &agent, &row)?;
-                    expect.check(&task)?;
-                    let transition = task.apply(event, now)?;
-                    write_transition(conn, &location, task.revision, &transition).await?;
-                    Ok(transition)
-                })
+                let task = query::first(
+                    conn,
+                    &location,
+                    "reading a task",
+                    SELECT_ONE_SQL,
+                    [n],
+                    |row| decode(&location, &agent, row),
+                )?
+                .ok_or_else(|| StoreError::not_found(missing))?;
+                expect.check(&task)?;
+                let transition = task.apply(event, now)?;
+                write_transition(conn, &location, task.revision, &transition)?;
+                Ok(transition)
             })
             .await
     }
@@ -396,16 +410,14 @@ impl TaskStore for SqliteTaskStore {
         let (agent, holder, location) = (agent.clone(), holder.to_string(), db.location.clone());
         db.writes
             .run(move |conn| {
-                Box::pin(async move {
-                    let row = sqlx::query(CLAIM_SQL)
-                        .bind(holder)
-                        .bind(now.plus(lease).0)
-                        .bind(now.0)
-                        .fetch_optional(&mut *conn)
-                        .await
-                        .map_err(|e| db_error(&location, "claiming a task", e))?;
-                    row.map(|r| decode(&location, &agent, &r)).transpose()
-                })
+                query::first(
+                    conn,
+                    &location,
+                    "claiming a task",
+                    CLAIM_SQL,
+                    params![holder, now.plus(lease).0, now.0],
+                    |row| decode(&location, &agent, row),
+                )
             })
             .await
     }
@@ -430,37 +442,43 @@ impl TaskStore for SqliteTaskStore {
         let (agent, location) = (agent.clone(), db.location.clone());
         db.writes
             .run(move |conn| {
-                Box::pin(async move {
-                    let rows = sqlx::query(EXPIRED_SQL)
-                        .bind(now.0)
-                        .fetch_all(&mut *conn)
-                        .await
-                        .map_err(|e| db_error(&location, "finding expired leases", e))?;
-                    let mut out = Vec::with_capacity(rows.len());
-                    for row in &rows {
-                        let task = decode(&location, &agent, row)?;
-                        let transition = task.apply(TaskEvent::ExpireLease, now)?;
-                        write_transition(conn, &location, task.revision, &transition).await?;
-                        out.push(transition);
-                    }
-                    Ok(out)
-                })
+                let tasks = query::all(
+                    conn,
+                    &location,
+                    "finding expired leases",
+                    EXPIRED_SQL,
+                    [now.0],
+                    |row| decode(&location, &agent, row),
+                )?;
+                let mut out = Vec::with_capacity(tasks.len());
+                for task in tasks {
+                    let transition = task.apply(TaskEvent::ExpireLease, now)?;
+                    write_transition(conn, &location, task.revision, &transition)?;
+                    out.push(transition);
+                }
+                Ok(out)
             })
             .await
     }
 
     async fn outbox_pending(&self, agent: &AgentId) -> Result<Vec<CompletionNotice>, StoreError> {
         let db = self.0.agent(agent).await?;
-        let rows: Vec<String> = sqlx::query_scalar(OUTBOX_PENDING_SQL)
-            .fetch_all(&mut *db.read("taking a reader connection").await?)
-            .await
-            .map_err(|e| db_error(&db.location, "reading the outbox", e))?;
-        rows.iter()
-            .map(|json| {
-                serde_json::from_str(json)
-                    .map_err(|e| corrupt(&db.location, format!("outbox notice: {e}")))
-            })
-            .collect()
+        let location = db.location.clone();
+        db.read("reading the outbox", move |conn| {
+            query::all(
+                conn,
+                &location,
+                "reading the outbox",
+                OUTBOX_PENDING_SQL,
+                [],
+                |row| {
+                    let json: String = query::get(&location, "reading the outbox", row, "notice")?;
+                    serde_json::from_str(&json)
+                        .map_err(|e| corrupt(&location, format!("outbox notice: {e}")))
+                },
+            )
+        })
+        .await
     }
 
     async fn outbox_mark_sent(&self, agent: &AgentId, key: &str) -> Result<(), StoreError> {
@@ -468,14 +486,13 @@ impl TaskStore for SqliteTaskStore {
         let (key, location) = (key.to_string(), db.location.clone());
         db.writes
             .run(move |conn| {
-                Box::pin(async move {
-                    sqlx::query("UPDATE outbox SET sent = 1 WHERE key = ? AND sent = 0")
-                        .bind(key)
-                        .execute(&mut *conn)
-                        .await
-                        .map_err(|e| db_error(&location, "marking a notice sent", e))?;
-                    Ok(())
-                })
+                query::execute(
+                    conn,
+                    "UPDATE outbox SET sent = 1 WHERE key = ? AND sent = 0",
+                    [key],
+                )
+                .map_err(|e| db_error(&location, "marking a notice sent", e))?;
+                Ok(())
             })
             .await
     }
@@ -499,17 +516,17 @@ async fn exists(
     db: &crate::db::Db,
     sql: &'static str,
     bind: Option<i64>,
-    what: &str,
+    what: &'static str,
 ) -> Result<bool, StoreError> {
-    let mut query = sqlx::query_scalar::<_, i64>(sql);
-    if let Some(value) = bind {
-        query = query.bind(value);
-    }
-    let found = query
-        .fetch_optional(&mut *db.read("taking a reader connection").await?)
-        .await
-        .map_err(|e| db_error(&db.location, what, e))?;
-    Ok(found.is_some())
+    let location = db.location.clone();
+    db.read(what, move |conn| {
+        let found = match bind {
+            Some(value) => query::first(conn, &location, what, sql, [value], |_| Ok(())),
+            None => query::first(conn, &location, what, sql, [], |_| Ok(())),
+        }?;
+        Ok(found.is_some())
+    })
+    .await
 }
 
 /// Unsent notices, oldest first.
@@ -525,13 +542,18 @@ mod tests {
     /// The `detail` column of `EXPLAIN QUERY PLAN sql`, one line per step.
     async fn plan(stores: &SqliteStores, agent: &AgentId, sql: &str) -> Vec<String> {
         let db = stores.agent(agent).await.unwrap();
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN QUERY PLAN {sql}")))
-            .fetch_all(&db.writer)
-            .await
-            .unwrap();
-        rows.iter()
-            .map(|r| r.try_get::<String, _>("detail").unwrap())
-            .collect()
+        let sql = format!("EXPLAIN QUERY PLAN {sql}");
+        let location = db.location.clone();
+        db.read("planning", move |conn| {
+            // Its parameters are left NULL: the plan does not depend on them.
+            let unbound = conn.prepare(&sql).unwrap().parameter_count();
+            let nulls = params_from_iter(vec![Value::Null; unbound]);
+            query::all(conn, &location, "planning", &sql, nulls, |row| {
+                query::get(&location, "planning", row, "detail")
+            })
+        })
+        .await
+        .unwrap()
     }
 
     async fn board_with_tasks() -> (SqliteStores, AgentId) {

@@ -1,37 +1,28 @@
-//! Group commit: one writer task per database runs the queued write operations of all callers in
+//! Group commit: one writer thread per database runs the queued write operations of all callers in
 //! one transaction and answers each caller only once that transaction is committed.
 //!
-//! An operation is a closure over the open transaction's connection. The task takes the first
+//! An operation is a synchronous closure over the writer's connection. The thread takes the first
 //! queued operation and every other one already queued (up to `max_batch`), opens one
 //! `BEGIN IMMEDIATE` transaction, runs each operation inside its own `SAVEPOINT` (an operation that
 //! fails is rolled back to its savepoint alone, so the others are kept), commits once, and only then
 //! sends every caller its result. A commit that fails fails every operation of the batch, and
 //! nothing of it is kept. A batch of one operation runs without a savepoint.
 //!
-//! The task borrows the database's single writer connection from its pool, so a write that does
-//! not go through this task (a migration) still waits for the connection and never interleaves
-//! with a batch. Where nothing else uses that pool (a file database, whose reads have their own
-//! pool), the task keeps the connection between batches: returning it to the pool costs a round
-//! trip to the connection's thread (the pool tests every connection given back) and a spawned
-//! task, for every batch. After a batch that failed, the connection goes back to the pool, which
-//! replaces it if it is broken.
+//! The whole batch (`BEGIN`, every statement of every operation, `COMMIT`) runs on the thread that
+//! owns the connection: a caller's operation is one message to that thread and one answer back,
+//! whatever the number of its statements. The connection is opened and migrated before the thread
+//! starts, and nothing else writes through it.
 
 use std::collections::VecDeque;
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, PoisonError};
 
+use rusqlite::Connection;
 use spacebot_core::StoreError;
-use sqlx::pool::PoolConnection;
-use sqlx::sqlite::SqlitePool;
-use sqlx::{Sqlite, SqliteConnection};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use crate::error::{BACKEND, Location, db_error};
-
-/// A boxed, sendable future borrowing the connection for `'a`.
-pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// Answers an operation's caller once the batch's fate is known: `Ok` when it committed (or when
 /// the operation failed and was rolled back alone), else the batch's error.
@@ -41,7 +32,7 @@ type Answer = Box<dyn FnOnce(Result<(), &StoreError>) + Send>;
 trait Operation: Send {
     /// Runs the operation on the batch's connection; says whether it succeeded (its savepoint is
     /// kept) and how to answer its caller.
-    fn run<'c>(self: Box<Self>, conn: &'c mut SqliteConnection) -> BoxFuture<'c, (bool, Answer)>;
+    fn run(self: Box<Self>, conn: &Connection) -> (bool, Answer);
     /// Answers the caller with `e` without running the operation.
     fn refuse(self: Box<Self>, e: &StoreError);
 }
@@ -56,26 +47,22 @@ struct Op<T, F> {
 impl<T, F> Operation for Op<T, F>
 where
     T: Send + 'static,
-    F: for<'c> FnOnce(&'c mut SqliteConnection) -> BoxFuture<'c, Result<T, StoreError>>
-        + Send
-        + 'static,
+    F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
 {
-    fn run<'c>(self: Box<Self>, conn: &'c mut SqliteConnection) -> BoxFuture<'c, (bool, Answer)> {
+    fn run(self: Box<Self>, conn: &Connection) -> (bool, Answer) {
         let Self { op, reply } = *self;
-        Box::pin(async move {
-            let result = op(conn).await;
-            let ok = result.is_ok();
-            let answer: Answer = Box::new(move |batch: Result<(), &StoreError>| {
-                let result = match (result, batch) {
-                    (Err(e), _) => Err(e),
-                    (Ok(value), Ok(())) => Ok(value),
-                    (Ok(_), Err(e)) => Err(replicate(e)),
-                };
-                // A caller that stopped waiting does not need its answer.
-                let _ = reply.send(result);
-            });
-            (ok, answer)
-        })
+        let result = op(conn);
+        let ok = result.is_ok();
+        let answer: Answer = Box::new(move |batch: Result<(), &StoreError>| {
+            let result = match (result, batch) {
+                (Err(e), _) => Err(e),
+                (Ok(value), Ok(())) => Ok(value),
+                (Ok(_), Err(e)) => Err(replicate(e)),
+            };
+            // A caller that stopped waiting does not need its answer.
+            let _ = reply.send(result);
+        });
+        (ok, answer)
     }
 
     fn refuse(self: Box<Self>, e: &StoreError) {
@@ -85,14 +72,14 @@ where
 
 enum Message {
     Run(Job),
-    /// Finish what is queued before this, then stop and acknowledge.
+    /// Finish what is queued before this, then close the connection, stop and acknowledge.
     Close(oneshot::Sender<()>),
 }
 
 /// Counters of one database's writer, for tests and diagnostics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct WriteStats {
-    /// Transactions committed by the writer task (each one `fsync` with `synchronous = FULL`).
+    /// Transactions committed by the writer (each one `fsync` with `synchronous = FULL`).
     pub commits: u64,
     /// Operations those transactions carried (refused ones included).
     pub operations: u64,
@@ -104,44 +91,51 @@ struct Counters {
     operations: AtomicU64,
 }
 
-/// The sending side of a database's writer task. Cheap to clone.
+/// The sending side of a database's writer thread. Cheap to clone.
 #[derive(Debug, Clone)]
 pub(crate) struct Writer {
-    queue: mpsc::UnboundedSender<Message>,
+    queue: mpsc::Sender<Message>,
     counters: Arc<Counters>,
     location: Location,
 }
 
+/// A connection shared by the writer thread and, for an in-memory database, its reads.
+pub(crate) type Shared = Arc<Mutex<Connection>>;
+
+/// Locks `conn`: a panic in an operation cannot leave the connection half-used in a way the next
+/// batch does not repair (it begins with a `ROLLBACK` of anything left open).
+pub(crate) fn lock(conn: &Shared) -> std::sync::MutexGuard<'_, Connection> {
+    conn.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 impl Writer {
-    /// Starts the writer task of the database at `location` on the current Tokio runtime.
-    /// `keep_connection`: the task keeps the pool's connection between batches (only where
-    /// nothing else takes connections from `pool`).
+    /// Starts the writer thread of the database at `location`, which owns `conn` (opened and
+    /// migrated) from now on.
     pub(crate) fn start(
-        pool: SqlitePool,
+        conn: Shared,
         location: Location,
         max_batch: usize,
-        keep_connection: bool,
     ) -> Result<Self, StoreError> {
-        let runtime = tokio::runtime::Handle::try_current().map_err(|e| {
-            StoreError::backend(
-                BACKEND,
-                format!("starting the writer of {location}: no Tokio runtime is running"),
-                e,
-            )
-        })?;
-        let (queue, receiver) = mpsc::unbounded_channel();
+        let (queue, receiver) = mpsc::channel();
         let counters = Arc::new(Counters::default());
         let task = Task {
-            pool,
+            conn: Some(conn),
             location: location.clone(),
             max_batch: max_batch.max(1),
             receiver,
             counters: counters.clone(),
             pending: VecDeque::new(),
-            keep_connection,
-            kept: None,
         };
-        runtime.spawn(task.serve());
+        std::thread::Builder::new()
+            .name("spacebot-sqlite-writer".into())
+            .spawn(move || task.serve())
+            .map_err(|e| {
+                StoreError::backend(
+                    BACKEND,
+                    format!("starting the writer thread of {location}: {e}"),
+                    e,
+                )
+            })?;
         Ok(Self {
             queue,
             counters,
@@ -159,9 +153,7 @@ impl Writer {
     pub(crate) async fn run<T, F>(&self, op: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
-        F: for<'c> FnOnce(&'c mut SqliteConnection) -> BoxFuture<'c, Result<T, StoreError>>
-            + Send
-            + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     {
         if let Some(damage) = self.location.damage() {
             return Err(damage);
@@ -174,11 +166,12 @@ impl Writer {
         answered.await.map_err(|_| self.stopped())?
     }
 
-    /// Finishes the operations queued so far and stops the task; later calls fail.
+    /// Finishes the operations queued so far, closes the connection and stops the thread; later
+    /// calls fail.
     pub(crate) async fn close(&self) {
         let (done, closed) = oneshot::channel();
         if self.queue.send(Message::Close(done)).is_ok() {
-            // The task dropping the acknowledgement means it stopped anyway.
+            // The thread dropping the acknowledgement means it stopped anyway.
             let _ = closed.await;
         }
     }
@@ -218,33 +211,30 @@ fn replicate(e: &StoreError) -> StoreError {
     }
 }
 
-/// The writer task.
+/// The writer thread.
 struct Task {
-    pool: SqlitePool,
+    /// `None` once closed.
+    conn: Option<Shared>,
     location: Location,
     max_batch: usize,
-    receiver: mpsc::UnboundedReceiver<Message>,
+    receiver: mpsc::Receiver<Message>,
     counters: Arc<Counters>,
     /// Operations taken from the queue but not run yet (after a batch broke off).
     pending: VecDeque<Job>,
-    /// Whether the connection is kept between batches (see the module's documentation).
-    keep_connection: bool,
-    /// The connection kept since the last batch, which committed.
-    kept: Option<PoolConnection<Sqlite>>,
 }
 
 impl Task {
-    async fn serve(mut self) {
+    fn serve(mut self) {
         let mut closing = None;
         loop {
             if self.pending.is_empty() {
-                match self.receiver.recv().await {
-                    Some(Message::Run(job)) => self.pending.push_back(job),
-                    Some(Message::Close(done)) => {
+                match self.receiver.recv() {
+                    Ok(Message::Run(job)) => self.pending.push_back(job),
+                    Ok(Message::Close(done)) => {
                         closing = Some(done);
                         break;
                     }
-                    None => break,
+                    Err(_) => break,
                 }
             }
             let mut batch: Vec<Job> = Vec::new();
@@ -262,36 +252,38 @@ impl Task {
                     Err(_) => break,
                 }
             }
-            self.run_batch(batch).await;
+            self.run_batch(batch);
             if closing.is_some() {
                 // Operations requeued by a broken last batch still run before stopping.
                 while !self.pending.is_empty() {
                     let batch: Vec<Job> = self.pending.drain(..).collect();
-                    self.run_batch(batch).await;
+                    self.run_batch(batch);
                 }
                 break;
             }
         }
+        // The connection closes before the acknowledgement: whoever waits for the close (to
+        // release the directory's lock) never meets the file still being closed.
+        drop(self.conn.take());
         // Operations sent after the close are dropped: their callers get an error.
-        self.receiver.close();
+        let mut acknowledgements = Vec::new();
         while let Ok(message) = self.receiver.try_recv() {
             if let Message::Close(done) = message {
-                let _ = done.send(());
+                acknowledgements.push(done);
             }
         }
-        if let Some(done) = closing {
+        drop(self.receiver);
+        for done in acknowledgements.into_iter().chain(closing) {
             let _ = done.send(());
         }
     }
 
     /// Runs `batch` in one transaction and answers each operation once it is committed.
     ///
-    /// The transaction is begun, committed and rolled back with plain statements on a connection
-    /// taken from the pool, not with the driver's transaction object: SQLite rolls a transaction
-    /// back by itself on some errors (a full disk, an I/O error, an interrupted statement), and
-    /// the driver's count of open transactions would then stay at one for ever (every later
-    /// `BEGIN` refused), whereas a `ROLLBACK` statement is harmless when nothing is open.
-    async fn run_batch(&mut self, batch: Vec<Job>) {
+    /// The transaction is begun, committed and rolled back with plain statements: SQLite rolls a
+    /// transaction back by itself on some errors (a full disk, an I/O error, an interrupted
+    /// statement), and a `ROLLBACK` statement is harmless when nothing is open.
+    fn run_batch(&mut self, batch: Vec<Job>) {
         if batch.is_empty() {
             return;
         }
@@ -299,31 +291,24 @@ impl Task {
         if let Some(damage) = self.location.damage() {
             return answer_all(batch, &damage);
         }
-        // Waits for the writer connection (a migration or a write outside this task may hold it).
-        let mut conn = match self.kept.take() {
-            Some(conn) => conn,
-            None => match self.pool.acquire().await {
-                Ok(conn) => conn,
-                Err(e) => {
-                    let e = db_error(&self.location, "taking the writer connection", e);
-                    return answer_all(batch, &e);
-                }
-            },
+        let Some(shared) = self.conn.clone() else {
+            return;
         };
-        let committed = self.run_batch_on(&mut conn, batch).await;
-        if committed && self.keep_connection {
-            self.kept = Some(conn);
+        let conn = lock(&shared);
+        if !conn.is_autocommit() {
+            // A transaction left open (an operation that panicked) is ended first.
+            rollback(&conn);
         }
+        self.run_batch_on(&conn, batch);
     }
 
     /// [`run_batch`](Self::run_batch) on `conn`; says whether the batch committed.
-    async fn run_batch_on(&mut self, conn: &mut SqliteConnection, mut batch: Vec<Job>) -> bool {
+    fn run_batch_on(&mut self, conn: &Connection, mut batch: Vec<Job>) -> bool {
         let location = self.location.clone();
         let fail = |doing: &str, e| db_error(&location, doing, e);
-        if let Err(e) = sqlx::query("BEGIN IMMEDIATE").execute(&mut *conn).await {
-            // A transaction left open (a batch cancelled half-way) is ended, so the next batch can
-            // begin; this one fails.
-            rollback(conn).await;
+        if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+            // A transaction left open is ended, so the next batch can begin; this one fails.
+            rollback(conn);
             answer_all(batch, &fail("starting a transaction", e));
             return false;
         }
@@ -332,17 +317,17 @@ impl Task {
             let Some(job) = batch.pop() else {
                 return true;
             };
-            let (ok, answer) = job.run(conn).await;
+            let (ok, answer) = job.run(conn);
             let outcome = match self.location.damage() {
                 // The operation met damage: nothing of it is kept.
                 Some(damage) => {
-                    rollback(conn).await;
+                    rollback(conn);
                     Err(damage)
                 }
-                None if ok => commit(conn, &fail).await,
+                None if ok => commit(conn, &fail),
                 None => {
                     // The operation failed: whatever it wrote goes; its own error is its answer.
-                    rollback(conn).await;
+                    rollback(conn);
                     Ok(())
                 }
             };
@@ -356,10 +341,7 @@ impl Task {
         let mut broken = None;
         let mut unrun = None;
         for job in jobs.by_ref() {
-            if let Err(e) = sqlx::query("SAVEPOINT spacebot_op")
-                .execute(&mut *conn)
-                .await
-            {
+            if let Err(e) = conn.execute_batch("SAVEPOINT spacebot_op") {
                 let e = fail("starting an operation's savepoint", e);
                 if answers.is_empty() {
                     // The first operation: refuse it, so that every batch makes progress.
@@ -371,7 +353,7 @@ impl Task {
                 broken = Some(e);
                 break;
             }
-            let (ok, answer) = job.run(conn).await;
+            let (ok, answer) = job.run(conn);
             answers.push(answer);
             if let Some(damage) = self.location.damage() {
                 // Nothing of a batch that met damage is committed.
@@ -379,15 +361,9 @@ impl Task {
                 break;
             }
             let end = if ok {
-                sqlx::query("RELEASE spacebot_op").execute(&mut *conn).await
+                conn.execute_batch("RELEASE spacebot_op")
             } else {
-                match sqlx::query("ROLLBACK TO spacebot_op")
-                    .execute(&mut *conn)
-                    .await
-                {
-                    Ok(_) => sqlx::query("RELEASE spacebot_op").execute(&mut *conn).await,
-                    Err(e) => Err(e),
-                }
+                conn.execute_batch("ROLLBACK TO spacebot_op; RELEASE spacebot_op")
             };
             if let Err(e) = end {
                 // SQLite may have rolled the whole transaction back (a full disk, an I/O error):
@@ -404,10 +380,10 @@ impl Task {
         }
         let outcome = match broken {
             Some(e) => {
-                rollback(conn).await;
+                rollback(conn);
                 Err(e)
             }
-            None => commit(conn, &fail).await,
+            None => commit(conn, &fail),
         };
         if outcome.is_ok() {
             self.count(answers.len());
@@ -434,14 +410,14 @@ impl Task {
 /// Commits the open transaction. If the commit fails, SQLite may have rolled the transaction back
 /// already (a full disk) or kept it open (a busy database): a `ROLLBACK` ends it either way, so
 /// the next batch starts clean.
-async fn commit(
-    conn: &mut SqliteConnection,
-    fail: &impl Fn(&str, sqlx::Error) -> StoreError,
+fn commit(
+    conn: &Connection,
+    fail: &impl Fn(&str, rusqlite::Error) -> StoreError,
 ) -> Result<(), StoreError> {
-    match sqlx::query("COMMIT").execute(&mut *conn).await {
-        Ok(_) => Ok(()),
+    match conn.execute_batch("COMMIT") {
+        Ok(()) => Ok(()),
         Err(e) => {
-            rollback(conn).await;
+            rollback(conn);
             Err(fail("committing a transaction", e))
         }
     }
@@ -449,8 +425,8 @@ async fn commit(
 
 /// Ends the open transaction, if any. Its error says at most that none was open (SQLite rolled it
 /// back itself), which is the state wanted.
-async fn rollback(conn: &mut SqliteConnection) {
-    if let Err(e) = sqlx::query("ROLLBACK").execute(&mut *conn).await {
+fn rollback(conn: &Connection) {
+    if let Err(e) = conn.execute_batch("ROLLBACK") {
         tracing::trace!(error = %e, "rollback after a failure");
     }
 }
@@ -471,6 +447,15 @@ mod tests {
     use crate::options::{SqliteOptions, Synchronous};
     use spacebot_core::InvalidInput;
 
+    fn insert(conn: &Connection, key: &str) -> Result<(), StoreError> {
+        conn.execute(
+            "INSERT INTO applied_keys (key, applied_at) VALUES (?, 0)",
+            [key],
+        )
+        .map_err(|e| db_error("test", "inserting", e))?;
+        Ok(())
+    }
+
     async fn insert_key(
         writes: &Writer,
         key: &'static str,
@@ -478,22 +463,61 @@ mod tests {
     ) -> Result<(), StoreError> {
         writes
             .run(move |conn| {
-                Box::pin(async move {
-                    sqlx::query("INSERT INTO applied_keys (key, applied_at) VALUES (?, 0)")
-                        .bind(key)
-                        .execute(&mut *conn)
-                        .await
-                        .map_err(|e| db_error("test", "inserting", e))?;
-                    if then_fail {
-                        return Err(StoreError::Invalid(InvalidInput::new(
-                            "key",
-                            "refused after writing",
-                        )));
-                    }
-                    Ok(())
-                })
+                insert(conn, key)?;
+                if then_fail {
+                    return Err(StoreError::Invalid(InvalidInput::new(
+                        "key",
+                        "refused after writing",
+                    )));
+                }
+                Ok(())
             })
             .await
+    }
+
+    async fn insert_owned(writes: &Writer, key: String) -> Result<(), StoreError> {
+        writes.run(move |conn| insert(conn, &key)).await
+    }
+
+    async fn keys(db: &Db) -> Vec<String> {
+        db.read("reading keys", |conn| {
+            let mut statement = conn
+                .prepare("SELECT key FROM applied_keys ORDER BY key")
+                .map_err(|e| db_error("test", "reading", e))?;
+            let keys = statement
+                .query_map([], |row| row.get(0))
+                .and_then(Iterator::collect)
+                .map_err(|e| db_error("test", "reading", e))?;
+            Ok(keys)
+        })
+        .await
+        .unwrap()
+    }
+
+    /// Keeps the writer thread busy in an operation of its own until the returned sender is
+    /// dropped: operations sent meanwhile queue up and run in the next batch together. Returns
+    /// once the thread is in that operation.
+    async fn hold_writer(
+        db: &Db,
+    ) -> (
+        std::sync::mpsc::Sender<()>,
+        tokio::task::JoinHandle<Result<(), StoreError>>,
+    ) {
+        let (hold, held) = std::sync::mpsc::channel::<()>();
+        let (started, running) = oneshot::channel();
+        let writes = db.writes.clone();
+        let holder = tokio::spawn(async move {
+            writes
+                .run(move |_| {
+                    let _ = started.send(());
+                    // Returns once the sender is dropped.
+                    let _ = held.recv();
+                    Ok(())
+                })
+                .await
+        });
+        running.await.unwrap();
+        (hold, holder)
     }
 
     /// An operation that wrote and then failed is rolled back to its savepoint alone: the
@@ -503,61 +527,36 @@ mod tests {
         let db = Db::open(None, DbKind::Agent, &SqliteOptions::default())
             .await
             .unwrap();
-        let (a, b, c) = tokio::join!(
+        let before = db.writes.stats();
+        let (hold, holder) = hold_writer(&db).await;
+        // `join!` polls each in order: the three are queued before the writer is let go.
+        let (a, b, c, ()) = tokio::join!(
             insert_key(&db.writes, "a", false),
             insert_key(&db.writes, "b", true),
             insert_key(&db.writes, "c", false),
+            async move { drop(hold) },
         );
+        holder.await.unwrap().unwrap();
         assert!(a.is_ok() && c.is_ok(), "{a:?} {c:?}");
         assert!(matches!(b, Err(StoreError::Invalid(_))), "{b:?}");
-        // One transaction carried all three (a current-thread runtime queues them all first).
+        // One transaction carried all three (and one the holder).
+        let after = db.writes.stats();
         assert_eq!(
-            db.writes.stats(),
-            WriteStats {
-                commits: 1,
-                operations: 3
-            }
+            (
+                after.commits - before.commits,
+                after.operations - before.operations
+            ),
+            (2, 4)
         );
-        let keys: Vec<String> = sqlx::query_scalar("SELECT key FROM applied_keys ORDER BY key")
-            .fetch_all(&mut *db.read("taking a reader connection").await.unwrap())
-            .await
-            .unwrap();
-        assert_eq!(keys, ["a", "c"]);
+        assert_eq!(keys(&db).await, ["a", "c"]);
         // A lone operation that fails leaves nothing either, and the writer goes on.
         assert!(insert_key(&db.writes, "d", true).await.is_err());
         assert!(insert_key(&db.writes, "e", false).await.is_ok());
-        let keys: Vec<String> = sqlx::query_scalar("SELECT key FROM applied_keys ORDER BY key")
-            .fetch_all(&mut *db.read("taking a reader connection").await.unwrap())
-            .await
-            .unwrap();
-        assert_eq!(keys, ["a", "c", "e"]);
-    }
-
-    async fn insert_owned(writes: &Writer, key: String) -> Result<(), StoreError> {
-        writes
-            .run(move |conn| {
-                Box::pin(async move {
-                    sqlx::query("INSERT INTO applied_keys (key, applied_at) VALUES (?, 0)")
-                        .bind(key)
-                        .execute(&mut *conn)
-                        .await
-                        .map_err(|e| db_error("test", "inserting", e))?;
-                    Ok(())
-                })
-            })
-            .await
-    }
-
-    async fn keys(db: &Db) -> Vec<String> {
-        sqlx::query_scalar("SELECT key FROM applied_keys ORDER BY key")
-            .fetch_all(&mut *db.read("taking a reader connection").await.unwrap())
-            .await
-            .unwrap()
+        assert_eq!(keys(&db).await, ["a", "c", "e"]);
     }
 
     /// SQLite ends a transaction by itself on some errors (a full disk at `COMMIT`): the batch
-    /// fails, and the next one begins on the same connection. (The driver's transaction object
-    /// counted the transaction as still open and refused every later `BEGIN`.)
+    /// fails, and the next one begins on the same connection.
     #[tokio::test]
     async fn a_transaction_sqlite_ended_itself_does_not_stop_the_writer() {
         let db = Db::open(None, DbKind::Agent, &SqliteOptions::default())
@@ -565,13 +564,8 @@ mod tests {
             .unwrap();
         let ended = || {
             db.writes.run(|conn| {
-                Box::pin(async move {
-                    sqlx::query("ROLLBACK")
-                        .execute(&mut *conn)
-                        .await
-                        .map_err(|e| db_error("test", "rolling back", e))?;
-                    Ok(())
-                })
+                conn.execute_batch("ROLLBACK")
+                    .map_err(|e| db_error("test", "rolling back", e))
             })
         };
         // Alone: its commit fails.
@@ -579,7 +573,11 @@ mod tests {
         assert!(e.to_string().contains("committing"), "{e}");
         insert_key(&db.writes, "after alone", false).await.unwrap();
         // In a batch: the batch fails whole.
-        let (a, b) = tokio::join!(insert_key(&db.writes, "lost", false), ended());
+        let (hold, holder) = hold_writer(&db).await;
+        let (a, b, ()) = tokio::join!(insert_key(&db.writes, "lost", false), ended(), async move {
+            drop(hold)
+        });
+        holder.await.unwrap().unwrap();
         assert!(a.is_err() && b.is_err(), "{a:?} {b:?}");
         insert_key(&db.writes, "after batch", false).await.unwrap();
         assert_eq!(keys(&db).await, ["after alone", "after batch"]);
@@ -599,15 +597,11 @@ mod tests {
         .unwrap();
         let cap = |pages: u32| {
             db.writes.run(move |conn| {
-                Box::pin(async move {
-                    sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(format!(
-                        "PRAGMA max_page_count = {pages}"
-                    )))
-                    .fetch_one(&mut *conn)
-                    .await
-                    .map_err(|e| db_error("test", "pragma", e))?;
-                    Ok(())
+                conn.query_row(&format!("PRAGMA max_page_count = {pages}"), [], |r| {
+                    r.get::<_, i64>(0)
                 })
+                .map_err(|e| db_error("test", "pragma", e))?;
+                Ok(())
             })
         };
         insert_key(&db.writes, "before", false).await.unwrap();
@@ -627,10 +621,13 @@ mod tests {
         let e = full.expect("the capped database never filled up");
         assert!(e.to_string().contains("full"), "{e}");
         // Several writes in one batch fail together while it is full.
-        let (a, b) = tokio::join!(
+        let (hold, holder) = hold_writer(&db).await;
+        let (a, b, ()) = tokio::join!(
             insert_owned(&db.writes, big(100)),
-            insert_owned(&db.writes, big(101))
+            insert_owned(&db.writes, big(101)),
+            async move { drop(hold) },
         );
+        holder.await.unwrap().unwrap();
         assert!(a.is_err() && b.is_err(), "{a:?} {b:?}");
         // Space is back: the same writer writes again, and nothing refused was kept.
         cap(u32::MAX - 1).await.unwrap();
@@ -648,12 +645,16 @@ mod tests {
             .await
             .unwrap();
         insert_key(&db.writes, "x", false).await.unwrap();
-        let (dup, fresh) = tokio::join!(
+        let (hold, holder) = hold_writer(&db).await;
+        let (dup, fresh, ()) = tokio::join!(
             insert_key(&db.writes, "x", false),
-            insert_key(&db.writes, "y", false)
+            insert_key(&db.writes, "y", false),
+            async move { drop(hold) },
         );
+        holder.await.unwrap().unwrap();
         assert!(dup.is_err());
         assert!(fresh.is_ok(), "{fresh:?}");
+        assert_eq!(keys(&db).await, ["x", "y"]);
     }
 
     /// After close, a write is refused with an error naming the database.
@@ -680,21 +681,25 @@ mod tests {
             let (sync, journal) = db
                 .writes
                 .run(|conn| {
-                    Box::pin(async move {
-                        let sync: i64 = sqlx::query_scalar("PRAGMA synchronous")
-                            .fetch_one(&mut *conn)
-                            .await
-                            .map_err(|e| db_error("test", "pragma", e))?;
-                        let journal: String = sqlx::query_scalar("PRAGMA journal_mode")
-                            .fetch_one(&mut *conn)
-                            .await
-                            .map_err(|e| db_error("test", "pragma", e))?;
-                        Ok((sync, journal))
-                    })
+                    let pragma = |sql: &str| {
+                        conn.query_row(sql, [], |r| r.get::<_, rusqlite::types::Value>(0))
+                            .map_err(|e| db_error("test", "pragma", e))
+                    };
+                    Ok((
+                        pragma("PRAGMA synchronous")?,
+                        pragma("PRAGMA journal_mode")?,
+                    ))
                 })
                 .await
                 .unwrap();
-            assert_eq!((sync, journal.as_str()), (code, "wal"), "{mode:?}");
+            assert_eq!(
+                (sync, journal),
+                (
+                    rusqlite::types::Value::Integer(code),
+                    rusqlite::types::Value::Text("wal".into())
+                ),
+                "{mode:?}"
+            );
             db.close().await;
         }
     }

@@ -1108,3 +1108,90 @@ async fn an_instance_database_from_before_records_is_migrated() {
     );
     stores.close().await;
 }
+
+/// The migration history of `path` as sqlx recorded it: version, description, success, checksum.
+async fn migration_history(path: &std::path::Path) -> Vec<(i64, String, bool, Vec<u8>)> {
+    let options = sqlx::sqlite::SqliteConnectOptions::new().filename(path);
+    let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
+    let rows = sqlx::query_as(
+        "SELECT version, description, success, checksum FROM _sqlx_migrations ORDER BY version",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+    rows
+}
+
+/// A data directory whose databases sqlx's migrator made (as every release before the rusqlite
+/// driver did) opens unchanged, and databases this build makes record their migrations exactly as
+/// sqlx would: the same history rows, and sqlx's migrator finds nothing to apply or refuse in them.
+#[tokio::test]
+async fn migration_histories_are_those_sqlx_wrote() {
+    let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let worker = agent("worker");
+    // Written the old way: every migration through sqlx, then a task.
+    let old = tempfile::tempdir().unwrap();
+    let old_agent = old.path().join("agents/worker/data/spacebot.db");
+    for (dir, path) in [
+        ("migrations_instance", old.path().join("instance.db")),
+        ("migrations", old_agent.clone()),
+    ] {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let options = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(&path)
+            .create_if_missing(true)
+            .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal);
+        let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
+        let migrator = sqlx::migrate::Migrator::new(manifest.join(dir))
+            .await
+            .unwrap();
+        migrator.run(&pool).await.unwrap();
+        pool.close().await;
+    }
+    let stores = SqliteStores::open(old.path()).await.unwrap();
+    let task = stores
+        .tasks()
+        .create(&worker, NewTask::new("kept", ""), Timestamp(1))
+        .await
+        .unwrap();
+    stores.close().await;
+    let stores = SqliteStores::open(old.path()).await.unwrap();
+    assert_eq!(stores.tasks().get(&worker, 1).await.unwrap(), Some(task));
+    stores.close().await;
+
+    // Written by this build.
+    let new = tempfile::tempdir().unwrap();
+    let stores = SqliteStores::open(new.path()).await.unwrap();
+    stores
+        .tasks()
+        .create(&worker, NewTask::new("new", ""), Timestamp(1))
+        .await
+        .unwrap();
+    stores.close().await;
+    let new_agent = new.path().join("agents/worker/data/spacebot.db");
+    for (dir, old_path, new_path) in [
+        (
+            "migrations_instance",
+            old.path().join("instance.db"),
+            new.path().join("instance.db"),
+        ),
+        ("migrations", old_agent.clone(), new_agent.clone()),
+    ] {
+        let history = migration_history(&new_path).await;
+        assert_eq!(history, migration_history(&old_path).await, "{dir}");
+        assert_eq!(
+            history.len(),
+            std::fs::read_dir(manifest.join(dir)).unwrap().count()
+        );
+        // sqlx's migrator (what the releases before ran at open) accepts the file as it is.
+        let options = sqlx::sqlite::SqliteConnectOptions::new().filename(&new_path);
+        let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
+        let migrator = sqlx::migrate::Migrator::new(manifest.join(dir))
+            .await
+            .unwrap();
+        migrator.run(&pool).await.unwrap();
+        pool.close().await;
+        assert_eq!(migration_history(&new_path).await, history, "{dir}");
+    }
+}
