@@ -269,6 +269,11 @@ impl OrganizationBuilder {
                 tools,
                 graph: RwLock::new(Arc::new(graph)),
                 agents: RwLock::new(agents),
+                context_windows: config
+                    .agents
+                    .iter()
+                    .filter_map(|a| Some((a.id.clone(), a.context_window?)))
+                    .collect(),
                 config,
                 replies: Mutex::new(replies),
                 child_counter: AtomicU64::new(0),

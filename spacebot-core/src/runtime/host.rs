@@ -221,6 +221,9 @@ pub(crate) struct Host {
     pub(crate) graph: RwLock<Arc<LinkGraph>>,
     pub(crate) agents: RwLock<crate::fasthash::FastMap<AgentId, Slot>>,
     pub(crate) config: OrgConfig,
+    /// Each configured agent's own `context_window`, read once from the config: a turn looks its
+    /// agent's up here instead of scanning the config's agent list (linear in the agents).
+    pub(crate) context_windows: crate::fasthash::FastMap<AgentId, u32>,
     pub(crate) replies: Mutex<Option<mpsc::UnboundedReceiver<Reply>>>,
     pub(crate) child_counter: AtomicU64,
     /// Internal tasks sent and not yet answered, per (sender, receiver): each lets the receiver

@@ -40,9 +40,9 @@ pub(crate) fn summary_key(agent: &AgentId, channel: &ChannelId) -> String {
 /// (crate::context::DEFAULT_CONTEXT_WINDOW).
 pub(crate) fn window_of(host: &Host, agent: &AgentId) -> (u64, bool) {
     let configured = host
-        .config
-        .agent(agent.as_str())
-        .and_then(|a| a.context_window)
+        .context_windows
+        .get(agent)
+        .copied()
         .or(host.settings.context_window);
     match configured.or_else(|| host.llm.context_window(None)) {
         Some(window) => (u64::from(window), true),
