@@ -32,7 +32,7 @@
 //!   block (`SPACEBOT_BENCH_BLOCKS` blocks, 9 by default, of `SPACEBOT_BENCH_BLOCK` round trips,
 //!   200); count the `fsync`s themselves with
 //!   `strace -c -f -e trace=fsync,fdatasync` around a filtered run. With
-//!   `SPACEBOT_BENCH_STATEMENTS=1` the SQL statements sqlx runs (SQLite and PostgreSQL) are
+//!   `SPACEBOT_BENCH_STATEMENTS=1` the SQL statements sqlx runs (PostgreSQL's) are
 //!   counted too (statements per round trip); `=top` lists them by kind;
 //! - `durable_store_persist/{backend}/64_concurrent`: the stores alone, 64 concurrent
 //!   `DeliveryStore::persist` calls to one agent's database (what group commit is for);
@@ -627,8 +627,9 @@ fn round_trip_cost(rt: &Runtime, backend: Backend, running: &mut Running) {
         v.sort_by(f64::total_cmp);
         v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
     };
-    let statements = statements::count().map(|n| {
-        let n = n - statements0.unwrap_or(0);
+    let statements = statements::count().map(|n| n - statements0.unwrap_or(0));
+    // SQLite's store runs without sqlx: nothing counted there.
+    let statements = statements.filter(|n| *n > 0).map(|n| {
         format!(
             "; {:.1} statements per round trip",
             n as f64 / f64::from(blocks * per_block)
@@ -733,8 +734,8 @@ criterion_group!(
     history
 );
 
-/// Counts the SQL statements sqlx runs (its `sqlx::query` events, one per statement: SQLite's and
-/// PostgreSQL's), only when `SPACEBOT_BENCH_STATEMENTS` is set (a subscriber makes sqlx describe
+/// Counts the SQL statements sqlx runs (its `sqlx::query` events, one per statement: PostgreSQL's;
+/// the SQLite store does not use sqlx), only when `SPACEBOT_BENCH_STATEMENTS` is set (a subscriber makes sqlx describe
 /// every statement, which costs CPU); `=top` also prints the statements of `durable_round_trip`'s
 /// blocks by kind (sqlx's summary: the first words), most frequent first.
 mod statements {
@@ -810,7 +811,7 @@ mod statements {
             return;
         }
         let mut top: Vec<_> = top.into_iter().collect();
-        top.sort_by(|a, b| b.1.cmp(&a.1));
+        top.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
         for (summary, n) in top {
             eprintln!("  {:6.2}  {summary}", n as f64 / per);
         }
