@@ -88,10 +88,6 @@ const UPDATE_SQL: &str = "UPDATE tasks SET title = $3, description = $4, status 
      updated_at = $16 \
      WHERE agent_id = $1 AND number = $2 AND revision = $17";
 
-/// Writes a completion notice, in the transaction of the terminal transition.
-const OUTBOX_INSERT_SQL: &str = "INSERT INTO outbox (agent_id, key, task_number, notice, \
-     created_at) VALUES ($1, $2, $3, $4, $5)";
-
 /// Unsent notices of one agent, oldest first (served by the `outbox_unsent` index).
 pub const OUTBOX_PENDING_SQL: &str =
     "SELECT notice FROM outbox WHERE agent_id = $1 AND NOT sent ORDER BY seq";
@@ -154,48 +150,23 @@ async fn write_transition(
     old_revision: u64,
     transition: &Transition,
 ) -> Result<(), StoreError> {
-    let task = &transition.task;
-    let number = to_sql_or(location, "task number", task.number)?;
-    let done = sqlx::query(UPDATE_SQL)
-        .bind(task.agent.as_str())
-        .bind(number)
-        .bind(task.title.as_bytes())
-        .bind(task.description.as_bytes())
-        .bind(task.status.as_str())
-        .bind(task.priority.rank())
-        .bind(task.metadata.delegated_by.as_ref().map(AgentId::as_str))
-        .bind(encode_metadata(location, &task.metadata)?)
-        .bind(i64::from(task.attempts))
-        .bind(i64::from(task.max_attempts))
-        .bind(task.lease.as_ref().map(|l| l.holder.as_bytes()))
-        .bind(task.lease.as_ref().map(|l| l.expires_at.0))
-        .bind(to_sql_or(location, "task revision", task.revision)?)
-        .bind(task.result.as_deref().map(str::as_bytes))
-        .bind(task.error.as_deref().map(str::as_bytes))
-        .bind(task.updated_at.0)
-        .bind(to_sql_or(location, "task revision", old_revision)?)
-        .execute(&mut *conn)
-        .await
-        .map_err(|e| db_error(location, "updating a task", e))?;
-    if done.rows_affected() != 1 {
-        // Unreachable while the transaction holds the row lock; refuse rather than guess.
-        return Err(StoreError::Conflict {
-            what: format!("task {}", task.task_ref()),
-            expected: format!("revision {old_revision}"),
-            actual: "a different revision".into(),
-        });
+    if write_transition_alone(&mut *conn, location, old_revision, transition).await? {
+        return Ok(());
     }
-    if let Some(notice) = &transition.notice {
-        write_notice(conn, location, &task.agent, number, notice).await?;
-    }
-    Ok(())
+    // Unreachable while the transaction holds the row lock; refuse rather than guess.
+    Err(StoreError::Conflict {
+        what: format!("task {}", transition.task.task_ref()),
+        expected: format!("revision {old_revision}"),
+        actual: "a different revision".into(),
+    })
 }
 
-/// Writes a transition in one statement, outside any transaction: the task's update guarded by
-/// the revision it was read at, and its notice (if any) inserted only with that update. `false`:
-/// the task changed since it was read (nothing written; read it again).
-async fn write_transition_alone(
-    pool: &sqlx::PgPool,
+/// Writes a transition in one statement (atomic on its own, or part of the caller's transaction):
+/// the task's update guarded by the revision it was read at, and its notice (if any) inserted
+/// only with that update. `false`: the task changed since it was read (nothing written; read it
+/// again).
+async fn write_transition_alone<'e>(
+    executor: impl sqlx::PgExecutor<'e>,
     location: &str,
     old_revision: u64,
     transition: &Transition,
@@ -239,7 +210,7 @@ async fn write_transition_alone(
             .bind(notice.created_at.0);
     }
     let done = query
-        .execute(pool)
+        .execute(executor)
         .await
         .map_err(|e| db_error(location, "updating a task", e))?;
     Ok(done.rows_affected() == 1)
@@ -252,26 +223,6 @@ fn changed_under(what: &str) -> StoreError {
         expected: "no concurrent change".into(),
         actual: format!("changed under {OPTIMISTIC_ATTEMPTS} writes in a row"),
     }
-}
-
-async fn write_notice(
-    conn: &mut PgConnection,
-    location: &str,
-    agent: &AgentId,
-    number: i64,
-    notice: &CompletionNotice,
-) -> Result<(), StoreError> {
-    let json = serde_json::to_string(notice).map_err(|e| encode_error(location, "a notice", e))?;
-    sqlx::query(OUTBOX_INSERT_SQL)
-        .bind(agent.as_str())
-        .bind(notice.key.as_bytes())
-        .bind(number)
-        .bind(json)
-        .bind(notice.created_at.0)
-        .execute(&mut *conn)
-        .await
-        .map_err(|e| db_error(location, "writing a completion notice", e))?;
-    Ok(())
 }
 
 /// Inserts `task` with the board's next number, or returns `None` if `key` is already used on the
