@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use spacebot::event::EventKind;
-use spacebot::limits::{Limit, Limits, RequestLedger};
+use spacebot::limits::{Limit, Limits};
 use spacebot::llm::{ChatResponse, Usage};
 use spacebot::placement::{PlacementOptions, ProcessId};
 use spacebot::postgres::{PgOptions, PgStores};
@@ -251,8 +251,11 @@ async fn two_processes_spending_from_one_request_never_pass_its_limit() {
         .unwrap()
         .parse()
         .unwrap();
-    let entry = RequestLedger::new(stores.records.clone())
-        .get(&request)
+    // This process's view: the settlements it made behind count; the other process stored its
+    // own before it exited.
+    let entry = h
+        .org
+        .request_spend(&request)
         .await
         .unwrap()
         .expect("the request's spend is stored");

@@ -134,8 +134,9 @@ pub async fn a_fanned_out_request_spends_at_most_its_token_limit(stores: Stores)
     );
     h.wait_quiet().await;
 
-    let entry = RequestLedger::new(stores.records.clone())
-        .get(&request)
+    let entry = h
+        .org
+        .request_spend(&request)
         .await
         .unwrap()
         .expect("the request's spend is stored");
@@ -235,11 +236,65 @@ pub async fn a_message_limit_holds_across_a_restart(stores: Stores) {
         2,
         "after the restart only the 2 calls left were made"
     );
-    let after = ledger.get(&request).await.unwrap().unwrap();
+    let after = h2.org.request_spend(&request).await.unwrap().unwrap();
     assert_eq!(after.settled.model_calls, 3, "{:?}", after.settled);
     assert!(after.reserved.is_empty(), "{:?}", after.reserved);
     let more = h2.replies_now();
     assert!(more.is_empty(), "told more than once: {more:?}");
+}
+
+/// A request of one model call: nothing writes the request after its call, so its settlement
+/// (counted at once in the process, see `RequestLedger::settle_behind`) is stored by the flush
+/// behind the turn: another reader of the stores (another process) sees the call settled, not
+/// its reservation, soon after the reply and before any shutdown, and a restart finds it so.
+pub async fn the_settlement_of_a_requests_last_call_is_stored(stores: Stores) {
+    let llm = Arc::new(Tree::default());
+    let mut h = OrgHarness::builder(limited("total_tokens = 100000"))
+        .stores(stores.clone())
+        .llm(llm.clone())
+        .build()
+        .await;
+    h.org
+        .start_agent(&AgentId::parse("w1").unwrap())
+        .await
+        .unwrap();
+    let request = h
+        .org
+        .deliver("w1", InboundMessage::new("portal", "u1", "one part"))
+        .await
+        .unwrap();
+    let reply = h.reply().await;
+    assert_eq!(reply.content, "part done");
+    let reported = llm.reported.load(Ordering::SeqCst);
+    // This process counts it at once.
+    let here = h.org.request_spend(&request).await.unwrap().unwrap();
+    assert_eq!(
+        (here.settled.total_tokens, here.reserved.len()),
+        (reported, 0)
+    );
+    // Another reader: the stored record, once the flush ran.
+    let other = RequestLedger::new(stores.records.clone());
+    h.wait_until("the settlement is stored", || {
+        let (other, request) = (other.clone(), request.clone());
+        async move {
+            other
+                .get(&request)
+                .await
+                .unwrap()
+                .is_some_and(|e| e.reserved.is_empty() && e.settled.model_calls == 1)
+        }
+    })
+    .await;
+    h.org.shutdown().await.unwrap();
+    drop(h);
+    let stored = RequestLedger::new(stores.records.clone())
+        .get(&request)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored.settled.total_tokens, reported, "exact sums");
+    assert_eq!(stored.settled.model_calls, 1);
+    assert!(stored.reserved.is_empty(), "{:?}", stored.reserved);
 }
 
 /// Under a limit of 3 model calls the chief delegates (1), the lead fans out (2), one worker

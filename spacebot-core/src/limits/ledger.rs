@@ -37,16 +37,20 @@ pub enum Refusal {
 #[non_exhaustive]
 pub struct LedgerEntry {
     /// The limits binding the request.
+    #[serde(skip_serializing_if = "Limits::is_none")]
     pub limits: Limits,
     /// When the request's first turn began (wall time is counted from it).
     pub started_at: Timestamp,
     /// What its settled model and tool calls spent.
     pub settled: Spend,
     /// Open reservations, by call key: counted until settled (a kill leaves them counted).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub reserved: BTreeMap<String, Spend>,
     /// The limit that refused a call, once one did.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub reached: Option<LimitReached>,
     /// Whether the user was told the request reached its limit.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub told: bool,
 }
 
@@ -60,6 +64,14 @@ impl LedgerEntry {
         };
         self.reached = Some(reached.clone());
         reached
+    }
+
+    /// Replaces the reservation of call `key` with what it spent; nothing when it holds none
+    /// (settled already, or released).
+    fn settle(&mut self, key: &str, spent: Spend) {
+        if self.reserved.remove(key).is_some() {
+            self.settled = self.settled.plus(&spent);
+        }
     }
 
     /// Settled spend plus open reservations.
@@ -80,11 +92,22 @@ impl LedgerEntry {
 /// writes as new. Either write is refused when the record moved (another writer, another
 /// process), and the ledger goes on from the record the refusal carries: what it remembers only
 /// saves reads, it never decides.
+///
+/// A settlement may also be made *behind* ([`settle_behind`](Self::settle_behind)): counted at
+/// once by this ledger (its reads and its next writes of the request), stored by the next write of
+/// the request or by [`flush`](Self::flush). Until it is stored, the record holds the call's
+/// reservation, which counts at least as much: another process, or a run after a kill, sees the
+/// request as having spent its worst case, never less than it spent.
 #[derive(Debug, Clone)]
 pub struct RequestLedger {
     records: Arc<dyn RecordStore>,
     known: Arc<std::sync::Mutex<crate::fasthash::FastMap<String, (u64, LedgerEntry)>>>,
+    /// Settlements counted but not stored yet, by request: each call's key and what it spent.
+    behind: Arc<std::sync::Mutex<Behind>>,
 }
+
+/// Settlements made behind, by request: each call's key and what it spent.
+type Behind = crate::fasthash::FastMap<String, Vec<(String, Spend)>>;
 
 impl RequestLedger {
     /// A ledger over `records`.
@@ -92,6 +115,34 @@ impl RequestLedger {
         Self {
             records,
             known: Arc::default(),
+            behind: Arc::default(),
+        }
+    }
+
+    fn behind(&self) -> std::sync::MutexGuard<'_, Behind> {
+        self.behind.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The settlements of `request` made behind and not stored yet.
+    fn pending(&self, request: &EnvelopeId) -> Vec<(String, Spend)> {
+        self.behind()
+            .get(request.as_str())
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Forgets the settlements `applied` of `request`: a write stored them, or the record showed
+    /// they had nothing left to settle.
+    fn stored(&self, request: &EnvelopeId, applied: &[(String, Spend)]) {
+        if applied.is_empty() {
+            return;
+        }
+        let mut behind = self.behind();
+        if let Some(list) = behind.get_mut(request.as_str()) {
+            list.retain(|(key, _)| !applied.iter().any(|(done, _)| done == key));
+            if list.is_empty() {
+                behind.remove(request.as_str());
+            }
         }
     }
 
@@ -111,9 +162,17 @@ impl RequestLedger {
     ///
     /// # Errors
     /// As the store.
+    /// Settlements made behind ([`settle_behind`](Self::settle_behind)) and not stored yet
+    /// count as settled.
     pub async fn get(&self, request: &EnvelopeId) -> Result<Option<LedgerEntry>, StoreError> {
         match self.records.get(NAMESPACE, request.as_str()).await? {
-            Some(record) => Ok(Some(record.decode::<LedgerEntry>()?.value)),
+            Some(record) => {
+                let mut entry = record.decode::<LedgerEntry>()?.value;
+                for (key, spent) in self.pending(request) {
+                    entry.settle(&key, spent);
+                }
+                Ok(Some(entry))
+            }
             None => Ok(None),
         }
     }
@@ -132,6 +191,9 @@ impl RequestLedger {
         // request in this process finds nothing remembered and learns the record from its
         // refused write (the store decides).
         let mut current: Option<(u64, LedgerEntry)> = self.known().remove(request.as_str());
+        // Settlements made behind ride on this write (a settlement is idempotent: applied again
+        // on a record that has it, it changes nothing).
+        let pending = self.pending(request);
         let mut read = false;
         for _ in 0..CAS_ATTEMPTS {
             let (mut entry, expect) = match current.take() {
@@ -145,9 +207,14 @@ impl RequestLedger {
                 ),
             };
             let before = entry.clone();
+            for (key, spent) in &pending {
+                entry.settle(key, *spent);
+            }
             let result = change(&mut entry);
             if entry == before {
                 if read {
+                    // The stored record has nothing left of the pending settlements.
+                    self.stored(request, &pending);
                     return Ok(result);
                 }
                 // Nothing to write, and what was remembered may be old: decide on the record.
@@ -166,6 +233,7 @@ impl RequestLedger {
                 .at(now);
             match self.records.write(write).await? {
                 WriteOutcome::Written(record) | WriteOutcome::AlreadyApplied(record) => {
+                    self.stored(request, &pending);
                     let mut known = self.known();
                     if known.len() >= KNOWN_ENTRIES {
                         known.clear();
@@ -309,13 +377,53 @@ impl RequestLedger {
         now: Timestamp,
     ) -> Result<(), StoreError> {
         self.update(request, now, |e| {
-            if e.reserved.remove(key).is_some() {
-                e.settled = e.settled.plus(&spent);
-            }
+            e.settle(key, spent);
             Ok::<Option<()>, ()>(None)
         })
         .await
         .map(|_| ())
+    }
+
+    /// Settles the call `key` *behind*: this ledger (and its clones) count it at once, in what
+    /// they read and write of the request; the record stores it with the request's next write, or
+    /// at [`flush`](Self::flush). Until then the record holds the call's reservation (never less
+    /// than it spent): a kill before the store counts the reservation, as a kill before any
+    /// settlement does.
+    pub fn settle_behind(&self, request: &EnvelopeId, key: &str, spent: Spend) {
+        self.behind()
+            .entry(request.as_str().to_owned())
+            .or_default()
+            .push((key.to_owned(), spent));
+    }
+
+    /// Stores the settlements of `request` made behind, if any are left (one write; nothing when
+    /// a write of the request stored them already).
+    ///
+    /// # Errors
+    /// As the store (they stay pending, and the next write of the request carries them).
+    pub async fn flush(&self, request: &EnvelopeId, now: Timestamp) -> Result<(), StoreError> {
+        if !self.behind().contains_key(request.as_str()) {
+            return Ok(());
+        }
+        self.update(request, now, |_| Ok::<Option<()>, ()>(None))
+            .await
+            .map(|_| ())
+    }
+
+    /// Stores every settlement made behind (see [`flush`](Self::flush)).
+    ///
+    /// # Errors
+    /// The first store error (the others are tried still).
+    pub async fn flush_all(&self, now: Timestamp) -> Result<(), StoreError> {
+        let requests: Vec<String> = self.behind().keys().cloned().collect();
+        let mut first = Ok(());
+        for request in requests {
+            let done = self.flush(&EnvelopeId::new(request), now).await;
+            if first.is_ok() {
+                first = done;
+            }
+        }
+        first
     }
 
     /// Charges `spent` at once (no reservation), checked against the limits first: what a tool
@@ -604,6 +712,81 @@ mod tests {
                     .is_err(),
                 "the request reached its limit"
             );
+        });
+    }
+
+    /// A settlement made behind counts at once for the ledger that made it, rides on the
+    /// request's next write (no write of its own), and until stored leaves the record holding the
+    /// reservation: another process sees the worst case, never less than was spent.
+    #[test]
+    fn a_settlement_made_behind_counts_at_once_and_rides_on_the_next_write() {
+        futures::executor::block_on(async {
+            let records = Stores::memory().records.clone();
+            let (a, b) = (
+                RequestLedger::new(records.clone()),
+                RequestLedger::new(records.clone()),
+            );
+            let r = EnvelopeId::new("req-6");
+            let limits = Limits {
+                total_tokens: Some(100),
+                ..Limits::NONE
+            };
+            let versions = || async { records.history(NAMESPACE, r.as_str()).await.unwrap().len() };
+            a.reserve(&r, "c1", &est(50, 10), &limits, Timestamp(1))
+                .await
+                .unwrap()
+                .unwrap();
+            a.settle_behind(&r, "c1", tokens(20));
+            assert_eq!(versions().await, 1, "no write of its own");
+            let mine = a.get(&r).await.unwrap().unwrap();
+            assert_eq!(
+                (mine.settled.total_tokens, mine.committed().total_tokens),
+                (20, 20)
+            );
+            let theirs = b.get(&r).await.unwrap().unwrap();
+            assert_eq!(
+                (theirs.settled.total_tokens, theirs.committed().total_tokens),
+                (0, 60),
+                "the record still holds the reservation"
+            );
+            // 20 spent + 70 fits under 100 only with the settlement counted.
+            a.reserve(&r, "c2", &est(60, 10), &limits, Timestamp(2))
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(
+                versions().await,
+                2,
+                "the settlement rode on the reservation"
+            );
+            let stored = b.get(&r).await.unwrap().unwrap();
+            assert_eq!(stored.settled.total_tokens, 20);
+            assert_eq!(stored.reserved.keys().collect::<Vec<_>>(), ["c2"]);
+            // A flush with nothing left writes nothing; one with a settlement writes it once.
+            a.flush(&r, Timestamp(3)).await.unwrap();
+            assert_eq!(versions().await, 2);
+            a.settle_behind(&r, "c2", tokens(65));
+            a.flush_all(Timestamp(4)).await.unwrap();
+            a.flush_all(Timestamp(5)).await.unwrap();
+            assert_eq!(versions().await, 3);
+            let done = b.get(&r).await.unwrap().unwrap();
+            assert_eq!(done.settled.total_tokens, 85);
+            assert!(done.reserved.is_empty());
+            // Another process's write in between: the settlement is carried on the record it
+            // learns from the refusal, once.
+            a.reserve(&r, "c3", &est(5, 5), &limits, Timestamp(6))
+                .await
+                .unwrap()
+                .unwrap();
+            a.settle_behind(&r, "c3", tokens(7));
+            b.reserve(&r, "b1", &est(1, 1), &limits, Timestamp(7))
+                .await
+                .unwrap()
+                .unwrap();
+            a.flush(&r, Timestamp(8)).await.unwrap();
+            let last = b.get(&r).await.unwrap().unwrap();
+            assert_eq!(last.settled.total_tokens, 92);
+            assert_eq!(last.reserved.keys().collect::<Vec<_>>(), ["b1"]);
         });
     }
 }

@@ -255,6 +255,11 @@ impl Host {
     }
 
     /// Settles a reserved model call of `agent` with what it spent (priced), in every scope.
+    ///
+    /// The request's settlement is made behind ([`RequestLedger::settle_behind`]): counted at
+    /// once in this process, stored by the request's next write (its next call) or by a flush
+    /// in the background, off the turn's way; a kill before it is stored leaves the reservation
+    /// counted, as a kill before the settlement always did.
     pub(crate) async fn settle_call(
         &self,
         agent: &AgentId,
@@ -265,7 +270,19 @@ impl Host {
         lock(&self.reserving).remove(key);
         let now = self.clock.now();
         let spent = spent.priced(self.price().as_ref());
-        let mut settled = self.ledger().settle(request, key, spent, now).await;
+        let ledger = self.ledger();
+        ledger.settle_behind(request, key, spent);
+        let (clock, flushed) = (self.clock.clone(), request.clone());
+        let counted = self.background.enter();
+        self.loops.spawn(Box::pin(async move {
+            if let Err(e) = ledger.flush(&flushed, clock.now()).await {
+                // Still counted in this process, and the record keeps the reservation: the
+                // request's next write stores the settlement.
+                tracing::warn!(request = %flushed, "a model call's settlement was not stored yet: {e}");
+            }
+            drop(counted);
+        }));
+        let mut settled = Ok(());
         let periods = PeriodLedger::new(self.stores.records.clone());
         for (scope, _) in self.period_scopes(agent) {
             let done = periods.settle(&scope, key, spent, now).await;
