@@ -39,9 +39,9 @@
 //! - `raw_fsync/write_4k_sync_data`: write 4 KiB at the start of a temporary file and
 //!   `File::sync_data` it, in a loop.
 //!
-//! The model is `FnLlm`, answering at once. Backends: `sqlite_normal` (the default
-//! `synchronous = NORMAL`: WAL commits are not synced), `sqlite_full` (`synchronous = FULL`: one
-//! `fsync` per commit), each also with `_commit_each` (`SqliteOptions::commit_each()`: no group
+//! The model is `FnLlm`, answering at once. Backends: `sqlite_normal` (`synchronous = NORMAL`:
+//! WAL commits are not synced), `sqlite_full` (the default `synchronous = FULL`: one `fsync` per
+//! commit), each also with `_commit_each` (`SqliteOptions::commit_each()`: no group
 //! commit, one transaction per write, for comparison in the same run), and `redb` (the default
 //! `Durability::Immediate`: one `fsync` per commit, group commit); `durable_history` also runs on
 //! `postgres` (a temporary schema on the server of `DATABASE_URL`, for example the throwaway one of

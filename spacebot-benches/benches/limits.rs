@@ -1,7 +1,8 @@
 //! What request limits cost a turn: the same turn (deliver, the model answers at once reporting
 //! usage, the reply is out) with no limits and with `[settings.limits]` set (every model call
 //! reserved before it is made and settled after, in the request's ledger record), on in-memory
-//! stores and on SQLite in a temporary directory (`synchronous = NORMAL`, the default).
+//! stores and on SQLite in a temporary directory (`synchronous = NORMAL`, set here: the figures
+//! in docs/governance.md were taken so, and a turn's CPU is what is compared, not the disk).
 //!
 //! ```text
 //! cargo bench -p spacebot-benches --bench limits
@@ -80,6 +81,7 @@ impl Bench {
             Backend::Sqlite => {
                 let dir = tempfile::tempdir().unwrap();
                 let sqlite = spacebot::sqlite::SqliteOptions::new()
+                    .synchronous(spacebot::sqlite::Synchronous::Normal)
                     .open(dir.path())
                     .await
                     .unwrap();

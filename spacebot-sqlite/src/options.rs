@@ -9,19 +9,20 @@ use crate::SqliteStores;
 
 /// SQLite's `synchronous` setting: how often a commit waits for the disk.
 ///
-/// Every database runs in WAL mode. With [`Synchronous::Normal`] (the default) a commit is atomic
-/// and survives a crash of the process; a power loss or an operating-system crash may undo the
-/// last commits (never corrupting the file). [`Synchronous::Full`] also survives those, at the
-/// price of one `fsync` per commit.
+/// Every database runs in WAL mode. With [`Synchronous::Full`] (the default) a commit is synced
+/// before it returns and survives a power loss or an operating-system crash, at the price of one
+/// `fsync` per commit (concurrent writes of one database share a commit: group commit). With
+/// [`Synchronous::Normal`] a commit is atomic and survives a crash of the process; a power loss or
+/// an operating-system crash may undo the last commits (never corrupting the file).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum Synchronous {
     /// No `fsync` at all: an operating-system crash or power loss may corrupt the database.
     Off,
-    /// `fsync` at checkpoints only (the default): safe against process crashes.
-    #[default]
+    /// `fsync` at checkpoints only: safe against process crashes.
     Normal,
-    /// `fsync` at every commit: safe against power loss.
+    /// `fsync` at every commit (the default): safe against power loss.
+    #[default]
     Full,
     /// Like `Full`, and also syncs the directory after deleting journals.
     Extra,
@@ -93,7 +94,7 @@ impl Default for SqliteOptions {
     fn default() -> Self {
         Self {
             busy_timeout: Duration::from_secs(5),
-            synchronous: Synchronous::Normal,
+            synchronous: Synchronous::Full,
             readers: 4,
             reader_idle_timeout: Some(Duration::from_secs(60)),
             max_batch: 256,
@@ -103,7 +104,7 @@ impl Default for SqliteOptions {
 }
 
 impl SqliteOptions {
-    /// The defaults: 5 s busy timeout, `synchronous = NORMAL`, 4 readers per database, group
+    /// The defaults: 5 s busy timeout, `synchronous = FULL`, 4 readers per database, group
     /// commit of up to 256 write operations per transaction, the full check of every existing
     /// file at open ([`OpenCheck::Full`]).
     pub fn new() -> Self {

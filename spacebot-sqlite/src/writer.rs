@@ -669,12 +669,19 @@ mod tests {
     }
 
     /// The `synchronous` setting reaches the writer connection, in WAL mode: with `FULL` a commit
-    /// syncs the log before it returns.
+    /// syncs the log before it returns. The default is `FULL` (durable against power loss).
     #[tokio::test]
     async fn the_writer_connection_has_the_configured_synchronous_mode() {
-        for (mode, code) in [(Synchronous::Normal, 1), (Synchronous::Full, 2)] {
+        for (mode, code) in [
+            (Some(Synchronous::Normal), 1),
+            (Some(Synchronous::Full), 2),
+            (None, 2),
+        ] {
             let dir = tempfile::tempdir().unwrap();
-            let options = SqliteOptions::default().synchronous(mode);
+            let options = match mode {
+                Some(mode) => SqliteOptions::default().synchronous(mode),
+                None => SqliteOptions::new(),
+            };
             let db = Db::open(Some(&dir.path().join("a.db")), DbKind::Agent, &options)
                 .await
                 .unwrap();
