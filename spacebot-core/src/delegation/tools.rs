@@ -44,15 +44,21 @@ impl TypedTool for SendAgentMessage {
     }
 
     fn parameters(&self) -> serde_json::Value {
-        serde_json::json!({
-            "type": "object",
-            "properties": {
-                "target": {"type": "string", "description": "The agent's id or display name."},
-                "message": {"type": "string", "description": "What the agent should do, with the context it needs."}
-            },
-            "required": ["target", "message"],
-            "additionalProperties": false
-        })
+        // Built once: the schema never changes, and every agent's definitions ask for it.
+        static SCHEMA: std::sync::OnceLock<serde_json::Value> = std::sync::OnceLock::new();
+        SCHEMA
+            .get_or_init(|| {
+                serde_json::json!({
+                    "type": "object",
+                    "properties": {
+                        "target": {"type": "string", "description": "The agent's id or display name."},
+                        "message": {"type": "string", "description": "What the agent should do, with the context it needs."}
+                    },
+                    "required": ["target", "message"],
+                    "additionalProperties": false
+                })
+            })
+            .clone()
     }
 
     /// Offered only to an agent that may delegate to someone now (a link it may start an
@@ -155,17 +161,23 @@ impl TypedTool for TaskCreate {
     }
 
     fn parameters(&self) -> serde_json::Value {
-        serde_json::json!({
-            "type": "object",
-            "properties": {
-                "title": {"type": "string"},
-                "description": {"type": "string"},
-                "priority": {"type": "string", "enum": ["low", "medium", "high", "urgent"]},
-                "backlog": {"type": "boolean"}
-            },
-            "required": ["title"],
-            "additionalProperties": false
-        })
+        // Built once: the schema never changes, and every agent's definitions ask for it.
+        static SCHEMA: std::sync::OnceLock<serde_json::Value> = std::sync::OnceLock::new();
+        SCHEMA
+            .get_or_init(|| {
+                serde_json::json!({
+                    "type": "object",
+                    "properties": {
+                        "title": {"type": "string"},
+                        "description": {"type": "string"},
+                        "priority": {"type": "string", "enum": ["low", "medium", "high", "urgent"]},
+                        "backlog": {"type": "boolean"}
+                    },
+                    "required": ["title"],
+                    "additionalProperties": false
+                })
+            })
+            .clone()
     }
 
     async fn run(&self, ctx: &ToolContext, args: TaskCreateArgs) -> Result<ToolOutput, ToolError> {
@@ -226,14 +238,20 @@ impl TypedTool for TaskList {
     }
 
     fn parameters(&self) -> serde_json::Value {
-        serde_json::json!({
-            "type": "object",
-            "properties": {
-                "agent": {"type": "string", "description": "A subordinate's id or name; omit for your own board."},
-                "status": {"type": "string", "enum": TaskStatus::ALL.iter().map(|s| s.as_str()).collect::<Vec<_>>()}
-            },
-            "additionalProperties": false
-        })
+        // Built once: the schema never changes, and every agent's definitions ask for it.
+        static SCHEMA: std::sync::OnceLock<serde_json::Value> = std::sync::OnceLock::new();
+        SCHEMA
+            .get_or_init(|| {
+                serde_json::json!({
+                    "type": "object",
+                    "properties": {
+                        "agent": {"type": "string", "description": "A subordinate's id or name; omit for your own board."},
+                        "status": {"type": "string", "enum": TaskStatus::ALL.iter().map(|s| s.as_str()).collect::<Vec<_>>()}
+                    },
+                    "additionalProperties": false
+                })
+            })
+            .clone()
     }
 
     async fn run(&self, ctx: &ToolContext, args: TaskListArgs) -> Result<ToolOutput, ToolError> {
@@ -320,16 +338,22 @@ impl TypedTool for TaskUpdate {
     }
 
     fn parameters(&self) -> serde_json::Value {
-        serde_json::json!({
-            "type": "object",
-            "properties": {
-                "number": {"type": "integer", "minimum": 1},
-                "action": {"type": "string", "enum": ["approve", "schedule", "park", "cancel"]},
-                "reason": {"type": "string"}
-            },
-            "required": ["number", "action"],
-            "additionalProperties": false
-        })
+        // Built once: the schema never changes, and every agent's definitions ask for it.
+        static SCHEMA: std::sync::OnceLock<serde_json::Value> = std::sync::OnceLock::new();
+        SCHEMA
+            .get_or_init(|| {
+                serde_json::json!({
+                    "type": "object",
+                    "properties": {
+                        "number": {"type": "integer", "minimum": 1},
+                        "action": {"type": "string", "enum": ["approve", "schedule", "park", "cancel"]},
+                        "reason": {"type": "string"}
+                    },
+                    "required": ["number", "action"],
+                    "additionalProperties": false
+                })
+            })
+            .clone()
     }
 
     async fn run(&self, ctx: &ToolContext, args: TaskUpdateArgs) -> Result<ToolOutput, ToolError> {

@@ -289,7 +289,13 @@ type PromptKey = (AgentId, Option<AgentId>);
 pub(crate) struct RenderCache {
     prompts: Mutex<crate::fasthash::FastMap<PromptKey, Versioned<Arc<str>>>>,
     definitions: Mutex<crate::fasthash::FastMap<AgentId, Versioned<Definitions>>>,
+    /// The distinct definition lists measured at the current version (agents offered the same
+    /// tools share one list and its measure), at most [`MEASURED_LISTS`].
+    measured: Mutex<Vec<Versioned<Definitions>>>,
 }
+
+/// How many distinct tool lists the render cache keeps measured; past it, it starts again.
+const MEASURED_LISTS: usize = 32;
 
 /// An agent's tool definitions with their sizes, measured once per rendering (serializing every
 /// schema each turn was a good part of a turn's work).
@@ -318,6 +324,30 @@ impl RenderCache {
 
     pub(crate) fn set_definitions(&self, agent: AgentId, version: u64, defs: Definitions) {
         lock(&self.definitions).insert(agent, (version, defs));
+    }
+
+    /// A list equal to `list` measured at `version`, shared (another agent offered the same
+    /// tools): comparing is much cheaper than serializing every schema to measure it.
+    pub(crate) fn measured(
+        &self,
+        version: u64,
+        list: &[crate::llm::ToolDefinition],
+    ) -> Option<Definitions> {
+        let mut measured = lock(&self.measured);
+        measured.retain(|(v, _)| *v == version);
+        measured
+            .iter()
+            .find(|(_, d)| *d.list == *list)
+            .map(|(_, d)| d.clone())
+    }
+
+    /// Keeps `defs` (measured at `version`) for the next agent offered the same tools.
+    pub(crate) fn remember_measured(&self, version: u64, defs: Definitions) {
+        let mut measured = lock(&self.measured);
+        if measured.len() >= MEASURED_LISTS {
+            measured.clear();
+        }
+        measured.push((version, defs));
     }
 }
 

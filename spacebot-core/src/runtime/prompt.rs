@@ -36,8 +36,8 @@ pub(crate) fn cached_system_prompt(
     Ok(text)
 }
 
-/// The tool definitions offered to the agent of `scope`, rendered (and measured) once per link
-/// graph.
+/// The tool definitions offered to the agent of `scope`, rendered once per link graph and measured
+/// once per distinct list (agents offered the same tools share the list and its measure).
 pub(crate) fn cached_definitions(
     org: &Host,
     scope: &ToolCapability,
@@ -48,11 +48,19 @@ pub(crate) fn cached_definitions(
     {
         return defs;
     }
-    let list: Arc<[crate::llm::ToolDefinition]> = org.tools.definitions_for(scope).into();
-    let defs = crate::runtime::host::Definitions {
-        tokens: org.counter.count_tools(&list),
-        size: crate::limits::TextSize::of_tools(&list),
-        list,
+    let list = org.tools.definitions_for(scope);
+    let defs = match org.caches.measured(version, &list) {
+        Some(shared) => shared,
+        None => {
+            let list: Arc<[crate::llm::ToolDefinition]> = list.into();
+            let defs = crate::runtime::host::Definitions {
+                tokens: org.counter.count_tools(&list),
+                size: crate::limits::TextSize::of_tools(&list),
+                list,
+            };
+            org.caches.remember_measured(version, defs.clone());
+            defs
+        }
     };
     org.caches
         .set_definitions(scope.agent().clone(), version, defs.clone());
