@@ -469,3 +469,81 @@ impl crate::org::Organization {
         self.deliver_as(agent, message, Some(request.clone())).await
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::OrgConfig;
+    use crate::limits::CallEstimate;
+    use crate::testing::FnLlm;
+    use crate::{ChatResponse, ManualClock, Organization, Stores};
+
+    /// A call kept out only by another call's open reservation waits for it, and the
+    /// settlement in this process wakes it at once: the clock is manual and never moves, so
+    /// the 250 ms poll never fires and only the wake-up can let it through.
+    #[tokio::test]
+    async fn a_settlement_wakes_a_call_waiting_for_room() {
+        let config = OrgConfig::from_toml_str(
+            "[settings.limits]\ntotal_tokens = 1000\n[[agents]]\nid = \"a\"\n[[agents]]\nid = \"b\"\n",
+        )
+        .unwrap();
+        let org = Organization::builder(config)
+            .stores(Stores::memory())
+            .llm(Arc::new(FnLlm::new(|_| Ok(ChatResponse::text("ok")))))
+            .clock(Arc::new(ManualClock::new(1_000_000)))
+            .build()
+            .await
+            .unwrap();
+        let host = org.inner.clone();
+        let (a, b) = (AgentId::parse("a").unwrap(), AgentId::parse("b").unwrap());
+        let request = EnvelopeId::new("req-wake");
+        let call = CallEstimate {
+            input: 400,
+            max_output: 200,
+            price: None,
+        };
+        // 600 of 1,000 reserved: another call of 600 fits only once this one settles.
+        let first = host
+            .reserve_call(&a, &request, "a:1", call)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(first.map(|s| s.total_tokens), Some(600));
+        let waiting = tokio::spawn({
+            let (host, request, b) = (host.clone(), request.clone(), b.clone());
+            async move { host.reserve_call(&b, &request, "b:1", call).await }
+        });
+        // It found the request busy and waits for a settlement (positive condition, bounded).
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while lock(&host.settle_waiters).is_empty() {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the second call never waited for the first's settlement");
+        assert!(!waiting.is_finished());
+        let spent = Spend {
+            input_tokens: 90,
+            output_tokens: 10,
+            total_tokens: 100,
+            model_calls: 1,
+            ..Spend::default()
+        };
+        host.settle_call(&a, &request, "a:1", spent).await.unwrap();
+        let second = tokio::time::timeout(Duration::from_secs(10), waiting)
+            .await
+            .expect("the settlement did not wake the waiting call")
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(second.map(|s| s.total_tokens), Some(600));
+        let entry = org.request_spend(&request).await.unwrap().unwrap();
+        assert_eq!(entry.settled.total_tokens, 100);
+        assert_eq!(entry.committed().total_tokens, 700);
+        org.shutdown().await.unwrap();
+    }
+}
