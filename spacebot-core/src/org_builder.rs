@@ -274,6 +274,11 @@ impl OrganizationBuilder {
                     .iter()
                     .filter_map(|a| Some((a.id.clone(), a.context_window?)))
                     .collect(),
+                agent_period_limits: config
+                    .agents
+                    .iter()
+                    .filter_map(|a| Some((a.id.clone(), a.limits?)))
+                    .collect(),
                 config,
                 replies: Mutex::new(replies),
                 child_counter: AtomicU64::new(0),

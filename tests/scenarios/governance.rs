@@ -364,6 +364,74 @@ pub async fn a_cost_limit_binds_with_the_price_table(stores: Stores) {
     assert!(s.cost.0 <= 4_000 && s.model_calls >= 1, "{s:?}");
 }
 
+/// One agent's own `limits` (`[[agents]] limits`, 1 model call an hour) bind that agent alone,
+/// tightened with `[settings.agent_limits]` (3 an hour): solo's second call is refused naming its
+/// hour, the other agent makes three.
+pub async fn an_agents_own_period_limits_bind_it_alone(stores: Stores) {
+    let config = r#"
+[settings.agent_limits]
+period = "hour"
+model_calls = 3
+[[agents]]
+id = "solo"
+limits = { period = "hour", model_calls = 1 }
+[[agents]]
+id = "other"
+"#;
+    let llm = Arc::new(spacebot::testing::FnLlm::new(|_| {
+        let mut r = ChatResponse::text("ok");
+        r.usage = Some(Usage {
+            prompt_tokens: 10,
+            completion_tokens: 2,
+            total_tokens: 12,
+        });
+        Ok(r)
+    }));
+    let mut h = OrgHarness::builder(config)
+        .stores(stores.clone())
+        .llm(llm)
+        .manual_clock(spacebot::ManualClock::new(1_000_000))
+        .build()
+        .await;
+    h.org.start_all().await.unwrap();
+    let ask = async |h: &mut OrgHarness, agent: &str, n: u32| {
+        h.org
+            .deliver(agent, InboundMessage::new("portal", format!("u{n}"), "hi"))
+            .await
+            .unwrap();
+        h.reply().await
+    };
+    assert_eq!(ask(&mut h, "solo", 1).await.kind, ReplyKind::Answer);
+    let refused = ask(&mut h, "solo", 2).await;
+    assert_eq!(refused.kind, ReplyKind::Failure);
+    assert!(
+        refused.content.contains("agent solo (last hour)")
+            && refused.content.contains("model calls"),
+        "{}",
+        refused.content
+    );
+    for n in 3..6 {
+        assert_eq!(ask(&mut h, "other", n).await.kind, ReplyKind::Answer);
+    }
+    assert_eq!(ask(&mut h, "other", 6).await.kind, ReplyKind::Failure);
+    let hour = |agent: &str| Scope::Agent {
+        agent: AgentId::parse(agent).unwrap(),
+        period: Period::Hour,
+    };
+    assert_eq!(
+        h.org.period_spend(&hour("solo")).await.unwrap().model_calls,
+        1
+    );
+    assert_eq!(
+        h.org
+            .period_spend(&hour("other"))
+            .await
+            .unwrap()
+            .model_calls,
+        3
+    );
+}
+
 /// Every agent may make 2 model calls an hour, the organization 3 a day, on a manual clock:
 /// solo's third call in the hour is refused (the user told why), an hour later it may call
 /// again, and the organization's third call of the day is its last.

@@ -109,12 +109,7 @@ impl Host {
     /// every agent's, tightened when they share a period, and the organization's).
     pub(crate) fn period_scopes(&self, agent: &AgentId) -> Vec<(Scope, Limits)> {
         let mut scopes: Vec<(Scope, Limits)> = Vec::new();
-        let own = self
-            .config
-            .agents
-            .iter()
-            .find(|a| &a.id == agent)
-            .and_then(|a| a.limits);
+        let own = self.agent_period_limits.get(agent).copied();
         for p in [self.settings.agent_limits, own].into_iter().flatten() {
             let scope = Scope::Agent {
                 agent: agent.clone(),

@@ -224,6 +224,9 @@ pub(crate) struct Host {
     /// Each configured agent's own `context_window`, read once from the config: a turn looks its
     /// agent's up here instead of scanning the config's agent list (linear in the agents).
     pub(crate) context_windows: crate::fasthash::FastMap<AgentId, u32>,
+    /// Each configured agent's own period `limits`, read once from the config: a limited call
+    /// looks its agent's up here instead of scanning the config's agent list.
+    pub(crate) agent_period_limits: crate::fasthash::FastMap<AgentId, crate::limits::PeriodLimits>,
     pub(crate) replies: Mutex<Option<mpsc::UnboundedReceiver<Reply>>>,
     pub(crate) child_counter: AtomicU64,
     /// Internal tasks sent and not yet answered, per (sender, receiver): each lets the receiver
