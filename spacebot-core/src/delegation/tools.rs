@@ -2,7 +2,7 @@
 //! the board tools `task_create`, `task_list` and `task_update`, each a [`TypedTool`] with a serde
 //! argument struct.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use async_trait::async_trait;
 use serde::Deserialize;
@@ -14,6 +14,15 @@ use crate::error::InvalidInput;
 use crate::policy;
 use crate::task::{NewTask, Priority, TaskEvent, TaskFilter, TaskStatus};
 use crate::tools::{Tool, ToolCapability, ToolContext, ToolError, ToolOutput, TypedTool};
+
+/// A tool's parameter schema, built once per process in `cell` (it never changes) and cloned for
+/// each agent's definitions: every agent's first turn asks for it.
+fn built_once(
+    cell: &'static OnceLock<serde_json::Value>,
+    build: fn() -> serde_json::Value,
+) -> serde_json::Value {
+    cell.get_or_init(build).clone()
+}
 
 /// The `send_agent_message` tool: delegation as a task on the target's board.
 #[derive(Debug, Default)]
@@ -44,21 +53,18 @@ impl TypedTool for SendAgentMessage {
     }
 
     fn parameters(&self) -> serde_json::Value {
-        // Built once: the schema never changes, and every agent's definitions ask for it.
-        static SCHEMA: std::sync::OnceLock<serde_json::Value> = std::sync::OnceLock::new();
-        SCHEMA
-            .get_or_init(|| {
-                serde_json::json!({
-                    "type": "object",
-                    "properties": {
-                        "target": {"type": "string", "description": "The agent's id or display name."},
-                        "message": {"type": "string", "description": "What the agent should do, with the context it needs."}
-                    },
-                    "required": ["target", "message"],
-                    "additionalProperties": false
-                })
+        static SCHEMA: OnceLock<serde_json::Value> = OnceLock::new();
+        built_once(&SCHEMA, || {
+            serde_json::json!({
+                "type": "object",
+                "properties": {
+                    "target": {"type": "string", "description": "The agent's id or display name."},
+                    "message": {"type": "string", "description": "What the agent should do, with the context it needs."}
+                },
+                "required": ["target", "message"],
+                "additionalProperties": false
             })
-            .clone()
+        })
     }
 
     /// Offered only to an agent that may delegate to someone now (a link it may start an
@@ -161,23 +167,20 @@ impl TypedTool for TaskCreate {
     }
 
     fn parameters(&self) -> serde_json::Value {
-        // Built once: the schema never changes, and every agent's definitions ask for it.
-        static SCHEMA: std::sync::OnceLock<serde_json::Value> = std::sync::OnceLock::new();
-        SCHEMA
-            .get_or_init(|| {
-                serde_json::json!({
-                    "type": "object",
-                    "properties": {
-                        "title": {"type": "string"},
-                        "description": {"type": "string"},
-                        "priority": {"type": "string", "enum": ["low", "medium", "high", "urgent"]},
-                        "backlog": {"type": "boolean"}
-                    },
-                    "required": ["title"],
-                    "additionalProperties": false
-                })
+        static SCHEMA: OnceLock<serde_json::Value> = OnceLock::new();
+        built_once(&SCHEMA, || {
+            serde_json::json!({
+                "type": "object",
+                "properties": {
+                    "title": {"type": "string"},
+                    "description": {"type": "string"},
+                    "priority": {"type": "string", "enum": ["low", "medium", "high", "urgent"]},
+                    "backlog": {"type": "boolean"}
+                },
+                "required": ["title"],
+                "additionalProperties": false
             })
-            .clone()
+        })
     }
 
     async fn run(&self, ctx: &ToolContext, args: TaskCreateArgs) -> Result<ToolOutput, ToolError> {
@@ -238,20 +241,17 @@ impl TypedTool for TaskList {
     }
 
     fn parameters(&self) -> serde_json::Value {
-        // Built once: the schema never changes, and every agent's definitions ask for it.
-        static SCHEMA: std::sync::OnceLock<serde_json::Value> = std::sync::OnceLock::new();
-        SCHEMA
-            .get_or_init(|| {
-                serde_json::json!({
-                    "type": "object",
-                    "properties": {
-                        "agent": {"type": "string", "description": "A subordinate's id or name; omit for your own board."},
-                        "status": {"type": "string", "enum": TaskStatus::ALL.iter().map(|s| s.as_str()).collect::<Vec<_>>()}
-                    },
-                    "additionalProperties": false
-                })
+        static SCHEMA: OnceLock<serde_json::Value> = OnceLock::new();
+        built_once(&SCHEMA, || {
+            serde_json::json!({
+                "type": "object",
+                "properties": {
+                    "agent": {"type": "string", "description": "A subordinate's id or name; omit for your own board."},
+                    "status": {"type": "string", "enum": TaskStatus::ALL.iter().map(|s| s.as_str()).collect::<Vec<_>>()}
+                },
+                "additionalProperties": false
             })
-            .clone()
+        })
     }
 
     async fn run(&self, ctx: &ToolContext, args: TaskListArgs) -> Result<ToolOutput, ToolError> {
@@ -338,22 +338,19 @@ impl TypedTool for TaskUpdate {
     }
 
     fn parameters(&self) -> serde_json::Value {
-        // Built once: the schema never changes, and every agent's definitions ask for it.
-        static SCHEMA: std::sync::OnceLock<serde_json::Value> = std::sync::OnceLock::new();
-        SCHEMA
-            .get_or_init(|| {
-                serde_json::json!({
-                    "type": "object",
-                    "properties": {
-                        "number": {"type": "integer", "minimum": 1},
-                        "action": {"type": "string", "enum": ["approve", "schedule", "park", "cancel"]},
-                        "reason": {"type": "string"}
-                    },
-                    "required": ["number", "action"],
-                    "additionalProperties": false
-                })
+        static SCHEMA: OnceLock<serde_json::Value> = OnceLock::new();
+        built_once(&SCHEMA, || {
+            serde_json::json!({
+                "type": "object",
+                "properties": {
+                    "number": {"type": "integer", "minimum": 1},
+                    "action": {"type": "string", "enum": ["approve", "schedule", "park", "cancel"]},
+                    "reason": {"type": "string"}
+                },
+                "required": ["number", "action"],
+                "additionalProperties": false
             })
-            .clone()
+        })
     }
 
     async fn run(&self, ctx: &ToolContext, args: TaskUpdateArgs) -> Result<ToolOutput, ToolError> {

@@ -158,12 +158,12 @@ impl RequestLedger {
         Ok((version, record.decode::<LedgerEntry>()?.value))
     }
 
-    /// The request's entry, if it spent or reserved anything or was given limits.
+    /// The request's entry, if it spent or reserved anything or was given limits. Settlements
+    /// this ledger made behind ([`settle_behind`](Self::settle_behind)) and has not stored yet
+    /// count as settled.
     ///
     /// # Errors
     /// As the store.
-    /// Settlements made behind ([`settle_behind`](Self::settle_behind)) and not stored yet
-    /// count as settled.
     pub async fn get(&self, request: &EnvelopeId) -> Result<Option<LedgerEntry>, StoreError> {
         match self.records.get(NAMESPACE, request.as_str()).await? {
             Some(record) => {
