@@ -3,7 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use async_trait::async_trait;
 use serde_json::json;
@@ -246,7 +246,8 @@ pub async fn a_message_limit_holds_across_a_restart(stores: Stores) {
 /// A request of one model call: nothing writes the request after its call, so its settlement
 /// (counted at once in the process, see `RequestLedger::settle_behind`) is stored by the flush
 /// behind the turn: another reader of the stores (another process) sees the call settled, not
-/// its reservation, soon after the reply and before any shutdown, and a restart finds it so.
+/// its reservation, soon after the reply and before any shutdown; a shutdown right after a reply
+/// waits for that flush; a restart finds both settled.
 pub async fn the_settlement_of_a_requests_last_call_is_stored(stores: Stores) {
     let llm = Arc::new(Tree::default());
     let mut h = OrgHarness::builder(limited("total_tokens = 100000"))
@@ -285,16 +286,23 @@ pub async fn the_settlement_of_a_requests_last_call_is_stored(stores: Stores) {
         }
     })
     .await;
+    // A second request, and a shutdown right after its reply: the shutdown waits for the flush.
+    let second = h
+        .org
+        .deliver("w1", InboundMessage::new("portal", "u2", "another part"))
+        .await
+        .unwrap();
+    assert_eq!(h.reply().await.content, "part done");
+    let reported_second = llm.reported.load(Ordering::SeqCst) - reported;
     h.org.shutdown().await.unwrap();
     drop(h);
-    let stored = RequestLedger::new(stores.records.clone())
-        .get(&request)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(stored.settled.total_tokens, reported, "exact sums");
-    assert_eq!(stored.settled.model_calls, 1);
-    assert!(stored.reserved.is_empty(), "{:?}", stored.reserved);
+    let ledger = RequestLedger::new(stores.records.clone());
+    for (request, tokens) in [(&request, reported), (&second, reported_second)] {
+        let stored = ledger.get(request).await.unwrap().unwrap();
+        assert_eq!(stored.settled.total_tokens, tokens, "exact sums");
+        assert_eq!(stored.settled.model_calls, 1);
+        assert!(stored.reserved.is_empty(), "{:?}", stored.reserved);
+    }
 }
 
 /// Under a limit of 3 model calls the chief delegates (1), the lead fans out (2), one worker
@@ -364,6 +372,170 @@ pub async fn a_cost_limit_binds_with_the_price_table(stores: Stores) {
     assert!(s.cost.0 <= 4_000 && s.model_calls >= 1, "{s:?}");
 }
 
+/// "ok", reporting 12 tokens (10 in, 2 out).
+fn ok_response() -> ChatResponse {
+    let mut r = ChatResponse::text("ok");
+    r.usage = Some(Usage {
+        prompt_tokens: 10,
+        completion_tokens: 2,
+        total_tokens: 12,
+    });
+    r
+}
+
+/// A model that always answers [`ok_response`].
+fn ok_llm() -> spacebot::testing::FnLlm {
+    spacebot::testing::FnLlm::new(|_| Ok(ok_response()))
+}
+
+/// User `u{n}` says "hi" to `agent`; the reply.
+async fn ask(h: &mut OrgHarness, agent: &str, n: u32) -> spacebot::Reply {
+    h.org
+        .deliver(agent, InboundMessage::new("portal", format!("u{n}"), "hi"))
+        .await
+        .unwrap();
+    h.reply().await
+}
+
+/// A record store that holds the request ledger's writes once `hold` is set, until `release`;
+/// `held` says one is waiting, `stored` that a held write reached the store.
+#[derive(Debug)]
+struct HeldLedger {
+    inner: Arc<dyn spacebot::records::RecordStore>,
+    hold: AtomicBool,
+    held: AtomicBool,
+    release: AtomicBool,
+    released: tokio::sync::Notify,
+    stored: AtomicBool,
+}
+
+#[async_trait]
+impl spacebot::records::RecordStore for HeldLedger {
+    async fn get(
+        &self,
+        namespace: &str,
+        key: &str,
+    ) -> Result<Option<spacebot::records::Record>, spacebot::StoreError> {
+        self.inner.get(namespace, key).await
+    }
+    async fn version(
+        &self,
+        namespace: &str,
+        key: &str,
+        version: u64,
+    ) -> Result<Option<spacebot::records::Record>, spacebot::StoreError> {
+        self.inner.version(namespace, key, version).await
+    }
+    async fn write(
+        &self,
+        write: spacebot::records::RecordWrite,
+    ) -> Result<spacebot::records::WriteOutcome, spacebot::StoreError> {
+        let holding =
+            write.namespace == spacebot::limits::NAMESPACE && self.hold.load(Ordering::SeqCst);
+        if holding {
+            self.held.store(true, Ordering::SeqCst);
+            loop {
+                let released = self.released.notified();
+                if self.release.load(Ordering::SeqCst) {
+                    break;
+                }
+                released.await;
+            }
+        }
+        let outcome = self.inner.write(write).await;
+        if holding {
+            self.stored.store(true, Ordering::SeqCst);
+        }
+        outcome
+    }
+    async fn list(
+        &self,
+        namespace: &str,
+        prefix: &str,
+    ) -> Result<Vec<spacebot::records::Record>, spacebot::StoreError> {
+        self.inner.list(namespace, prefix).await
+    }
+    async fn history(
+        &self,
+        namespace: &str,
+        key: &str,
+    ) -> Result<Vec<spacebot::records::Record>, spacebot::StoreError> {
+        self.inner.history(namespace, key).await
+    }
+    async fn release(&self) {
+        self.inner.release().await;
+    }
+}
+
+/// A shutdown waits for the settlement a turn left to store behind it: the model's call makes
+/// the ledger's next writes wait (the reservation was stored before it), so the flush is held
+/// when the reply arrives; the shutdown cannot return before it is released and stored (the
+/// release comes only once the shutdown has had 2 s to return without it, which it must not).
+pub async fn a_shutdown_waits_for_the_settlement_left_behind(stores: Stores) {
+    let held = Arc::new(HeldLedger {
+        inner: stores.records.clone(),
+        hold: AtomicBool::new(false),
+        held: AtomicBool::new(false),
+        release: AtomicBool::new(false),
+        released: tokio::sync::Notify::new(),
+        stored: AtomicBool::new(false),
+    });
+    let gate = held.clone();
+    let llm = spacebot::testing::FnLlm::new(move |_| {
+        gate.hold.store(true, Ordering::SeqCst);
+        Ok(ok_response())
+    });
+    let wrapped = Stores {
+        records: held.clone(),
+        ..stores.clone()
+    };
+    let mut h = OrgHarness::builder(limited("total_tokens = 100000"))
+        .stores(wrapped)
+        .llm(Arc::new(llm))
+        .build()
+        .await;
+    h.org
+        .start_agent(&AgentId::parse("w1").unwrap())
+        .await
+        .unwrap();
+    let request = h
+        .org
+        .deliver("w1", InboundMessage::new("portal", "u1", "one part"))
+        .await
+        .unwrap();
+    assert_eq!(h.reply().await.content, "ok");
+    h.wait_until("the settlement's write is held", || {
+        let held = held.clone();
+        async move { held.held.load(Ordering::SeqCst) }
+    })
+    .await;
+    let shutdown = async {
+        h.org.shutdown().await.unwrap();
+        held.stored.load(Ordering::SeqCst)
+    };
+    let release = async {
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+        held.release.store(true, Ordering::SeqCst);
+        held.released.notify_waiters();
+        std::future::pending::<()>().await;
+    };
+    let stored_before_return = tokio::select! {
+        stored = shutdown => stored,
+        () = release => unreachable!(),
+    };
+    assert!(
+        stored_before_return,
+        "the shutdown returned before the settlement was stored"
+    );
+    drop(h);
+    let entry = RequestLedger::new(stores.records.clone())
+        .get(&request)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((entry.settled.model_calls, entry.reserved.len()), (1, 0));
+}
+
 /// One agent's own `limits` (`[[agents]] limits`, 1 model call an hour) bind that agent alone,
 /// tightened with `[settings.agent_limits]` (3 an hour): solo's second call is refused naming its
 /// hour, the other agent makes three.
@@ -378,15 +550,7 @@ limits = { period = "hour", model_calls = 1 }
 [[agents]]
 id = "other"
 "#;
-    let llm = Arc::new(spacebot::testing::FnLlm::new(|_| {
-        let mut r = ChatResponse::text("ok");
-        r.usage = Some(Usage {
-            prompt_tokens: 10,
-            completion_tokens: 2,
-            total_tokens: 12,
-        });
-        Ok(r)
-    }));
+    let llm = Arc::new(ok_llm());
     let mut h = OrgHarness::builder(config)
         .stores(stores.clone())
         .llm(llm)
@@ -394,13 +558,6 @@ id = "other"
         .build()
         .await;
     h.org.start_all().await.unwrap();
-    let ask = async |h: &mut OrgHarness, agent: &str, n: u32| {
-        h.org
-            .deliver(agent, InboundMessage::new("portal", format!("u{n}"), "hi"))
-            .await
-            .unwrap();
-        h.reply().await
-    };
     assert_eq!(ask(&mut h, "solo", 1).await.kind, ReplyKind::Answer);
     let refused = ask(&mut h, "solo", 2).await;
     assert_eq!(refused.kind, ReplyKind::Failure);
@@ -448,15 +605,7 @@ id = "solo"
 [[agents]]
 id = "other"
 "#;
-    let llm = Arc::new(spacebot::testing::FnLlm::new(|_| {
-        let mut r = ChatResponse::text("ok");
-        r.usage = Some(Usage {
-            prompt_tokens: 10,
-            completion_tokens: 2,
-            total_tokens: 12,
-        });
-        Ok(r)
-    }));
+    let llm = Arc::new(ok_llm());
     let mut h = OrgHarness::builder(config)
         .stores(stores.clone())
         .llm(llm)
@@ -464,13 +613,6 @@ id = "other"
         .build()
         .await;
     h.org.start_all().await.unwrap();
-    let ask = async |h: &mut OrgHarness, agent: &str, n: u32| {
-        h.org
-            .deliver(agent, InboundMessage::new("portal", format!("u{n}"), "hi"))
-            .await
-            .unwrap();
-        h.reply().await
-    };
     assert_eq!(ask(&mut h, "solo", 1).await.kind, ReplyKind::Answer);
     assert_eq!(ask(&mut h, "solo", 2).await.kind, ReplyKind::Answer);
     let refused = ask(&mut h, "solo", 3).await;
@@ -573,15 +715,7 @@ pub async fn an_operator_raises_a_request_limit_and_resumes_it(stores: Stores) {
 /// stores; cleared, the agent may call again.
 pub async fn period_limits_set_at_run_time_hold_across_a_restart(stores: Stores) {
     let config = "[[agents]]\nid = \"solo\"\n";
-    let llm = Arc::new(spacebot::testing::FnLlm::new(|_| {
-        let mut r = ChatResponse::text("ok");
-        r.usage = Some(Usage {
-            prompt_tokens: 10,
-            completion_tokens: 2,
-            total_tokens: 12,
-        });
-        Ok(r)
-    }));
+    let llm = Arc::new(ok_llm());
     let clock = spacebot::ManualClock::new(1_000_000);
     let solo = Scope::Agent {
         agent: AgentId::parse("solo").unwrap(),
@@ -597,15 +731,8 @@ pub async fn period_limits_set_at_run_time_hold_across_a_restart(stores: Stores)
         h.org.start_all().await.unwrap();
         h
     };
-    let ask = async |h: &mut OrgHarness, n: u32| {
-        h.org
-            .deliver("solo", InboundMessage::new("portal", format!("u{n}"), "hi"))
-            .await
-            .unwrap();
-        h.reply().await
-    };
     let mut h = build(&stores).await;
-    assert_eq!(ask(&mut h, 1).await.kind, ReplyKind::Answer);
+    assert_eq!(ask(&mut h, "solo", 1).await.kind, ReplyKind::Answer);
     assert!(
         h.org
             .set_period_limits(&Scope::Request, Some(Limits::NONE))
@@ -631,9 +758,9 @@ pub async fn period_limits_set_at_run_time_hold_across_a_restart(stores: Stores)
     assert_eq!(h.org.period_limits(&solo).await.unwrap(), Some(two));
     // Nothing limited the organization before: the call made then was not counted (an
     // organization without limits keeps no ledger). Two more fit in the hour, not a third.
-    assert_eq!(ask(&mut h, 2).await.kind, ReplyKind::Answer);
-    assert_eq!(ask(&mut h, 3).await.kind, ReplyKind::Answer);
-    let refused = ask(&mut h, 4).await;
+    assert_eq!(ask(&mut h, "solo", 2).await.kind, ReplyKind::Answer);
+    assert_eq!(ask(&mut h, "solo", 3).await.kind, ReplyKind::Answer);
+    let refused = ask(&mut h, "solo", 4).await;
     assert_eq!(refused.kind, ReplyKind::Failure, "{refused:?}");
     assert!(
         refused.content.contains("agent solo (last hour)")
@@ -646,7 +773,7 @@ pub async fn period_limits_set_at_run_time_hold_across_a_restart(stores: Stores)
 
     // Restarted on the same stores with the same configuration: the operator's limit holds.
     let mut h = build(&stores).await;
-    let refused = ask(&mut h, 5).await;
+    let refused = ask(&mut h, "solo", 5).await;
     assert_eq!(
         refused.kind,
         ReplyKind::Failure,
@@ -656,6 +783,6 @@ pub async fn period_limits_set_at_run_time_hold_across_a_restart(stores: Stores)
     // Cleared: the configuration (no limit) applies again.
     h.org.set_period_limits(&solo, None).await.unwrap();
     assert_eq!(h.org.period_limits(&solo).await.unwrap(), None);
-    assert_eq!(ask(&mut h, 6).await.kind, ReplyKind::Answer);
+    assert_eq!(ask(&mut h, "solo", 6).await.kind, ReplyKind::Answer);
     h.org.shutdown().await.unwrap();
 }
