@@ -165,10 +165,13 @@ impl RequestLedger {
     /// # Errors
     /// As the store.
     pub async fn get(&self, request: &EnvelopeId) -> Result<Option<LedgerEntry>, StoreError> {
+        // Taken before the read: a flush storing them in between leaves the record with them
+        // (applying one again changes nothing), never a record without them and none pending.
+        let pending = self.pending(request);
         match self.records.get(NAMESPACE, request.as_str()).await? {
             Some(record) => {
                 let mut entry = record.decode::<LedgerEntry>()?.value;
-                for (key, spent) in self.pending(request) {
+                for (key, spent) in pending {
                     entry.settle(&key, spent);
                 }
                 Ok(Some(entry))
@@ -787,6 +790,93 @@ mod tests {
             let last = b.get(&r).await.unwrap().unwrap();
             assert_eq!(last.settled.total_tokens, 92);
             assert_eq!(last.reserved.keys().collect::<Vec<_>>(), ["b1"]);
+        });
+    }
+
+    /// A record store whose next read, once armed, lets `ledger` flush right after the record
+    /// was read: what a background flush finishing between a read and its use looks like.
+    #[derive(Debug)]
+    struct FlushAfterRead {
+        inner: Arc<dyn RecordStore>,
+        ledger: std::sync::OnceLock<RequestLedger>,
+        armed: std::sync::atomic::AtomicBool,
+    }
+
+    #[async_trait::async_trait]
+    impl RecordStore for FlushAfterRead {
+        async fn get(
+            &self,
+            namespace: &str,
+            key: &str,
+        ) -> Result<Option<crate::records::Record>, StoreError> {
+            let read = self.inner.get(namespace, key).await;
+            if self.armed.swap(false, std::sync::atomic::Ordering::SeqCst)
+                && let Some(ledger) = self.ledger.get()
+            {
+                ledger.flush_all(Timestamp(9)).await.unwrap();
+            }
+            read
+        }
+        async fn version(
+            &self,
+            namespace: &str,
+            key: &str,
+            version: u64,
+        ) -> Result<Option<crate::records::Record>, StoreError> {
+            self.inner.version(namespace, key, version).await
+        }
+        async fn write(&self, write: RecordWrite) -> Result<WriteOutcome, StoreError> {
+            self.inner.write(write).await
+        }
+        async fn list(
+            &self,
+            namespace: &str,
+            prefix: &str,
+        ) -> Result<Vec<crate::records::Record>, StoreError> {
+            self.inner.list(namespace, prefix).await
+        }
+        async fn history(
+            &self,
+            namespace: &str,
+            key: &str,
+        ) -> Result<Vec<crate::records::Record>, StoreError> {
+            self.inner.history(namespace, key).await
+        }
+    }
+
+    /// A flush that stores a settlement between `get`'s read of the record and its use: the
+    /// entry still shows the call settled (the pending settlements are taken before the read).
+    #[test]
+    fn a_flush_between_a_read_and_its_use_never_shows_the_reservation_again() {
+        futures::executor::block_on(async {
+            let store = Arc::new(FlushAfterRead {
+                inner: Stores::memory().records.clone(),
+                ledger: std::sync::OnceLock::new(),
+                armed: std::sync::atomic::AtomicBool::new(false),
+            });
+            let l = RequestLedger::new(store.clone());
+            store.ledger.set(l.clone()).unwrap();
+            let r = EnvelopeId::new("req-7");
+            let limits = Limits {
+                total_tokens: Some(100),
+                ..Limits::NONE
+            };
+            l.reserve(&r, "c1", &est(50, 10), &limits, Timestamp(1))
+                .await
+                .unwrap()
+                .unwrap();
+            l.settle_behind(&r, "c1", tokens(20));
+            store.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+            let entry = l.get(&r).await.unwrap().unwrap();
+            assert_eq!(
+                (entry.settled.total_tokens, entry.reserved.len()),
+                (20, 0),
+                "{entry:?}"
+            );
+            assert!(
+                !store.armed.load(std::sync::atomic::Ordering::SeqCst),
+                "the flush ran"
+            );
         });
     }
 }
