@@ -1,5 +1,6 @@
 //! The crash test of the whole runtime: an `Organization` with agents (a delegation over two hops,
-//! a mirrored conversation, a delivery to a stopped agent, a child agent) on SQLite and on redb,
+//! a mirrored conversation, a delivery to a stopped agent, a child agent) on SQLite (both layouts:
+//! the organization's one database and one database per agent) and on redb,
 //! killed with SIGKILL before every store write in turn, then at random, and restarted on the same
 //! directory until every job is answered. After each restart the stores, the acknowledgements and
 //! the replies are checked and counted; a table per backend is printed.
@@ -510,6 +511,16 @@ fn crash_test(gate: Gate) {
 fn sigkill_at_every_write_boundary_sqlite() {
     crash_test(Gate {
         backend: "sqlite",
+        workload: Workload::Org,
+    });
+}
+
+/// The SQLite gate on the per-agent layout (one database per agent); the gate above runs on the
+/// default, the organization's one database.
+#[test]
+fn sigkill_at_every_write_boundary_sqlite_per_agent() {
+    crash_test(Gate {
+        backend: "sqlite_per_agent",
         workload: Workload::Org,
     });
 }

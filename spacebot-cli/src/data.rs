@@ -118,12 +118,22 @@ impl Snapshot {
             original: dir.to_path_buf(),
             copy,
         };
-        let opened = match store {
-            Store::Sqlite => spacebot_sqlite::open(snapshot.copy.path()).await,
-            Store::Redb => spacebot_redb::open_async(snapshot.copy.path()).await,
-        };
-        snapshot.stores = opened.map_err(|e| snapshot.error(e))?;
-        snapshot.agents = agents_in(dir)?;
+        match store {
+            Store::Sqlite => {
+                // A directory in the per-agent layout is migrated here, in the copy only.
+                let sqlite = spacebot_sqlite::SqliteStores::open(snapshot.copy.path())
+                    .await
+                    .map_err(|e| snapshot.error(e))?;
+                snapshot.agents = sqlite.agents().await.map_err(|e| snapshot.error(e))?;
+                snapshot.stores = sqlite.stores();
+            }
+            Store::Redb => {
+                snapshot.stores = spacebot_redb::open_async(snapshot.copy.path())
+                    .await
+                    .map_err(|e| snapshot.error(e))?;
+                snapshot.agents = agents_in(dir)?;
+            }
+        }
         Ok(snapshot)
     }
 

@@ -60,6 +60,7 @@ async fn raw_cycle(pool: &SqlitePool, i: u64) {
     let now = i as i64;
     let metadata = r#"{"delegated_by":"boss"}"#;
     sqlx::query_scalar::<_, i64>(sql::INSERT_SQL)
+        .bind("w")
         .bind("count the stars")
         .bind("all of them")
         .bind("ready")
@@ -79,12 +80,14 @@ async fn raw_cycle(pool: &SqlitePool, i: u64) {
         .bind("w1")
         .bind(now + 60_000)
         .bind(now)
+        .bind("w")
         .fetch_one(pool)
         .await
         .unwrap();
     let number: i64 = row.get("number");
     let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
     let row = sqlx::query(sql::SELECT_ONE_SQL)
+        .bind("w")
         .bind(number)
         .fetch_one(&mut *tx)
         .await
@@ -105,6 +108,7 @@ async fn raw_cycle(pool: &SqlitePool, i: u64) {
         .bind("many")
         .bind(None::<&str>)
         .bind(now)
+        .bind("w")
         .bind(number)
         .bind(revision)
         .execute(&mut *tx)
@@ -115,6 +119,7 @@ async fn raw_cycle(pool: &SqlitePool, i: u64) {
         r#"{{"key":"{key}","task":{{"agent":"w","number":{number}}},"title":"count the stars","status":"done","outcome":"many","delegated_by":"boss","originating_channel":null,"link_id":null,"parent_task":null,"created_at":{now}}}"#
     );
     sqlx::query(sql::OUTBOX_INSERT_SQL)
+        .bind("w")
         .bind(&key)
         .bind(number)
         .bind(notice)

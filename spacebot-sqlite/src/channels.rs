@@ -37,10 +37,13 @@ fn decode(
     })
 }
 
-/// Appends one record and returns its sequence number; the `channel_records_known` trigger
+/// Appends one record (`?1` is the agent) and returns its sequence number, the agent's next,
+/// allocated by the same statement under the write lock; the `channel_records_known` trigger
 /// registers the channel in the same statement.
-pub(crate) const APPEND_SQL: &str = "INSERT INTO channel_records (channel_id, kind, author, content, metadata, at) \
-     VALUES (?, ?, ?, ?, ?, ?) RETURNING seq";
+pub(crate) const APPEND_SQL: &str = "INSERT INTO channel_records \
+     (agent, seq, channel_id, kind, author, content, metadata, at) \
+     VALUES (?1, (SELECT coalesce(max(seq), 0) + 1 FROM channel_records WHERE agent = ?1), \
+             ?2, ?3, ?4, ?5, ?6, ?7) RETURNING seq";
 
 /// [`ChannelStore`] on the agents' databases. Get one from [`SqliteStores::channels`].
 #[derive(Debug, Clone)]
@@ -67,7 +70,7 @@ impl ChannelStore for SqliteChannelStore {
             record.content.to_string(),
             record.at.0,
         );
-        let location = db.location.clone();
+        let (location, key) = (db.location.clone(), db.key.clone());
         let seq: i64 = db
             .writes
             .run(move |conn| {
@@ -75,10 +78,10 @@ impl ChannelStore for SqliteChannelStore {
                 // statement.
                 conn.prepare_cached(APPEND_SQL)
                     .and_then(|mut statement| {
-                        statement
-                            .query_row(params![channel, kind, author, content, metadata, at], |r| {
-                                r.get(0)
-                            })
+                        statement.query_row(
+                            params![&*key, channel, kind, author, content, metadata, at],
+                            |r| r.get(0),
+                        )
                     })
                     .map_err(|e| db_error(&location, "appending a channel record", e))
             })
@@ -100,10 +103,11 @@ impl ChannelStore for SqliteChannelStore {
         let db = self.0.agent(agent).await?;
         // The most recent `limit` records, returned oldest first; -1 is "no limit" to SQLite.
         let limit = limit.map_or(-1, |l| i64::try_from(l).unwrap_or(i64::MAX));
-        let (agent, channel, location) = (
+        let (agent, channel, location, key) = (
             agent.clone(),
             channel.as_str().to_string(),
             db.location.clone(),
+            db.key.clone(),
         );
         db.read("reading a channel history", move |conn| {
             query::all(
@@ -112,9 +116,9 @@ impl ChannelStore for SqliteChannelStore {
                 "reading a channel history",
                 "SELECT seq, channel_id, kind, author, content, metadata, at FROM ( \
                      SELECT seq, channel_id, kind, author, content, metadata, at FROM channel_records \
-                     WHERE channel_id = ? ORDER BY seq DESC LIMIT ? \
+                     WHERE agent = ? AND channel_id = ? ORDER BY seq DESC LIMIT ? \
                  ) ORDER BY seq ASC",
-                params![channel, limit],
+                params![&*key, channel, limit],
                 |row| decode(&location, &agent, row),
             )
         })
@@ -123,13 +127,17 @@ impl ChannelStore for SqliteChannelStore {
 
     async fn ensure_channel(&self, agent: &AgentId, channel: &ChannelId) -> Result<(), StoreError> {
         let db = self.0.agent(agent).await?;
-        let (channel, location) = (channel.as_str().to_string(), db.location.clone());
+        let (channel, location, key) = (
+            channel.as_str().to_string(),
+            db.location.clone(),
+            db.key.clone(),
+        );
         db.writes
             .run(move |conn| {
                 query::execute(
                     conn,
-                    "INSERT OR IGNORE INTO channels (id) VALUES (?)",
-                    [channel],
+                    "INSERT OR IGNORE INTO channels (agent, id) VALUES (?, ?)",
+                    params![&*key, channel],
                 )
                 .map_err(|e| db_error(&location, "registering a channel", e))?;
                 Ok(())
@@ -139,14 +147,14 @@ impl ChannelStore for SqliteChannelStore {
 
     async fn channels(&self, agent: &AgentId) -> Result<Vec<ChannelId>, StoreError> {
         let db = self.0.agent(agent).await?;
-        let location = db.location.clone();
+        let (location, key) = (db.location.clone(), db.key.clone());
         db.read("listing channels", move |conn| {
             query::all(
                 conn,
                 &location,
                 "listing channels",
-                "SELECT id FROM channels ORDER BY id",
-                [],
+                "SELECT id FROM channels WHERE agent = ? ORDER BY id",
+                [&*key],
                 |row| {
                     query::get::<String>(&location, "listing channels", row, "id")
                         .map(ChannelId::new)

@@ -140,13 +140,19 @@ fn open_blocking(
     // the second sees the first's migrations applied (each one runs in a savepoint).
     conn.execute_batch("BEGIN IMMEDIATE")
         .map_err(|e| db_error(&location, "locking the database to migrate it", e))?;
-    if let Err(e) = migrate::run(&conn, kind.migrations()) {
-        let _ = conn.execute_batch("ROLLBACK");
-        return Err(migrate_error(&location, e));
-    }
+    let applied = match migrate::run(&conn, kind.migrations()) {
+        Ok(applied) => applied,
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            return Err(migrate_error(&location, e));
+        }
+    };
     if let Err(e) = conn.execute_batch("COMMIT") {
         let _ = conn.execute_batch("ROLLBACK");
         return Err(db_error(&location, "committing migrations", e));
+    }
+    if applied > 0 {
+        compact(&conn, &location)?;
     }
     let shared = Arc::new(Mutex::new(conn));
     let reader =
@@ -157,6 +163,20 @@ fn open_blocking(
         location,
         writes,
     })
+}
+
+/// Gives the pages that migrations freed (tables rebuilt by migration 3 of an agent's database)
+/// back to the file system, so that a migrated file holds no unused pages. Runs once, after the
+/// migrations' commit; `VACUUM` is atomic like any transaction.
+fn compact(conn: &Connection, location: &Location) -> Result<(), StoreError> {
+    let free: i64 = conn
+        .query_row("PRAGMA freelist_count", [], |r| r.get(0))
+        .map_err(|e| db_error(location, "counting free pages after migrating", e))?;
+    if free > 0 {
+        conn.execute_batch("VACUUM")
+            .map_err(|e| db_error(location, "compacting the file after migrating it", e))?;
+    }
+    Ok(())
 }
 
 /// A database's writer connection and readers (`None`: the writer's connection) before its
@@ -224,7 +244,7 @@ fn open_file(path: &Path, kind: DbKind, options: &SqliteOptions) -> Result<Opene
 }
 
 /// Whether a non-empty write-ahead log lies beside the database file.
-fn has_wal(path: &Path) -> bool {
+pub(crate) fn has_wal(path: &Path) -> bool {
     std::fs::metadata(wal_path(path)).is_ok_and(|m| m.len() > 0)
 }
 
@@ -376,7 +396,7 @@ fn inspect_file(
 }
 
 /// `file:{path}?immutable=1`, the path percent-encoded where a URI needs it.
-fn immutable_uri(path: &Path) -> String {
+pub(crate) fn immutable_uri(path: &Path) -> String {
     let mut uri = String::from("file:");
     for byte in path.as_os_str().as_encoded_bytes() {
         match byte {

@@ -13,11 +13,11 @@ use crate::error::{corrupt, db_error, encode_error};
 use crate::query;
 
 /// Marks an idempotency key applied (a no-op if it already is).
-const APPLY_KEY_SQL: &str =
-    "INSERT INTO applied_keys (key, applied_at) VALUES (?, ?) ON CONFLICT (key) DO NOTHING";
+const APPLY_KEY_SQL: &str = "INSERT INTO applied_keys (agent, key, applied_at) VALUES (?, ?, ?) \
+     ON CONFLICT (agent, key) DO NOTHING";
 
 /// Removes a pending delivery.
-const REMOVE_SQL: &str = "DELETE FROM pending_deliveries WHERE id = ?";
+const REMOVE_SQL: &str = "DELETE FROM pending_deliveries WHERE agent = ? AND id = ?";
 
 /// [`DeliveryStore`] on the agents' databases: pending deliveries and applied keys. Get one from [`SqliteStores::deliveries`].
 ///
@@ -44,14 +44,14 @@ impl DeliveryStore for SqliteDeliveryStore {
             envelope.channel.as_str().to_string(),
             envelope.kind.as_str(),
         );
-        let location = db.location.clone();
+        let (location, key) = (db.location.clone(), db.key.clone());
         db.writes
             .run(move |conn| {
                 query::execute(
                     conn,
-                    "INSERT INTO pending_deliveries (id, channel_id, kind, envelope) \
-                     VALUES (?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
-                    params![id, channel, kind, json],
+                    "INSERT INTO pending_deliveries (agent, id, channel_id, kind, envelope) \
+                     VALUES (?, ?, ?, ?, ?) ON CONFLICT (agent, id) DO NOTHING",
+                    params![&*key, id, channel, kind, json],
                 )
                 .map_err(|e| db_error(&location, "persisting a delivery", e))?;
                 Ok(())
@@ -61,14 +61,14 @@ impl DeliveryStore for SqliteDeliveryStore {
 
     async fn pending(&self, agent: &AgentId) -> Result<Vec<Envelope>, StoreError> {
         let db = self.0.agent(agent).await?;
-        let location = db.location.clone();
+        let (location, key) = (db.location.clone(), db.key.clone());
         db.read("reading pending deliveries", move |conn| {
             query::all(
                 conn,
                 &location,
                 "reading pending deliveries",
-                "SELECT envelope FROM pending_deliveries ORDER BY seq",
-                [],
+                "SELECT envelope FROM pending_deliveries WHERE agent = ? ORDER BY seq",
+                [&*key],
                 |row| {
                     let json: String =
                         query::get(&location, "reading pending deliveries", row, "envelope")?;
@@ -83,10 +83,10 @@ impl DeliveryStore for SqliteDeliveryStore {
     async fn remove(&self, agent: &AgentId, id: &EnvelopeId) -> Result<(), StoreError> {
         let db = self.0.agent(agent).await?;
         let id = id.as_str().to_string();
-        let location = db.location.clone();
+        let (location, agent) = (db.location.clone(), db.key.clone());
         db.writes
             .run(move |conn| {
-                query::execute(conn, REMOVE_SQL, [id])
+                query::execute(conn, REMOVE_SQL, params![&*agent, id])
                     .map_err(|e| db_error(&location, "removing a delivery", e))?;
                 Ok(())
             })
@@ -101,10 +101,10 @@ impl DeliveryStore for SqliteDeliveryStore {
     ) -> Result<bool, StoreError> {
         let db = self.0.agent(agent).await?;
         let key = key.to_string();
-        let location = db.location.clone();
+        let (location, agent) = (db.location.clone(), db.key.clone());
         db.writes
             .run(move |conn| {
-                let done = query::execute(conn, APPLY_KEY_SQL, params![key, now.0])
+                let done = query::execute(conn, APPLY_KEY_SQL, params![&*agent, key, now.0])
                     .map_err(|e| db_error(&location, "marking a key applied", e))?;
                 Ok(done == 1)
             })
@@ -117,14 +117,14 @@ impl DeliveryStore for SqliteDeliveryStore {
 
     async fn is_applied(&self, agent: &AgentId, key: &str) -> Result<bool, StoreError> {
         let db = self.0.agent(agent).await?;
-        let (key, location) = (key.to_string(), db.location.clone());
+        let (key, location, agent) = (key.to_string(), db.location.clone(), db.key.clone());
         db.read("reading an applied key", move |conn| {
             let found = query::first(
                 conn,
                 &location,
                 "reading an applied key",
-                "SELECT 1 FROM applied_keys WHERE key = ?",
-                [key],
+                "SELECT 1 FROM applied_keys WHERE agent = ? AND key = ?",
+                params![&*agent, key],
                 |_| Ok(()),
             )?;
             Ok(found.is_some())
@@ -172,13 +172,13 @@ impl DeliveryStore for SqliteDeliveryStore {
             })
             .collect();
         let applied = commit.applied.clone();
-        let location = db.location.clone();
+        let (location, agent) = (db.location.clone(), db.key.clone());
         // One operation of the writer: its savepoint keeps the whole turn together.
         db.writes
             .run(move |conn| {
                 let fail = |doing: &str, e| db_error(&location, doing, e);
                 for id in consumed {
-                    query::execute(conn, REMOVE_SQL, [id])
+                    query::execute(conn, REMOVE_SQL, params![&*agent, id])
                         .map_err(|e| fail("removing a consumed delivery", e))?;
                 }
                 if !records.is_empty() {
@@ -188,14 +188,14 @@ impl DeliveryStore for SqliteDeliveryStore {
                     for (channel, kind, author, content, metadata, at) in records {
                         append
                             .query_row(
-                                params![channel, kind, author, content, metadata, at],
+                                params![&*agent, channel, kind, author, content, metadata, at],
                                 |_| Ok(()),
                             )
                             .map_err(|e| fail("appending a channel record", e))?;
                     }
                 }
                 for key in applied {
-                    query::execute(conn, APPLY_KEY_SQL, params![key, now.0])
+                    query::execute(conn, APPLY_KEY_SQL, params![&*agent, key, now.0])
                         .map_err(|e| fail("marking a key applied", e))?;
                 }
                 Ok(())

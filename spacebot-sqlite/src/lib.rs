@@ -1,23 +1,37 @@
 //! SQLite backends of every spacebot store, through `rusqlite`.
 //!
-//! [`open`] a directory and get the [`Stores`] bundle the runtime needs. The layout follows the
-//! instance / per-agent split of the links design:
+//! [`open`] a directory and get the [`Stores`] bundle the runtime needs. The default layout,
+//! [`Layout::Organization`], keeps the whole organization in one file:
 //!
 //! ```text
 //! {dir}/
 //!     instance.db                   links, conversation links and their members,
-//!                                   behaviours' records
+//!                                   behaviours' records, and every agent's task board,
+//!                                   outbox, channel history, pending deliveries and
+//!                                   applied idempotency keys (rows keyed by agent)
+//! ```
+//!
+//! so that the writes of different agents made at the same moment share one commit (one `fsync`
+//! with `synchronous = FULL`). [`Layout::PerAgent`] gives each agent a database of its own instead:
+//!
+//! ```text
+//! {dir}/
+//!     instance.db                   links, conversations, records
 //!     agents/
-//!         {agent}/data/spacebot.db  task board, outbox, channel history,
+//!         {agent}/data/spacebot.db  that agent's board, outbox, channel history,
 //!                                   pending deliveries, applied idempotency keys
 //! ```
 //!
-//! `instance.db` is opened (created, migrated) by [`open`]; an agent's database is opened the first
-//! time a store call names that agent. Migrations are embedded in the binary (`migrations/` for
-//! agent databases, `migrations_instance/` for the instance database) and run at open. Every file
-//! runs in WAL mode with a busy timeout and foreign keys on; writes of one process go through a
-//! single connection per file, owned by a thread that runs each batch of writes whole, and reads
-//! through a small pool, each read one closure on a blocking thread.
+//! A directory written in the per-agent layout (every directory written before layouts existed)
+//! is migrated to the organization layout when it is opened with the default options; see
+//! [`Layout`].
+//!
+//! `instance.db` is opened (created, migrated) by [`open`]; in the per-agent layout an agent's
+//! database is opened the first time a store call names that agent. Migrations are embedded in the
+//! binary (`migrations/` for agent databases, `migrations_instance/` for the instance database)
+//! and run at open. Every file runs in WAL mode with a busy timeout and foreign keys on; writes of
+//! one process go through a single connection per file, owned by a thread that runs each batch of
+//! writes whole, and reads through a small pool, each read one closure on a blocking thread.
 //!
 //! # Guarantees
 //! - One data directory has one owner: [`open`] takes an exclusive lock on `{dir}/spacebot.lock`
@@ -53,6 +67,7 @@ mod conversations;
 mod db;
 mod deliveries;
 mod error;
+mod layout;
 mod links;
 mod migrate;
 mod options;
@@ -75,7 +90,7 @@ pub use crate::conversations::SqliteConversationStore;
 use crate::db::{Db, DbKind};
 pub use crate::deliveries::SqliteDeliveryStore;
 pub use crate::links::SqliteLinkStore;
-pub use crate::options::{OpenCheck, SqliteOptions, Synchronous};
+pub use crate::options::{Layout, OpenCheck, SqliteOptions, Synchronous};
 pub use crate::records::SqliteRecordStore;
 pub use crate::tasks::SqliteTaskStore;
 pub use crate::writer::WriteStats;
@@ -100,8 +115,9 @@ pub async fn open(dir: impl AsRef<Path>) -> Result<Stores, StoreError> {
     Ok(SqliteStores::open(dir).await?.stores())
 }
 
-/// Every spacebot store on SQLite: one instance database plus one database per agent, opened
-/// lazily. Cheap to clone (clones share the databases).
+/// Every spacebot store on SQLite: one database for the whole organization, or (in
+/// [`Layout::PerAgent`]) an instance database plus one database per agent, opened lazily. Cheap to
+/// clone (clones share the databases).
 ///
 /// Each store trait is implemented by a handle that shares these databases:
 /// [`SqliteStores::links`], [`SqliteStores::conversations`] and [`SqliteStores::records`] on the
@@ -118,6 +134,8 @@ struct Inner {
     /// `None` for in-memory stores.
     dir: Option<PathBuf>,
     options: SqliteOptions,
+    /// The directory's layout, as recorded in it (for new directories, as the options asked).
+    layout: Layout,
     instance: Db,
     agents: Mutex<HashMap<AgentId, Arc<OnceCell<Db>>>>,
     /// The directory of [`SqliteStores::temporary`] stores, deleted when the last clone is dropped.
@@ -149,9 +167,17 @@ impl SqliteStores {
         let dir = dir.as_ref().to_path_buf();
         let lock = acquire_lock(&dir).await?;
         let instance = Db::open(Some(&db::instance_path(&dir)), DbKind::Instance, &options).await?;
+        let layout = match layout::settle(&dir, &instance, &options).await {
+            Ok(layout) => layout,
+            Err(e) => {
+                instance.close().await;
+                return Err(e);
+            }
+        };
         Ok(Self::from_parts(
             Some(dir),
             options,
+            layout,
             instance,
             None,
             Some(lock),
@@ -184,29 +210,42 @@ impl SqliteStores {
             })?;
         let dir = temp.path().to_path_buf();
         let instance = Db::open(Some(&db::instance_path(&dir)), DbKind::Instance, &options).await?;
+        let layout = layout::settle(&dir, &instance, &options).await?;
         Ok(Self::from_parts(
             Some(dir),
             options,
+            layout,
             instance,
             Some(temp),
             None,
         ))
     }
 
-    /// Stores in memory: nothing survives the value (and its clones). Each agent still gets its
-    /// own database. Meant for tests.
+    /// Stores in memory, in the default layout: nothing survives the value (and its clones).
+    /// Meant for tests.
     ///
     /// # Errors
     /// [`StoreError::Backend`] if SQLite cannot open an in-memory database.
     pub async fn in_memory() -> Result<Self, StoreError> {
-        let options = SqliteOptions::default();
+        Self::in_memory_with(SqliteOptions::default()).await
+    }
+
+    /// [`SqliteStores::in_memory`] with `options` (its layout and batch size; the settings of
+    /// files do not apply). In [`Layout::PerAgent`] each agent gets an in-memory database of its
+    /// own.
+    ///
+    /// # Errors
+    /// As [`SqliteStores::in_memory`].
+    pub async fn in_memory_with(options: SqliteOptions) -> Result<Self, StoreError> {
         let instance = Db::open(None, DbKind::Instance, &options).await?;
-        Ok(Self::from_parts(None, options, instance, None, None))
+        let layout = options.layout;
+        Ok(Self::from_parts(None, options, layout, instance, None, None))
     }
 
     fn from_parts(
         dir: Option<PathBuf>,
         options: SqliteOptions,
+        layout: Layout,
         instance: Db,
         temporary: Option<tempfile::TempDir>,
         lock: Option<DirLock>,
@@ -215,6 +254,7 @@ impl SqliteStores {
             inner: Arc::new(Inner {
                 dir,
                 options,
+                layout,
                 instance,
                 agents: Mutex::new(HashMap::new()),
                 _temporary: temporary,
@@ -276,10 +316,40 @@ impl SqliteStores {
         self.inner.dir.as_deref().map(db::instance_path)
     }
 
-    /// The path of `agent`'s database (`None` in memory). The file exists once a store call has
-    /// named the agent.
+    /// The directory's layout.
+    pub fn layout(&self) -> Layout {
+        self.inner.layout
+    }
+
+    /// The agents that have rows here (tasks, channels, pending deliveries or applied keys), in
+    /// the order of their ids: for tools that look into a data directory.
+    ///
+    /// # Errors
+    /// [`StoreError::Backend`] if the database or the directory cannot be read;
+    /// [`StoreError::Corrupt`] if an agent id stored (or an agent directory's name) is not one.
+    pub async fn agents(&self) -> Result<Vec<AgentId>, StoreError> {
+        match (self.inner.layout, self.inner.dir.as_deref()) {
+            (Layout::PerAgent, Some(dir)) => Ok(layout::agent_files(dir)?
+                .into_iter()
+                .map(|(agent, _)| agent)
+                .collect()),
+            (Layout::PerAgent, None) => {
+                let mut agents: Vec<AgentId> = self.lock_agents().keys().cloned().collect();
+                agents.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+                Ok(agents)
+            }
+            (_, _) => layout::agents_with_rows(&self.inner.instance).await,
+        }
+    }
+
+    /// The path of the database that holds `agent`'s rows (`None` in memory): `instance.db` in
+    /// [`Layout::Organization`]; in [`Layout::PerAgent`] the agent's own file, which exists once a
+    /// store call has named the agent.
     pub fn agent_db_path(&self, agent: &AgentId) -> Option<PathBuf> {
-        self.inner.dir.as_deref().map(|d| db::agent_path(d, agent))
+        self.inner.dir.as_deref().map(|d| match self.inner.layout {
+            Layout::Organization => db::instance_path(d),
+            Layout::PerAgent => db::agent_path(d, agent),
+        })
     }
 
     /// Test support, not a stable API: caps the database of `agent` (the instance database for
@@ -296,7 +366,7 @@ impl SqliteStores {
         headroom: Option<u32>,
     ) -> Result<(), StoreError> {
         let db = match agent {
-            Some(agent) => self.agent(agent).await?,
+            Some(agent) => self.agent(agent).await?.db,
             None => self.inner.instance.clone(),
         };
         let location = db.location.clone();
@@ -322,9 +392,14 @@ impl SqliteStores {
         self.inner.instance.writes.stats()
     }
 
-    /// Group-commit counters of `agent`'s database writer (`None` until a store call has opened
-    /// that database). With concurrent writers, `commits` stays below `operations`.
+    /// Group-commit counters of the writer of the database holding `agent`'s rows: the instance
+    /// database's in [`Layout::Organization`] (shared by every agent); in [`Layout::PerAgent`] the
+    /// agent's own (`None` until a store call has opened it). With concurrent writers, `commits`
+    /// stays below `operations`.
     pub fn agent_write_stats(&self, agent: &AgentId) -> Option<WriteStats> {
+        if self.inner.layout == Layout::Organization {
+            return Some(self.inner.instance.writes.stats());
+        }
         let cell = self.lock_agents().get(agent).cloned()?;
         cell.get().map(|db| db.writes.stats())
     }
@@ -369,9 +444,17 @@ impl SqliteStores {
         &self.inner.instance
     }
 
-    /// `agent`'s database, opened (created, migrated) on first use. A failed open is retried by the
-    /// next call.
-    pub(crate) async fn agent(&self, agent: &AgentId) -> Result<Db, StoreError> {
+    /// The database holding `agent`'s rows and the value of their `agent` column: the instance
+    /// database and the agent's id in [`Layout::Organization`]; in [`Layout::PerAgent`] the
+    /// agent's own database (opened, created and migrated on first use; a failed open is retried
+    /// by the next call) and `''`.
+    pub(crate) async fn agent(&self, agent: &AgentId) -> Result<AgentDb, StoreError> {
+        if self.inner.layout == Layout::Organization {
+            return Ok(AgentDb {
+                db: self.inner.instance.clone(),
+                key: Arc::from(agent.as_str()),
+            });
+        }
         let cell = {
             let mut agents = self.lock_agents();
             match agents.get(agent) {
@@ -380,7 +463,7 @@ impl SqliteStores {
             }
         };
         if let Some(db) = cell.get() {
-            return Ok(db.clone());
+            return Ok(AgentDb::own(db.clone()));
         }
         if self.inner.closed.load(Ordering::SeqCst) {
             return Err(StoreError::Backend {
@@ -399,7 +482,33 @@ impl SqliteStores {
         let db = cell
             .get_or_try_init(|| Db::open(path.as_deref(), DbKind::Agent, &self.inner.options))
             .await?;
-        Ok(db.clone())
+        Ok(AgentDb::own(db.clone()))
+    }
+}
+
+/// The database that holds an agent's rows, and the value of their `agent` column there.
+#[derive(Debug, Clone)]
+pub(crate) struct AgentDb {
+    pub(crate) db: Db,
+    /// The agent's id in the organization's database; `''` in the agent's own database.
+    pub(crate) key: Arc<str>,
+}
+
+impl AgentDb {
+    /// An agent's own database (the per-agent layout).
+    fn own(db: Db) -> Self {
+        Self {
+            db,
+            key: Arc::from(""),
+        }
+    }
+}
+
+impl std::ops::Deref for AgentDb {
+    type Target = Db;
+
+    fn deref(&self) -> &Db {
+        &self.db
     }
 }
 

@@ -39,6 +39,11 @@ pub(crate) static AGENT: &[Migration] = &[
         description: "task idempotency key",
         sql: include_str!("../migrations/0002_task_idempotency_key.sql"),
     },
+    Migration {
+        version: 3,
+        description: "agent column",
+        sql: include_str!("../migrations/0003_agent_column.sql"),
+    },
 ];
 
 /// Migrations of `instance.db` (the files of `migrations_instance/`).
@@ -52,6 +57,11 @@ pub(crate) static INSTANCE: &[Migration] = &[
         version: 2,
         description: "records",
         sql: include_str!("../migrations_instance/0002_records.sql"),
+    },
+    Migration {
+        version: 3,
+        description: "agents",
+        sql: include_str!("../migrations_instance/0003_agents.sql"),
     },
 ];
 
@@ -71,8 +81,9 @@ pub(crate) fn knows(migrations: &[Migration], version: i64) -> bool {
 }
 
 /// Applies the migrations `conn` lacks, inside the transaction the caller opened (the write lock
-/// is held, so two processes opening a new file do not both migrate it).
-pub(crate) fn run(conn: &Connection, migrations: &[Migration]) -> Result<(), MigrateError> {
+/// is held, so two processes opening a new file do not both migrate it), and says how many it
+/// applied.
+pub(crate) fn run(conn: &Connection, migrations: &[Migration]) -> Result<usize, MigrateError> {
     conn.execute_batch(HISTORY_TABLE)
         .map_err(MigrateError::Execute)?;
     let dirty: Option<i64> = conn
@@ -99,6 +110,7 @@ pub(crate) fn run(conn: &Connection, migrations: &[Migration]) -> Result<(), Mig
             return Err(MigrateError::VersionMissing(*version));
         }
     }
+    let mut count = 0;
     for migration in migrations {
         match applied.iter().find(|(v, _)| *v == migration.version) {
             Some((_, checksum)) => {
@@ -106,10 +118,13 @@ pub(crate) fn run(conn: &Connection, migrations: &[Migration]) -> Result<(), Mig
                     return Err(MigrateError::VersionMismatch(migration.version));
                 }
             }
-            None => apply(conn, migration)?,
+            None => {
+                apply(conn, migration)?;
+                count += 1;
+            }
         }
     }
-    Ok(())
+    Ok(count)
 }
 
 /// Runs `migration`'s SQL and records it, in one savepoint.

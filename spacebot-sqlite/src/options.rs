@@ -66,6 +66,43 @@ pub enum OpenCheck {
     Skip,
 }
 
+/// Where the agents' data lives in a data directory ([`SqliteOptions::layout`]).
+///
+/// Both layouts hold the same data with the same guarantees; they differ in which writes share
+/// a commit (an `fsync` with [`Synchronous::Full`]).
+///
+/// A directory records its layout at its first open. A directory written before layouts existed
+/// holds [`Layout::PerAgent`]; opened with [`Layout::Organization`] (the default) it is migrated
+/// once, at that open: every agent's rows are copied into `instance.db` in one transaction
+/// together with the new layout's mark (a crash during the copy leaves the directory as it was),
+/// then `agents/` is renamed `agents.migrated/` (kept, not read again; delete it when the
+/// migrated directory has served you). A directory in [`Layout::Organization`] opened with
+/// [`Layout::PerAgent`] is refused: there is no way back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Layout {
+    /// Every agent's board, outbox, channel history, pending deliveries and applied keys in
+    /// `instance.db`, beside the links, conversations and records, as rows keyed by agent: one
+    /// writer and one write-ahead log for the organization, so the writes of different agents made
+    /// at the same moment share one commit and one `fsync` (group commit across agents). The
+    /// default.
+    #[default]
+    Organization,
+    /// One database per agent (`agents/{id}/data/spacebot.db`), each with its own writer: only
+    /// one agent's writes share a commit. A damaged agent file stops that agent alone.
+    PerAgent,
+}
+
+impl Layout {
+    /// The value stored in `instance.db`'s `layout` table.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Organization => "organization",
+            Self::PerAgent => "per_agent",
+        }
+    }
+}
+
 /// How [`SqliteStores`] opens its databases. Build with [`SqliteOptions::new`] and the setters,
 /// then call [`SqliteOptions::open`].
 ///
@@ -88,6 +125,7 @@ pub struct SqliteOptions {
     pub(crate) reader_idle_timeout: Option<Duration>,
     pub(crate) max_batch: usize,
     pub(crate) check_on_open: OpenCheck,
+    pub(crate) layout: Layout,
 }
 
 impl Default for SqliteOptions {
@@ -99,14 +137,15 @@ impl Default for SqliteOptions {
             reader_idle_timeout: Some(Duration::from_secs(60)),
             max_batch: 256,
             check_on_open: OpenCheck::Full,
+            layout: Layout::Organization,
         }
     }
 }
 
 impl SqliteOptions {
-    /// The defaults: 5 s busy timeout, `synchronous = FULL`, 4 readers per database, group
-    /// commit of up to 256 write operations per transaction, the full check of every existing
-    /// file at open ([`OpenCheck::Full`]).
+    /// The defaults: the organization layout (one database for every agent), 5 s busy timeout,
+    /// `synchronous = FULL`, 4 readers per database, group commit of up to 256 write operations
+    /// per transaction, the full check of every existing file at open ([`OpenCheck::Full`]).
     pub fn new() -> Self {
         Self::default()
     }
@@ -159,6 +198,13 @@ impl SqliteOptions {
     /// [`OpenCheck::Full`] by default. See [`OpenCheck`].
     pub fn check_on_open(mut self, check: OpenCheck) -> Self {
         self.check_on_open = check;
+        self
+    }
+
+    /// Where the agents' data lives: [`Layout::Organization`] by default. See [`Layout`] for the
+    /// migration of a directory written in the per-agent layout.
+    pub fn layout(mut self, layout: Layout) -> Self {
+        self.layout = layout;
         self
     }
 

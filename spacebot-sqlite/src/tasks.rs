@@ -26,48 +26,50 @@ const TASK_COLUMNS: &str = "number, title, description, status, priority, create
 pub const CLAIM_SQL: &str = "UPDATE tasks \
      SET status = 'in_progress', lease_holder = ?1, lease_expires_at = ?2, \
          revision = revision + 1, updated_at = ?3 \
-     WHERE number = (SELECT number FROM tasks WHERE status = 'ready' \
+     WHERE agent = ?4 \
+       AND number = (SELECT number FROM tasks WHERE agent = ?4 AND status = 'ready' \
                      ORDER BY priority DESC, number ASC LIMIT 1) \
        AND status = 'ready' \
      RETURNING number, title, description, status, priority, created_by, metadata, attempts, \
          max_attempts, lease_holder, lease_expires_at, revision, result, error, created_at, \
          updated_at";
 
-/// Inserts a task; its number is allocated by the same statement, under the write lock.
-pub const INSERT_SQL: &str = "INSERT INTO tasks (number, title, description, status, \
+/// Inserts a task of agent `?1`; its number, the agent's next, is allocated by the same
+/// statement, under the write lock.
+pub const INSERT_SQL: &str = "INSERT INTO tasks (agent, number, title, description, status, \
      priority, created_by, delegated_by, metadata, attempts, max_attempts, lease_holder, \
      lease_expires_at, revision, result, error, created_at, updated_at) \
-     VALUES ((SELECT coalesce(max(number), 0) + 1 FROM tasks), \
-             ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, ?, NULL, NULL, ?, ?) \
+     VALUES (?1, (SELECT coalesce(max(number), 0) + 1 FROM tasks WHERE agent = ?1), \
+             ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, NULL, NULL, ?11, NULL, NULL, ?12, ?13) \
      RETURNING number";
 
 /// [`INSERT_SQL`] with the create's idempotency key as the last parameter.
-const INSERT_KEYED_SQL: &str = "INSERT INTO tasks (number, title, description, status, \
+const INSERT_KEYED_SQL: &str = "INSERT INTO tasks (agent, number, title, description, status, \
      priority, created_by, delegated_by, metadata, attempts, max_attempts, lease_holder, \
      lease_expires_at, revision, result, error, created_at, updated_at, idempotency_key) \
-     VALUES ((SELECT coalesce(max(number), 0) + 1 FROM tasks), \
-             ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, ?, NULL, NULL, ?, ?, ?) \
+     VALUES (?1, (SELECT coalesce(max(number), 0) + 1 FROM tasks WHERE agent = ?1), \
+             ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, NULL, NULL, ?11, NULL, NULL, ?12, ?13, ?14) \
      RETURNING number";
 
 /// Reads the task a keyed create made (served by the `tasks_idempotency_key` index).
 const SELECT_BY_KEY_SQL: &str = "SELECT number, title, description, status, priority, \
      created_by, metadata, attempts, max_attempts, lease_holder, lease_expires_at, revision, \
-     result, error, created_at, updated_at FROM tasks WHERE idempotency_key = ?";
+     result, error, created_at, updated_at FROM tasks WHERE agent = ? AND idempotency_key = ?";
 
 /// Reads one task inside a transition.
 pub const SELECT_ONE_SQL: &str = "SELECT number, title, description, status, priority, \
      created_by, metadata, attempts, max_attempts, lease_holder, lease_expires_at, revision, \
-     result, error, created_at, updated_at FROM tasks WHERE number = ?";
+     result, error, created_at, updated_at FROM tasks WHERE agent = ? AND number = ?";
 
 /// Writes the task after a transition, guarded by the revision read in the same transaction.
 pub const UPDATE_SQL: &str = "UPDATE tasks SET title = ?, description = ?, status = ?, \
      priority = ?, delegated_by = ?, metadata = ?, attempts = ?, max_attempts = ?, \
      lease_holder = ?, lease_expires_at = ?, revision = ?, result = ?, error = ?, updated_at = ? \
-     WHERE number = ? AND revision = ?";
+     WHERE agent = ? AND number = ? AND revision = ?";
 
 /// Writes a completion notice to the outbox.
-pub const OUTBOX_INSERT_SQL: &str =
-    "INSERT INTO outbox (key, task_number, notice, created_at) VALUES (?, ?, ?, ?)";
+pub const OUTBOX_INSERT_SQL: &str = "INSERT INTO outbox (agent, key, task_number, notice, created_at) \
+     VALUES (?, ?, ?, ?, ?)";
 
 fn number_to_sql(number: u64) -> Option<i64> {
     i64::try_from(number).ok()
@@ -133,6 +135,7 @@ fn revision_to_sql(location: &Location, revision: u64) -> Result<i64, StoreError
 fn write_transition(
     conn: &Connection,
     location: &Location,
+    agent: &str,
     old_revision: u64,
     transition: &Transition,
 ) -> Result<(), StoreError> {
@@ -161,6 +164,7 @@ fn write_transition(
             task.result.as_deref(),
             task.error.as_deref(),
             task.updated_at.0,
+            agent,
             number,
             revision_to_sql(location, old_revision)?,
         ],
@@ -175,7 +179,7 @@ fn write_transition(
         });
     }
     if let Some(notice) = &transition.notice {
-        write_notice(conn, location, number, notice)?;
+        write_notice(conn, location, agent, number, notice)?;
     }
     Ok(())
 }
@@ -183,6 +187,7 @@ fn write_transition(
 fn write_notice(
     conn: &Connection,
     location: &Location,
+    agent: &str,
     number: i64,
     notice: &CompletionNotice,
 ) -> Result<(), StoreError> {
@@ -190,7 +195,7 @@ fn write_notice(
     query::execute(
         conn,
         OUTBOX_INSERT_SQL,
-        params![notice.key, number, json, notice.created_at.0],
+        params![agent, notice.key, number, json, notice.created_at.0],
     )
     .map_err(|e| db_error(location, "writing a completion notice", e))?;
     Ok(())
@@ -212,7 +217,12 @@ impl SqliteTaskStore {
         // A keyed create: look the key up and insert in one operation of the writer, so that of
         // concurrent creates with one key exactly one inserts and the others find its task.
         let db = self.0.agent(agent).await?;
-        let (agent, key, location) = (agent.clone(), key.to_string(), db.location.clone());
+        let (agent, key, location, owner) = (
+            agent.clone(),
+            key.to_string(),
+            db.location.clone(),
+            db.key.clone(),
+        );
         db.writes
             .run(move |conn| {
                 let existing = query::first(
@@ -220,14 +230,14 @@ impl SqliteTaskStore {
                     &location,
                     "looking up a task by its idempotency key",
                     SELECT_BY_KEY_SQL,
-                    [&key],
+                    params![&*owner, &key],
                     |row| decode(&location, &agent, row),
                 )?;
                 if let Some(task) = existing {
                     return Ok(task);
                 }
                 let mut task = task.into_task(agent.clone(), 0, now)?;
-                let number = insert(conn, &location, &task, Some(&key))?;
+                let number = insert(conn, &location, &owner, &task, Some(&key))?;
                 task.number = u64::try_from(number)
                     .map_err(|_| corrupt(&location, format!("task number {number} is negative")))?;
                 Ok(task)
@@ -240,6 +250,7 @@ impl SqliteTaskStore {
 fn insert(
     conn: &Connection,
     location: &Location,
+    agent: &str,
     task: &Task,
     key: Option<&str>,
 ) -> Result<i64, StoreError> {
@@ -249,6 +260,7 @@ fn insert(
     let (attempts, max_attempts) = (i64::from(task.attempts), i64::from(task.max_attempts));
     let revision = revision_to_sql(location, task.revision)?;
     let mut values: Vec<&dyn ToSql> = vec![
+        &agent,
         &task.title,
         &task.description,
         &status,
@@ -292,10 +304,10 @@ impl TaskStore for SqliteTaskStore {
         // Validate first (the number is not known yet and does not affect validation).
         let mut task = task.into_task(agent.clone(), 0, now)?;
         let db = self.0.agent(agent).await?;
-        let location = db.location.clone();
+        let (location, owner) = (db.location.clone(), db.key.clone());
         db.writes
             .run(move |conn| {
-                let number = insert(conn, &location, &task, None)?;
+                let number = insert(conn, &location, &owner, &task, None)?;
                 task.number = u64::try_from(number)
                     .map_err(|_| corrupt(&location, format!("task number {number} is negative")))?;
                 Ok(task)
@@ -308,14 +320,14 @@ impl TaskStore for SqliteTaskStore {
             return Ok(None);
         };
         let db = self.0.agent(agent).await?;
-        let (agent, location) = (agent.clone(), db.location.clone());
+        let (agent, location, owner) = (agent.clone(), db.location.clone(), db.key.clone());
         db.read("reading a task", move |conn| {
             query::first(
                 conn,
                 &location,
                 "reading a task",
                 SELECT_ONE_SQL,
-                [n],
+                params![&*owner, n],
                 |row| decode(&location, &agent, row),
             )
         })
@@ -324,8 +336,8 @@ impl TaskStore for SqliteTaskStore {
 
     async fn list(&self, agent: &AgentId, filter: &TaskFilter) -> Result<Vec<Task>, StoreError> {
         let db = self.0.agent(agent).await?;
-        let mut sql = format!("SELECT {TASK_COLUMNS} FROM tasks WHERE 1 = 1");
-        let mut values: Vec<Value> = Vec::new();
+        let mut sql = format!("SELECT {TASK_COLUMNS} FROM tasks WHERE agent = ?");
+        let mut values: Vec<Value> = vec![Value::Text(db.key.to_string())];
         if !filter.statuses.is_empty() {
             let marks = vec!["?"; filter.statuses.len()].join(", ");
             sql.push_str(&format!(" AND status IN ({marks})"));
@@ -374,7 +386,7 @@ impl TaskStore for SqliteTaskStore {
         let missing = format!("task {agent}#{number}");
         let n = number_to_sql(number).ok_or_else(|| StoreError::not_found(missing.clone()))?;
         let db = self.0.agent(agent).await?;
-        let (agent, location) = (agent.clone(), db.location.clone());
+        let (agent, location, owner) = (agent.clone(), db.location.clone(), db.key.clone());
         db.writes
             .run(move |conn| {
                 let task = query::first(
@@ -382,13 +394,13 @@ impl TaskStore for SqliteTaskStore {
                     &location,
                     "reading a task",
                     SELECT_ONE_SQL,
-                    [n],
+                    params![&*owner, n],
                     |row| decode(&location, &agent, row),
                 )?
                 .ok_or_else(|| StoreError::not_found(missing))?;
                 expect.check(&task)?;
                 let transition = task.apply(event, now)?;
-                write_transition(conn, &location, task.revision, &transition)?;
+                write_transition(conn, &location, &owner, task.revision, &transition)?;
                 Ok(transition)
             })
             .await
@@ -407,7 +419,12 @@ impl TaskStore for SqliteTaskStore {
         if !exists(&db, READY_EXISTS_SQL, None, "looking for a ready task").await? {
             return Ok(None);
         }
-        let (agent, holder, location) = (agent.clone(), holder.to_string(), db.location.clone());
+        let (agent, holder, location, owner) = (
+            agent.clone(),
+            holder.to_string(),
+            db.location.clone(),
+            db.key.clone(),
+        );
         db.writes
             .run(move |conn| {
                 query::first(
@@ -415,7 +432,7 @@ impl TaskStore for SqliteTaskStore {
                     &location,
                     "claiming a task",
                     CLAIM_SQL,
-                    params![holder, now.plus(lease).0, now.0],
+                    params![holder, now.plus(lease).0, now.0, &*owner],
                     |row| decode(&location, &agent, row),
                 )
             })
@@ -439,7 +456,7 @@ impl TaskStore for SqliteTaskStore {
         {
             return Ok(Vec::new());
         }
-        let (agent, location) = (agent.clone(), db.location.clone());
+        let (agent, location, owner) = (agent.clone(), db.location.clone(), db.key.clone());
         db.writes
             .run(move |conn| {
                 let tasks = query::all(
@@ -447,13 +464,13 @@ impl TaskStore for SqliteTaskStore {
                     &location,
                     "finding expired leases",
                     EXPIRED_SQL,
-                    [now.0],
+                    params![&*owner, now.0],
                     |row| decode(&location, &agent, row),
                 )?;
                 let mut out = Vec::with_capacity(tasks.len());
                 for task in tasks {
                     let transition = task.apply(TaskEvent::ExpireLease, now)?;
-                    write_transition(conn, &location, task.revision, &transition)?;
+                    write_transition(conn, &location, &owner, task.revision, &transition)?;
                     out.push(transition);
                 }
                 Ok(out)
@@ -463,14 +480,14 @@ impl TaskStore for SqliteTaskStore {
 
     async fn outbox_pending(&self, agent: &AgentId) -> Result<Vec<CompletionNotice>, StoreError> {
         let db = self.0.agent(agent).await?;
-        let location = db.location.clone();
+        let (location, owner) = (db.location.clone(), db.key.clone());
         db.read("reading the outbox", move |conn| {
             query::all(
                 conn,
                 &location,
                 "reading the outbox",
                 OUTBOX_PENDING_SQL,
-                [],
+                [&*owner],
                 |row| {
                     let json: String = query::get(&location, "reading the outbox", row, "notice")?;
                     serde_json::from_str(&json)
@@ -483,13 +500,13 @@ impl TaskStore for SqliteTaskStore {
 
     async fn outbox_mark_sent(&self, agent: &AgentId, key: &str) -> Result<(), StoreError> {
         let db = self.0.agent(agent).await?;
-        let (key, location) = (key.to_string(), db.location.clone());
+        let (key, location, owner) = (key.to_string(), db.location.clone(), db.key.clone());
         db.writes
             .run(move |conn| {
                 query::execute(
                     conn,
-                    "UPDATE outbox SET sent = 1 WHERE key = ? AND sent = 0",
-                    [key],
+                    "UPDATE outbox SET sent = 1 WHERE agent = ? AND key = ? AND sent = 0",
+                    params![&*owner, key],
                 )
                 .map_err(|e| db_error(&location, "marking a notice sent", e))?;
                 Ok(())
@@ -502,27 +519,35 @@ impl TaskStore for SqliteTaskStore {
 pub(crate) const EXPIRED_SQL: &str = "SELECT number, title, description, status, priority, \
      created_by, metadata, attempts, max_attempts, lease_holder, lease_expires_at, revision, \
      result, error, created_at, updated_at FROM tasks \
-     WHERE status = 'in_progress' AND lease_expires_at <= ? ORDER BY number";
+     WHERE agent = ? AND status = 'in_progress' AND lease_expires_at <= ? ORDER BY number";
 
 /// Whether a task is ready to be claimed (read before [`CLAIM_SQL`] is sent to the writer).
-const READY_EXISTS_SQL: &str = "SELECT 1 FROM tasks WHERE status = 'ready' LIMIT 1";
+const READY_EXISTS_SQL: &str = "SELECT 1 FROM tasks WHERE agent = ? AND status = 'ready' LIMIT 1";
 
-/// Whether a lease expired at `?` (read before [`EXPIRED_SQL`] is sent to the writer).
-const EXPIRED_EXISTS_SQL: &str =
-    "SELECT 1 FROM tasks WHERE status = 'in_progress' AND lease_expires_at <= ? LIMIT 1";
+/// Whether a lease expired at the second parameter (read before [`EXPIRED_SQL`] is sent to the
+/// writer).
+const EXPIRED_EXISTS_SQL: &str = "SELECT 1 FROM tasks \
+     WHERE agent = ? AND status = 'in_progress' AND lease_expires_at <= ? LIMIT 1";
 
-/// Whether `sql` (with `bind`, if any) finds a row, read on `db`'s reader.
+/// Whether `sql` (with the agent's key, then `bind` if any) finds a row, read on `db`'s reader.
 async fn exists(
-    db: &crate::db::Db,
+    db: &crate::AgentDb,
     sql: &'static str,
     bind: Option<i64>,
     what: &'static str,
 ) -> Result<bool, StoreError> {
-    let location = db.location.clone();
+    let (location, owner) = (db.location.clone(), db.key.clone());
     db.read(what, move |conn| {
         let found = match bind {
-            Some(value) => query::first(conn, &location, what, sql, [value], |_| Ok(())),
-            None => query::first(conn, &location, what, sql, [], |_| Ok(())),
+            Some(value) => query::first(
+                conn,
+                &location,
+                what,
+                sql,
+                params![&*owner, value],
+                |_| Ok(()),
+            ),
+            None => query::first(conn, &location, what, sql, [&*owner], |_| Ok(())),
         }?;
         Ok(found.is_some())
     })
@@ -530,7 +555,8 @@ async fn exists(
 }
 
 /// Unsent notices, oldest first.
-pub(crate) const OUTBOX_PENDING_SQL: &str = "SELECT notice FROM outbox WHERE sent = 0 ORDER BY seq";
+pub(crate) const OUTBOX_PENDING_SQL: &str =
+    "SELECT notice FROM outbox WHERE agent = ? AND sent = 0 ORDER BY seq";
 
 #[cfg(test)]
 mod tests {
@@ -589,8 +615,9 @@ mod tests {
             "the claim sorts in a temporary B-tree:\n{text}"
         );
         assert!(
-            plan.iter().any(|l| l.contains("INTEGER PRIMARY KEY")),
-            "the update does not find the task by its number:\n{text}"
+            plan.iter()
+                .any(|l| l.contains("sqlite_autoindex_tasks_1 (agent=? AND number=?)")),
+            "the update does not find the task by its agent and number:\n{text}"
         );
         assert!(
             !plan

@@ -449,7 +449,7 @@ mod tests {
 
     fn insert(conn: &Connection, key: &str) -> Result<(), StoreError> {
         conn.execute(
-            "INSERT INTO applied_keys (key, applied_at) VALUES (?, 0)",
+            "INSERT INTO applied_keys (agent, key, applied_at) VALUES ('', ?, 0)",
             [key],
         )
         .map_err(|e| db_error("test", "inserting", e))?;

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use spacebot_core::task::TaskFilter;
 use spacebot_core::{AgentId, NewTask, StoreError, TaskStore, Timestamp};
-use spacebot_sqlite::SqliteStores;
+use spacebot_sqlite::{Layout, SqliteOptions, SqliteStores};
 use sqlx::{Connection, SqliteConnection};
 
 fn agent(id: &str) -> AgentId {
@@ -62,10 +62,19 @@ fn assert_corrupt_naming(err: StoreError, file: &Path, says: &str) {
     assert!(err.to_string().contains(&file.display().to_string()));
 }
 
+/// Opens `dir` in the per-agent layout: these tests damage and replace an agent's own file (the
+/// organization's file, `instance.db`, is the instance database they damage too).
+async fn open_per_agent(dir: impl AsRef<Path>) -> Result<SqliteStores, StoreError> {
+    SqliteOptions::new()
+        .layout(Layout::PerAgent)
+        .open(dir)
+        .await
+}
+
 /// A directory with stores holding one task for `worker`, closed.
 async fn populated() -> (tempfile::TempDir, PathBuf, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
-    let stores = SqliteStores::open(dir.path()).await.unwrap();
+    let stores = open_per_agent(dir.path()).await.unwrap();
     stores
         .tasks()
         .create(&agent("worker"), NewTask::new("keep me", ""), Timestamp(1))
@@ -94,7 +103,7 @@ async fn a_file_that_is_not_a_database_is_refused_untouched() {
     )
     .unwrap();
     let before = snapshot(dir.path());
-    let err = SqliteStores::open(dir.path()).await.unwrap_err();
+    let err = open_per_agent(dir.path()).await.unwrap_err();
     assert_corrupt_naming(err, &instance, "not an SQLite database");
     assert_same(&snapshot(dir.path()), &before);
 }
@@ -110,7 +119,7 @@ async fn a_corrupted_agent_database_is_refused_untouched() {
     }
     std::fs::write(&worker, &bytes).unwrap();
     let before = snapshot(dir.path());
-    let stores = SqliteStores::open(dir.path()).await.unwrap();
+    let stores = open_per_agent(dir.path()).await.unwrap();
     let err = stores
         .tasks()
         .list(&agent("worker"), &TaskFilter::default())
@@ -142,7 +151,7 @@ async fn a_corrupted_instance_database_is_refused_untouched() {
     }
     std::fs::write(&instance, &bytes).unwrap();
     let before = snapshot(dir.path());
-    let err = SqliteStores::open(dir.path()).await.unwrap_err();
+    let err = open_per_agent(dir.path()).await.unwrap_err();
     match &err {
         StoreError::Corrupt { location, .. } => assert_eq!(Path::new(location), instance),
         other => panic!("expected Corrupt, got {other:?}"),
@@ -165,7 +174,7 @@ async fn another_applications_database_is_refused_untouched() {
         .unwrap();
     conn.close().await.unwrap();
     let before = snapshot(dir.path());
-    let err = SqliteStores::open(dir.path()).await.unwrap_err();
+    let err = open_per_agent(dir.path()).await.unwrap_err();
     assert_corrupt_naming(err, &instance, "not a spacebot instance database");
     assert_same(&snapshot(dir.path()), &before);
 
@@ -177,7 +186,7 @@ async fn another_applications_database_is_refused_untouched() {
         .unwrap();
     conn.close().await.unwrap();
     let before = snapshot(dir.path());
-    let err = SqliteStores::open(dir.path()).await.unwrap_err();
+    let err = open_per_agent(dir.path()).await.unwrap_err();
     assert_corrupt_naming(err, &instance, "another application (application_id 0x4d2)");
     assert_same(&snapshot(dir.path()), &before);
 }
@@ -187,7 +196,7 @@ async fn an_instance_database_in_an_agents_place_is_refused_untouched() {
     let (dir, instance, worker) = populated().await;
     std::fs::copy(&instance, &worker).unwrap();
     let before = snapshot(dir.path());
-    let stores = SqliteStores::open(dir.path()).await.unwrap();
+    let stores = open_per_agent(dir.path()).await.unwrap();
     let err = stores.tasks().get(&agent("worker"), 1).await.unwrap_err();
     assert_corrupt_naming(
         err,
@@ -217,7 +226,7 @@ async fn a_schema_newer_than_this_build_is_refused_untouched() {
         conn.close().await.unwrap();
     }
     let before = snapshot(dir.path());
-    let err = SqliteStores::open(dir.path()).await.unwrap_err();
+    let err = open_per_agent(dir.path()).await.unwrap_err();
     assert_corrupt_naming(err, &instance, "schema version 9999 is newer");
     assert_same(&snapshot(dir.path()), &before);
 
@@ -228,7 +237,7 @@ async fn a_schema_newer_than_this_build_is_refused_untouched() {
         .await
         .unwrap();
     conn.close().await.unwrap();
-    let stores = SqliteStores::open(dir.path()).await.unwrap();
+    let stores = open_per_agent(dir.path()).await.unwrap();
     let err = stores
         .tasks()
         .list(&agent("worker"), &TaskFilter::default())
@@ -260,7 +269,7 @@ async fn read_only_child() {
 async fn check_read_only(root: &Path) {
     // A fresh directory: instance.db cannot be created.
     let fresh = root.join("fresh");
-    let err = SqliteStores::open(&fresh).await.unwrap_err();
+    let err = open_per_agent(&fresh).await.unwrap_err();
     eprintln!("fresh read-only directory: {err}");
     assert!(matches!(err, StoreError::Backend { .. }), "{err:?}");
     assert!(
@@ -271,7 +280,7 @@ async fn check_read_only(root: &Path) {
 
     // Existing stores: refused (SQLite cannot write or keep its WAL index there).
     let existing = root.join("existing");
-    let result = SqliteStores::open(&existing).await;
+    let result = open_per_agent(&existing).await;
     let err = match result {
         Err(err) => err,
         Ok(stores) => {
@@ -315,7 +324,7 @@ async fn a_read_only_directory_is_a_clear_error_and_nothing_is_written() {
     let fresh = root.path().join("fresh");
     std::fs::create_dir(&fresh).unwrap();
     let existing = root.path().join("existing");
-    let stores = SqliteStores::open(&existing).await.unwrap();
+    let stores = open_per_agent(&existing).await.unwrap();
     stores
         .tasks()
         .create(&agent("worker"), NewTask::new("keep me", ""), Timestamp(1))
@@ -388,7 +397,7 @@ async fn a_read_only_directory_is_a_clear_error_and_nothing_is_written() {
     for file in before.keys() {
         set_mode(file, 0o644);
     }
-    let stores = SqliteStores::open(&existing).await.unwrap();
+    let stores = open_per_agent(&existing).await.unwrap();
     let tasks = stores
         .tasks()
         .list(&agent("worker"), &TaskFilter::default())
@@ -440,7 +449,7 @@ async fn a_foreign_database_with_a_write_ahead_log_is_checked_read_only_and_left
         foreign_wal_database(&instance, in_log_only).await;
         let before = snapshot(dir.path());
         assert!(before.keys().any(|p| p.ends_with("instance.db-wal")));
-        let err = SqliteStores::open(dir.path()).await.unwrap_err();
+        let err = open_per_agent(dir.path()).await.unwrap_err();
         assert_corrupt_naming(err, &instance, "another application");
         assert_same(&snapshot(dir.path()), &before);
         let names: Vec<String> = std::fs::read_dir(dir.path())
@@ -455,7 +464,7 @@ async fn a_foreign_database_with_a_write_ahead_log_is_checked_read_only_and_left
 async fn our_own_database_with_a_write_ahead_log_is_recovered() {
     // A crash of this process leaves the same shape; it is ours, so it opens and keeps its data.
     let dir = tempfile::tempdir().unwrap();
-    let stores = SqliteStores::open(dir.path()).await.unwrap();
+    let stores = open_per_agent(dir.path()).await.unwrap();
     stores
         .tasks()
         .create(&agent("worker"), NewTask::new("keep me", ""), Timestamp(1))
@@ -478,7 +487,7 @@ async fn our_own_database_with_a_write_ahead_log_is_recovered() {
             .join("agents/worker/data/spacebot.db-wal")
             .exists()
     );
-    let reopened = SqliteStores::open(copy.path()).await.unwrap();
+    let reopened = open_per_agent(copy.path()).await.unwrap();
     let tasks = reopened
         .tasks()
         .list(&agent("worker"), &TaskFilter::default())

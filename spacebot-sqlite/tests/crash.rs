@@ -4,7 +4,9 @@
 //!
 //! The child is this test binary again, running [`crash_child_workload`] with
 //! `SPACEBOT_SQLITE_CRASH_DIR` set. After each commit it appends a line to `journal.log` (one
-//! `write` per line, which survives SIGKILL), so the parent knows what was acknowledged.
+//! `write` per line, which survives SIGKILL), so the parent knows what was acknowledged. It runs in
+//! each layout (`SPACEBOT_SQLITE_CRASH_LAYOUT`): the organization's one database, and one
+//! database per agent.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -19,9 +21,22 @@ use spacebot_core::{
     AgentId, ChannelId, ChannelStore, DeliveryStore, Envelope, EnvelopeKind, NewTask, RecordKind,
     Source, TaskStatus, TaskStore, Timestamp,
 };
-use spacebot_sqlite::SqliteStores;
+use spacebot_sqlite::{Layout, SqliteOptions, SqliteStores};
 
 const CHILD_ENV: &str = "SPACEBOT_SQLITE_CRASH_DIR";
+const LAYOUT_ENV: &str = "SPACEBOT_SQLITE_CRASH_LAYOUT";
+
+fn layout_name(layout: Layout) -> &'static str {
+    match layout {
+        Layout::PerAgent => "per_agent",
+        _ => "organization",
+    }
+}
+
+/// Opens the stores under `dir` in `layout`.
+async fn open(dir: &Path, layout: Layout) -> SqliteStores {
+    SqliteOptions::new().layout(layout).open(dir).await.unwrap()
+}
 const TASKS: usize = 300;
 const KILLS: usize = 10;
 
@@ -68,7 +83,11 @@ async fn crash_child_workload() {
         return;
     };
     let dir = Path::new(&dir);
-    let stores = SqliteStores::open(dir.join("data")).await.unwrap();
+    let layout = match std::env::var(LAYOUT_ENV).as_deref() {
+        Ok("per_agent") => Layout::PerAgent,
+        _ => Layout::Organization,
+    };
+    let stores = open(&dir.join("data"), layout).await;
     let (tasks, deliveries, channels) = (stores.tasks(), stores.deliveries(), stores.channels());
     let (boss, worker) = (boss(), worker());
     let holder = format!("worker-{}", std::process::id());
@@ -170,7 +189,7 @@ async fn crash_child_workload() {
     stores.close().await;
 }
 
-fn spawn_child(dir: &Path) -> Child {
+fn spawn_child(dir: &Path, layout: Layout) -> Child {
     Command::new(std::env::current_exe().unwrap())
         .args([
             "crash_child_workload",
@@ -180,14 +199,19 @@ fn spawn_child(dir: &Path) -> Child {
             "--quiet",
         ])
         .env(CHILD_ENV, dir)
+        .env(LAYOUT_ENV, layout_name(layout))
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap()
 }
 
 /// What the parent checks after every kill, and returns: the board by number.
-async fn check_after_restart(dir: &Path, round: usize) -> BTreeMap<u64, (String, TaskStatus)> {
-    let stores = SqliteStores::open(dir.join("data")).await.unwrap();
+async fn check_after_restart(
+    dir: &Path,
+    round: usize,
+    layout: Layout,
+) -> BTreeMap<u64, (String, TaskStatus)> {
+    let stores = open(&dir.join("data"), layout).await;
     let tasks = stores.tasks();
     let (boss, worker) = (boss(), worker());
     let board = tasks.list(&worker, &TaskFilter::default()).await.unwrap();
@@ -235,7 +259,7 @@ async fn check_after_restart(dir: &Path, round: usize) -> BTreeMap<u64, (String,
                 line[1]
             ),
             "applied" => assert!(
-                applied_keys(dir).await.contains(&line[1]),
+                applied_keys(dir, layout).await.contains(&line[1]),
                 "round {round}: {} was applied but is not marked",
                 line[1]
             ),
@@ -251,7 +275,7 @@ async fn check_after_restart(dir: &Path, round: usize) -> BTreeMap<u64, (String,
         .into_iter()
         .filter_map(|e| e.idempotency_key)
         .collect();
-    let applied = applied_keys(dir).await;
+    let applied = applied_keys(dir, layout).await;
     for t in board.iter().filter(|t| t.status == TaskStatus::Done) {
         let key = format!("{worker}#{}:done", t.number);
         assert!(
@@ -275,11 +299,14 @@ async fn check_after_restart(dir: &Path, round: usize) -> BTreeMap<u64, (String,
     by_number
 }
 
-/// The keys the delegator has marked applied, read straight from its database file (the trait's
-/// only probe, `mark_applied`, would mark them).
-async fn applied_keys(dir: &Path) -> BTreeSet<String> {
+/// The keys the delegator has marked applied, read straight from the database file that holds
+/// them (the trait's only probe, `mark_applied`, would mark them).
+async fn applied_keys(dir: &Path, layout: Layout) -> BTreeSet<String> {
     use sqlx::Connection;
-    let path = dir.join("data/agents/boss/data/spacebot.db");
+    let (path, agent) = match layout {
+        Layout::PerAgent => (dir.join("data/agents/boss/data/spacebot.db"), ""),
+        _ => (dir.join("data/instance.db"), "boss"),
+    };
     if !path.exists() {
         return BTreeSet::new();
     }
@@ -287,7 +314,8 @@ async fn applied_keys(dir: &Path) -> BTreeSet<String> {
     let mut conn = sqlx::SqliteConnection::connect_with(&options)
         .await
         .unwrap();
-    let keys: Vec<String> = sqlx::query_scalar("SELECT key FROM applied_keys")
+    let keys: Vec<String> = sqlx::query_scalar("SELECT key FROM applied_keys WHERE agent = ?")
+        .bind(agent)
         .fetch_all(&mut conn)
         .await
         .unwrap();
@@ -311,6 +339,19 @@ async fn sigkill_at_random_points_loses_and_duplicates_nothing() {
     if std::env::var(CHILD_ENV).is_ok() {
         return;
     }
+    sigkill_at_random_points(Layout::Organization).await;
+}
+
+/// As above, in the per-agent layout.
+#[tokio::test]
+async fn sigkill_at_random_points_loses_and_duplicates_nothing_per_agent() {
+    if std::env::var(CHILD_ENV).is_ok() {
+        return;
+    }
+    sigkill_at_random_points(Layout::PerAgent).await;
+}
+
+async fn sigkill_at_random_points(layout: Layout) {
     let dir = tempfile::tempdir().unwrap();
     let seed = fastrand::u64(..);
     eprintln!("crash test seed {seed}");
@@ -318,7 +359,7 @@ async fn sigkill_at_random_points_loses_and_duplicates_nothing() {
     let mut previous: BTreeMap<u64, (String, TaskStatus)> = BTreeMap::new();
     let mut kills = 0;
     for round in 0..KILLS {
-        let mut child = spawn_child(dir.path());
+        let mut child = spawn_child(dir.path(), layout);
         tokio::time::sleep(Duration::from_millis(rng.u64(30..300))).await;
         let finished_early = child.try_wait().unwrap().is_some();
         child.kill().unwrap(); // SIGKILL
@@ -331,7 +372,7 @@ async fn sigkill_at_random_points_loses_and_duplicates_nothing() {
             break;
         }
         kills += 1;
-        let board = check_after_restart(dir.path(), round).await;
+        let board = check_after_restart(dir.path(), round, layout).await;
         let done = board.values().filter(|t| t.1 == TaskStatus::Done).count();
         eprintln!(
             "round {round}: killed with {} tasks, {done} done",
@@ -353,7 +394,7 @@ async fn sigkill_at_random_points_loses_and_duplicates_nothing() {
     );
 
     // A last run without interruption finishes the work.
-    let mut child = spawn_child(dir.path());
+    let mut child = spawn_child(dir.path(), layout);
     let started = Instant::now();
     let status = loop {
         if let Some(status) = child.try_wait().unwrap() {
@@ -367,7 +408,8 @@ async fn sigkill_at_random_points_loses_and_duplicates_nothing() {
     };
     assert!(status.success(), "the final run failed: {status}");
 
-    let stores = SqliteStores::open(dir.path().join("data")).await.unwrap();
+    let stores = open(&dir.path().join("data"), layout).await;
+    assert_eq!(stores.layout(), layout);
     let (boss, worker) = (boss(), worker());
     let board = stores
         .tasks()

@@ -1,5 +1,7 @@
 //! Damaged files, byte by byte: every damage is a named error (`StoreError::Corrupt` naming the
 //! file), and once a store has seen damage in a file, not one byte of that file is written again.
+//! Each test runs on both layouts: the worker's rows in `instance.db` (the organization layout,
+//! the default) and in the worker's own file (the per-agent layout).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeMap;
@@ -10,7 +12,7 @@ use spacebot_core::{
     AgentId, ChannelId, ChannelStore, DeliveryStore, NewRecord, NewTask, RecordKind, StoreError,
     TaskStore, Timestamp,
 };
-use spacebot_sqlite::{OpenCheck, SqliteOptions, SqliteStores};
+use spacebot_sqlite::{Layout, OpenCheck, SqliteOptions, SqliteStores};
 
 const PAGE: usize = 4096;
 const WAL_FRAME: usize = 24 + PAGE;
@@ -19,8 +21,17 @@ fn worker() -> AgentId {
     AgentId::parse("worker").unwrap()
 }
 
-fn worker_db(dir: &Path) -> PathBuf {
-    dir.join("agents/worker/data/spacebot.db")
+/// The file that holds the worker's rows in `layout`.
+fn worker_db(dir: &Path, layout: Layout) -> PathBuf {
+    match layout {
+        Layout::PerAgent => dir.join("agents/worker/data/spacebot.db"),
+        _ => dir.join("instance.db"),
+    }
+}
+
+/// Opens `dir` in `layout` with the default checks.
+async fn open(dir: &Path, layout: Layout) -> Result<SqliteStores, StoreError> {
+    SqliteOptions::new().layout(layout).open(dir).await
 }
 
 /// Every file under `dir` with its bytes, but the directory's lock file (every open writes its
@@ -80,24 +91,20 @@ async fn fill(stores: &SqliteStores) {
 }
 
 /// A closed data directory holding a filled agent database (no write-ahead log beside it).
-async fn closed_dir() -> tempfile::TempDir {
+async fn closed_dir(layout: Layout) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    let stores = SqliteStores::open(dir.path()).await.unwrap();
+    let stores = open(dir.path(), layout).await.unwrap();
     fill(&stores).await;
     stores.close().await;
-    assert!(
-        !dir.path()
-            .join("agents/worker/data/spacebot.db-wal")
-            .exists()
-    );
+    assert!(!wal_of(&worker_db(dir.path(), layout)).exists());
     dir
 }
 
 /// A data directory as a killed process leaves it: the databases with their write-ahead logs,
 /// every commit still in the logs.
-async fn crashed_dir() -> tempfile::TempDir {
+async fn crashed_dir(layout: Layout) -> tempfile::TempDir {
     let live = tempfile::tempdir().unwrap();
-    let stores = SqliteStores::open(live.path()).await.unwrap();
+    let stores = open(live.path(), layout).await.unwrap();
     fill(&stores).await;
     let copy = tempfile::tempdir().unwrap();
     for file in snapshot(live.path()).keys() {
@@ -161,12 +168,12 @@ fn files_of(dir: &Path, file: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
 }
 
 /// Runs every case, each in its own task, and fails naming every case that failed.
-async fn run_all(cases: Vec<(String, tempfile::TempDir, PathBuf)>) {
+async fn run_all(cases: Vec<(String, tempfile::TempDir, PathBuf)>, layout: Layout) {
     let mut failed = Vec::new();
     for (case, dir, file) in cases {
         let path = dir.path().to_path_buf();
-        let name = case.clone();
-        let outcome = tokio::spawn(async move { check(&name, &path, &file).await }).await;
+        let name = format!("{layout:?}: {case}");
+        let outcome = tokio::spawn(async move { check(&name, &path, &file, layout).await }).await;
         if let Err(e) = outcome {
             failed.push(format!("{case}: {e}"));
         }
@@ -183,9 +190,9 @@ async fn run_all(cases: Vec<(String, tempfile::TempDir, PathBuf)>) {
 /// Opens `dir` through the public API and uses the damaged file: the first read is `Corrupt`
 /// naming it (or the open is, for the instance database), every write after it is refused with
 /// the same error, and not one byte of the damaged file (or of its write-ahead log) changes.
-async fn check(case: &str, dir: &Path, file: &Path) {
+async fn check(case: &str, dir: &Path, file: &Path, layout: Layout) {
     let before = files_of(dir, file);
-    match SqliteStores::open(dir).await {
+    match open(dir, layout).await {
         Err(err) => {
             assert_corrupt(case, &err, file);
             // The bundle's open function says the same.
@@ -196,7 +203,7 @@ async fn check(case: &str, dir: &Path, file: &Path) {
             let read = stores.tasks().list(&worker(), &TaskFilter::default()).await;
             let first = match read {
                 Err(first) => first,
-                Ok(tasks) if case.starts_with(HARMLESS) => {
+                Ok(tasks) if case.contains(HARMLESS) => {
                     // Unused space: nothing reads differently.
                     let history = stores
                         .channels()
@@ -279,8 +286,18 @@ const HEADER: &[usize] = &[
 /// the first read with `Corrupt`, and left as it was.
 #[tokio::test]
 async fn every_damaged_position_is_a_named_error_and_nothing_is_written_after() {
-    let pristine = closed_dir().await;
-    let bytes = std::fs::read(worker_db(pristine.path())).unwrap();
+    every_damaged_position(Layout::Organization).await;
+}
+
+/// As above, in the per-agent layout.
+#[tokio::test]
+async fn every_damaged_position_is_a_named_error_and_nothing_is_written_after_per_agent() {
+    every_damaged_position(Layout::PerAgent).await;
+}
+
+async fn every_damaged_position(layout: Layout) {
+    let pristine = closed_dir(layout).await;
+    let bytes = std::fs::read(worker_db(pristine.path(), layout)).unwrap();
     let pages = bytes.len() / PAGE;
     assert!(pages >= 6, "expected several pages, got {pages}");
     let mut cases: Vec<(String, Damage)> = Vec::new();
@@ -323,26 +340,36 @@ async fn every_damaged_position_is_a_named_error_and_nothing_is_written_after() 
     for (case, how) in cases {
         let dir = tempfile::tempdir().unwrap();
         copy_dir(pristine.path(), dir.path());
-        let file = worker_db(dir.path());
+        let file = worker_db(dir.path(), layout);
         damage(&file, how);
         prepared.push((case, dir, file));
     }
-    run_all(prepared).await;
+    run_all(prepared, layout).await;
 }
 
 /// A write-ahead log left by a crash, damaged in its header or in a frame that intact frames
 /// follow: SQLite would silently drop the commits from there on; the store refuses the file.
 #[tokio::test]
 async fn a_damaged_write_ahead_log_is_a_named_error_and_nothing_is_written_after() {
-    let pristine = crashed_dir().await;
-    let wal = std::fs::read(wal_of(&worker_db(pristine.path()))).unwrap();
+    damaged_write_ahead_log(Layout::Organization).await;
+}
+
+/// As above, in the per-agent layout.
+#[tokio::test]
+async fn a_damaged_write_ahead_log_is_a_named_error_and_nothing_is_written_after_per_agent() {
+    damaged_write_ahead_log(Layout::PerAgent).await;
+}
+
+async fn damaged_write_ahead_log(layout: Layout) {
+    let pristine = crashed_dir(layout).await;
+    let wal = std::fs::read(wal_of(&worker_db(pristine.path(), layout))).unwrap();
     let frames = (wal.len() - 32) / WAL_FRAME;
     assert!(frames >= 6, "expected several frames, got {frames}");
     // The undamaged copy opens and keeps every task.
     {
         let dir = tempfile::tempdir().unwrap();
         copy_dir(pristine.path(), dir.path());
-        let stores = SqliteStores::open(dir.path()).await.unwrap();
+        let stores = open(dir.path(), layout).await.unwrap();
         let tasks = stores
             .tasks()
             .list(&worker(), &TaskFilter::default())
@@ -376,11 +403,11 @@ async fn a_damaged_write_ahead_log_is_a_named_error_and_nothing_is_written_after
     for (case, at) in cases {
         let dir = tempfile::tempdir().unwrap();
         copy_dir(pristine.path(), dir.path());
-        let file = worker_db(dir.path());
+        let file = worker_db(dir.path(), layout);
         damage(&wal_of(&file), Damage::Flip(at));
         prepared.push((case.to_string(), dir, file));
     }
-    run_all(prepared).await;
+    run_all(prepared, layout).await;
 }
 
 fn copy_dir(from: &Path, to: &Path) {
@@ -394,7 +421,13 @@ fn copy_dir(from: &Path, to: &Path) {
 /// The instance database damaged: the open is refused with `Corrupt` naming it.
 #[tokio::test]
 async fn a_damaged_instance_database_is_refused_at_open() {
-    let pristine = closed_dir().await;
+    for layout in [Layout::Organization, Layout::PerAgent] {
+        damaged_instance_database(layout).await;
+    }
+}
+
+async fn damaged_instance_database(layout: Layout) {
+    let pristine = closed_dir(layout).await;
     let instance = pristine.path().join("instance.db");
     assert!(instance.exists());
     let mut prepared = Vec::new();
@@ -409,16 +442,27 @@ async fn a_damaged_instance_database_is_refused_at_open() {
         damage(&file, how);
         prepared.push((case.to_string(), dir, file));
     }
-    run_all(prepared).await;
+    run_all(prepared, layout).await;
 }
 
 /// Damage the open check does not look for (it is skipped here) is met by a read: text that is
 /// not UTF-8 is `Corrupt` (not `Backend`), and from then on every write to that file is refused
-/// with the same error while the other agents' files are written as usual.
+/// with the same error (in the organization layout, every agent's: they share the file), while
+/// in the per-agent layout the other agents' files are written as usual.
 #[tokio::test]
 async fn damage_met_by_a_read_stops_every_later_write_to_that_file() {
-    let dir = closed_dir().await;
-    let file = worker_db(dir.path());
+    damage_met_by_a_read(Layout::Organization).await;
+}
+
+/// As above, in the per-agent layout.
+#[tokio::test]
+async fn damage_met_by_a_read_stops_every_later_write_to_that_file_per_agent() {
+    damage_met_by_a_read(Layout::PerAgent).await;
+}
+
+async fn damage_met_by_a_read(layout: Layout) {
+    let dir = closed_dir(layout).await;
+    let file = worker_db(dir.path(), layout);
     let bytes = std::fs::read(&file).unwrap();
     let at = bytes
         .windows(12)
@@ -427,6 +471,7 @@ async fn damage_met_by_a_read_stops_every_later_write_to_that_file() {
     damage(&file, Damage::Flip(at + 3));
     let before = std::fs::read(&file).unwrap();
     let stores = SqliteOptions::new()
+        .layout(layout)
         .check_on_open(OpenCheck::Skip)
         .open(dir.path())
         .await
@@ -458,26 +503,33 @@ async fn damage_met_by_a_read_stops_every_later_write_to_that_file() {
         .await
         .unwrap_err();
     assert_eq!(refused.to_string(), err.to_string());
-    // Another agent's file is not affected.
+    // Another agent's own file is not affected; the organization's file is the other agent's too.
     let other = AgentId::parse("other").unwrap();
-    stores
+    let written = stores
         .tasks()
         .create(&other, NewTask::new("fine", ""), Timestamp(9))
-        .await
-        .unwrap();
+        .await;
+    match layout {
+        Layout::PerAgent => {
+            written.unwrap();
+        }
+        _ => assert_eq!(written.unwrap_err().to_string(), err.to_string()),
+    }
     stores.close().await;
     assert!(
         std::fs::read(&file).unwrap() == before,
         "the damaged file was written to"
     );
     // With the check at open (the default), the same file is refused before anything reads it.
-    let err = SqliteStores::open(dir.path())
-        .await
-        .unwrap()
-        .tasks()
-        .list(&worker(), &TaskFilter::default())
-        .await
-        .unwrap_err();
+    let err = match open(dir.path(), layout).await {
+        // The organization's file is checked when the directory is opened.
+        Err(err) => err,
+        Ok(stores) => stores
+            .tasks()
+            .list(&worker(), &TaskFilter::default())
+            .await
+            .unwrap_err(),
+    };
     assert_corrupt("checked at open", &err, &file);
     assert!(err.to_string().contains("UTF-8"), "{err}");
 }

@@ -16,7 +16,7 @@ use spacebot_core::{
     DeliveryStore, Envelope, EnvelopeKind, LinkDirection, LinkRelationship, LinkStore, NewTask,
     RecordKind, Source, StoreError, TaskStatus, TaskStore, Timestamp,
 };
-use spacebot_sqlite::{SqliteOptions, SqliteStores, Synchronous};
+use spacebot_sqlite::{Layout, SqliteOptions, SqliteStores, Synchronous};
 
 fn agent(id: &str) -> AgentId {
     AgentId::parse(id).unwrap()
@@ -30,10 +30,20 @@ fn delegated(title: &str, by: &AgentId) -> NewTask {
     t
 }
 
+/// Opens `dir` in the per-agent layout.
+async fn open_per_agent(dir: &std::path::Path) -> SqliteStores {
+    SqliteOptions::new()
+        .layout(Layout::PerAgent)
+        .open(dir)
+        .await
+        .unwrap()
+}
+
 #[tokio::test]
 async fn layout_follows_the_instance_and_agent_split() {
     let dir = tempfile::tempdir().unwrap();
-    let stores = SqliteStores::open(dir.path()).await.unwrap();
+    let stores = open_per_agent(dir.path()).await;
+    assert_eq!(stores.layout(), Layout::PerAgent);
     assert!(dir.path().join("instance.db").is_file());
     let worker = agent("worker");
     let agent_db = dir.path().join("agents/worker/data/spacebot.db");
@@ -831,6 +841,7 @@ async fn channels_and_deliveries_keep_order_and_apply_keys_once() {
 async fn options_are_applied_to_every_database() {
     let dir = tempfile::tempdir().unwrap();
     let stores = SqliteOptions::new()
+        .layout(Layout::PerAgent)
         .synchronous(Synchronous::Full)
         .busy_timeout(Duration::from_millis(250))
         .readers(2)
@@ -979,9 +990,24 @@ async fn turn_commits_and_task_keys_survive_a_reopen() {
 }
 
 /// A database written by a build that knew only migration 0001 gains task keys on open, keeping
-/// its tasks.
+/// its tasks: as an agent's own database (the per-agent layout), and copied into the
+/// organization's database (the default layout).
 #[tokio::test]
 async fn a_database_from_before_task_keys_is_migrated() {
+    for layout in [Layout::PerAgent, Layout::Organization] {
+        database_from_before_task_keys(layout).await;
+    }
+}
+
+/// The insert of a task as the schema of migration 0001 took it.
+const INSERT_V1_SQL: &str = "INSERT INTO tasks (number, title, description, status, \
+     priority, created_by, delegated_by, metadata, attempts, max_attempts, lease_holder, \
+     lease_expires_at, revision, result, error, created_at, updated_at) \
+     VALUES ((SELECT coalesce(max(number), 0) + 1 FROM tasks), \
+             ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, ?, NULL, NULL, ?, ?) \
+     RETURNING number";
+
+async fn database_from_before_task_keys(layout: Layout) {
     let dir = tempfile::tempdir().unwrap();
     let worker = agent("worker");
     let db_path = dir.path().join("agents/worker/data/spacebot.db");
@@ -998,7 +1024,7 @@ async fn a_database_from_before_task_keys_is_migrated() {
             .create_if_missing(true);
         let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
         migrator.run(&pool).await.unwrap();
-        sqlx::query_scalar::<_, i64>(spacebot_sqlite::sql::INSERT_SQL)
+        sqlx::query_scalar::<_, i64>(INSERT_V1_SQL)
             .bind("old task")
             .bind("")
             .bind("ready")
@@ -1023,7 +1049,12 @@ async fn a_database_from_before_task_keys_is_migrated() {
         assert_eq!(has_column, 0, "the old schema has no key column");
         pool.close().await;
     }
-    let stores = SqliteStores::open(dir.path()).await.unwrap();
+    let stores = SqliteOptions::new()
+        .layout(layout)
+        .open(dir.path())
+        .await
+        .unwrap();
+    assert_eq!(stores.layout(), layout);
     let old = stores.tasks().get(&worker, 1).await.unwrap().unwrap();
     assert_eq!(old.title, "old task");
     let keyed = NewTask::new("new task", "").with_idempotency_key("k");
@@ -1046,6 +1077,10 @@ async fn a_database_from_before_task_keys_is_migrated() {
         .unwrap();
     assert_eq!(plain.number, 3);
     stores.close().await;
+    assert_eq!(
+        dir.path().join("agents.migrated").is_dir(),
+        layout == Layout::Organization
+    );
 }
 
 /// An instance database written by a build that knew only migration 0001 (no records) gains the
@@ -1149,20 +1184,20 @@ async fn migration_histories_are_those_sqlx_wrote() {
         migrator.run(&pool).await.unwrap();
         pool.close().await;
     }
-    let stores = SqliteStores::open(old.path()).await.unwrap();
+    let stores = open_per_agent(old.path()).await;
     let task = stores
         .tasks()
         .create(&worker, NewTask::new("kept", ""), Timestamp(1))
         .await
         .unwrap();
     stores.close().await;
-    let stores = SqliteStores::open(old.path()).await.unwrap();
+    let stores = open_per_agent(old.path()).await;
     assert_eq!(stores.tasks().get(&worker, 1).await.unwrap(), Some(task));
     stores.close().await;
 
     // Written by this build.
     let new = tempfile::tempdir().unwrap();
-    let stores = SqliteStores::open(new.path()).await.unwrap();
+    let stores = open_per_agent(new.path()).await;
     stores
         .tasks()
         .create(&worker, NewTask::new("new", ""), Timestamp(1))

@@ -673,6 +673,11 @@ async fn run_limits(dir: &Path, backend: &str, failpoint: Arc<Failpoint>) -> u64
 pub async fn try_open(backend: &str, dir: &Path) -> Result<Stores, spacebot::StoreError> {
     match backend {
         "sqlite" => spacebot::sqlite::open(dir).await,
+        "sqlite_per_agent" => spacebot::sqlite::SqliteOptions::new()
+            .layout(spacebot::sqlite::Layout::PerAgent)
+            .open(dir)
+            .await
+            .map(|stores| stores.stores()),
         #[cfg(feature = "redb")]
         "redb" => spacebot::redb::open(dir),
         other => panic!("unknown backend {other}"),

@@ -1,0 +1,457 @@
+//! The two layouts of a data directory: the organization's one database (the default) and one
+//! database per agent; the layout a directory records; the migration of a per-agent directory
+//! (every directory written before layouts existed) into the organization's database.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use spacebot_core::channel::{ChannelRecord, NewRecord};
+use spacebot_core::task::{CompletionNotice, Expect, TaskEvent, TaskFilter};
+use spacebot_core::{
+    AgentId, AgentLink, ChannelId, ChannelStore, DeliveryStore, Envelope, EnvelopeKind,
+    LinkDirection, LinkRelationship, LinkStore, NewTask, RecordKind, Source, StoreError, Task,
+    TaskStore, Timestamp,
+};
+use spacebot_sqlite::{Layout, SqliteOptions, SqliteStores};
+
+fn agent(id: &str) -> AgentId {
+    AgentId::parse(id).unwrap()
+}
+
+fn agents() -> Vec<AgentId> {
+    ["alpha", "beta", "gamma"].into_iter().map(agent).collect()
+}
+
+async fn open(dir: &Path, layout: Layout) -> Result<SqliteStores, StoreError> {
+    SqliteOptions::new().layout(layout).open(dir).await
+}
+
+/// Every file under `dir` with its bytes, but the directory's lock file.
+fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path != dir.join("spacebot.lock") {
+                out.insert(path.clone(), std::fs::read(&path).unwrap());
+            }
+        }
+    }
+    out
+}
+
+/// Some of everything an agent's rows hold, different for each agent (`i`): tasks (one keyed,
+/// one claimed, one completed by the worker with its notice sent, one completed with its notice
+/// unsent), records on two channels and a channel without records, pending deliveries and applied
+/// keys.
+async fn fill(stores: &SqliteStores, who: &AgentId, i: i64) {
+    let (tasks, channels, deliveries) = (stores.tasks(), stores.channels(), stores.deliveries());
+    let boss = agent("boss");
+    for n in 0..(4 + i) {
+        let mut new = NewTask::new(format!("{who} job {n}"), "some \0 text ünïcode");
+        new.metadata.delegated_by = Some(boss.clone());
+        new.created_by = format!("agent:{boss}");
+        if n == 1 {
+            new = new.with_idempotency_key(format!("key-{who}"));
+        }
+        tasks.create(who, new, Timestamp(10 + n)).await.unwrap();
+    }
+    for n in 0..3 {
+        let claimed = tasks
+            .claim_next(who, "holder", Duration::from_secs(600), Timestamp(100))
+            .await
+            .unwrap()
+            .unwrap();
+        if n < 2 {
+            let done = tasks
+                .transition(
+                    who,
+                    claimed.number,
+                    Expect::any(),
+                    TaskEvent::Complete {
+                        holder: "holder".into(),
+                        result: format!("result {n}"),
+                    },
+                    Timestamp(200 + n),
+                )
+                .await
+                .unwrap();
+            if n == 0 {
+                let key = done.notice.unwrap().key;
+                tasks.outbox_mark_sent(who, &key).await.unwrap();
+            }
+        }
+    }
+    for n in 0..(5 + i) {
+        let channel = if n % 2 == 0 {
+            ChannelId::portal(who)
+        } else {
+            ChannelId::new(format!("side-{who}"))
+        };
+        channels
+            .append(
+                who,
+                NewRecord::new(
+                    channel,
+                    RecordKind::User,
+                    "user",
+                    format!("{who} says {n}"),
+                    Timestamp(300 + n),
+                ),
+            )
+            .await
+            .unwrap();
+    }
+    channels
+        .ensure_channel(who, &ChannelId::new(format!("empty-{who}")))
+        .await
+        .unwrap();
+    for n in 0..(2 + i) {
+        let envelope = Envelope::new(
+            Source::Internal {
+                from_agent: boss.clone(),
+                link_id: None,
+            },
+            ChannelId::portal(who),
+            EnvelopeKind::Retrigger,
+            format!("wake {who} {n}"),
+            Timestamp(400 + n),
+        )
+        .with_idempotency_key(format!("wake-{who}-{n}"));
+        deliveries.persist(who, &envelope).await.unwrap();
+    }
+    for n in 0..(3 + i) {
+        deliveries
+            .mark_applied(who, &format!("applied-{who}-{n}"), Timestamp(500 + n))
+            .await
+            .unwrap();
+    }
+}
+
+/// What the stores say of one agent, through the public API.
+#[derive(Debug, PartialEq)]
+struct Seen {
+    tasks: Vec<Task>,
+    outbox: Vec<CompletionNotice>,
+    channels: Vec<ChannelId>,
+    histories: Vec<Vec<ChannelRecord>>,
+    pending: Vec<Envelope>,
+    applied: Vec<bool>,
+}
+
+async fn seen(stores: &SqliteStores, who: &AgentId) -> Seen {
+    let channels = stores.channels().channels(who).await.unwrap();
+    let mut histories = Vec::new();
+    for channel in &channels {
+        histories.push(
+            stores
+                .channels()
+                .history(who, channel, None)
+                .await
+                .unwrap(),
+        );
+    }
+    let mut applied = Vec::new();
+    for n in 0..8 {
+        applied.push(
+            stores
+                .deliveries()
+                .is_applied(who, &format!("applied-{who}-{n}"))
+                .await
+                .unwrap(),
+        );
+    }
+    Seen {
+        tasks: stores
+            .tasks()
+            .list(who, &TaskFilter::default())
+            .await
+            .unwrap(),
+        outbox: stores.tasks().outbox_pending(who).await.unwrap(),
+        channels,
+        histories,
+        pending: stores.deliveries().pending(who).await.unwrap(),
+        applied,
+    }
+}
+
+fn link() -> AgentLink {
+    AgentLink::new(
+        agent("boss"),
+        agent("alpha"),
+        LinkDirection::OneWay,
+        LinkRelationship::Superior,
+        Timestamp(1),
+    )
+}
+
+/// A closed per-agent directory holding every agent's rows and a link, with what the stores
+/// said of each agent and the link.
+async fn per_agent_dir() -> (tempfile::TempDir, BTreeMap<String, Seen>, AgentLink) {
+    let dir = tempfile::tempdir().unwrap();
+    let stores = open(dir.path(), Layout::PerAgent).await.unwrap();
+    let link = link();
+    stores.links().create(&link).await.unwrap();
+    let mut before = BTreeMap::new();
+    for (i, who) in agents().iter().enumerate() {
+        fill(&stores, who, i64::try_from(i).unwrap()).await;
+        before.insert(who.to_string(), seen(&stores, who).await);
+    }
+    stores.close().await;
+    for who in agents() {
+        assert!(
+            dir.path()
+                .join(format!("agents/{who}/data/spacebot.db"))
+                .is_file()
+        );
+    }
+    (dir, before, link)
+}
+
+#[tokio::test]
+async fn a_new_directory_keeps_every_agent_in_one_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let stores = SqliteStores::open(dir.path()).await.unwrap();
+    assert_eq!(stores.layout(), Layout::Organization);
+    let mut before = BTreeMap::new();
+    for (i, who) in agents().iter().enumerate() {
+        fill(&stores, who, i64::try_from(i).unwrap()).await;
+        before.insert(who.to_string(), seen(&stores, who).await);
+        assert_eq!(
+            stores.agent_db_path(who),
+            Some(dir.path().join("instance.db"))
+        );
+    }
+    // One writer for every agent: their counters are the instance database's.
+    assert_eq!(
+        stores.agent_write_stats(&agent("alpha")),
+        Some(stores.instance_write_stats())
+    );
+    stores.close().await;
+    assert!(!dir.path().join("agents").exists(), "no per-agent files");
+    // Each agent sees its own rows only, numbered from 1, and they survive a reopen.
+    let stores = SqliteStores::open(dir.path()).await.unwrap();
+    for who in agents() {
+        let now = seen(&stores, &who).await;
+        assert_eq!(now, before[who.as_str()], "{who}");
+        let numbers: Vec<u64> = now.tasks.iter().map(|t| t.number).collect();
+        assert_eq!(numbers, (1..=numbers.len() as u64).collect::<Vec<_>>());
+        let mut seqs: Vec<u64> = now.histories.iter().flatten().map(|r| r.seq).collect();
+        seqs.sort_unstable();
+        assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>(), "{who}");
+        assert!(now.tasks.iter().all(|t| t.agent == who));
+    }
+    stores.close().await;
+}
+
+#[tokio::test]
+async fn a_per_agent_directory_is_migrated_whole_into_one_file() {
+    let (dir, before, link) = per_agent_dir().await;
+    let stores = SqliteStores::open(dir.path()).await.unwrap();
+    assert_eq!(stores.layout(), Layout::Organization);
+    assert_eq!(stores.links().list().await.unwrap(), vec![link]);
+    for who in agents() {
+        assert_eq!(seen(&stores, &who).await, before[who.as_str()], "{who}");
+    }
+    // The old files are kept aside, not read again.
+    assert!(!dir.path().join("agents").exists());
+    assert!(
+        dir.path()
+            .join("agents.migrated/alpha/data/spacebot.db")
+            .is_file()
+    );
+    // Numbering goes on where each agent's stopped; a used key still finds its task.
+    let alpha = agent("alpha");
+    let last_task = before["alpha"].tasks.len() as u64;
+    let task = stores
+        .tasks()
+        .create(&alpha, NewTask::new("after", ""), Timestamp(900))
+        .await
+        .unwrap();
+    assert_eq!(task.number, last_task + 1);
+    let keyed = stores
+        .tasks()
+        .create(
+            &alpha,
+            NewTask::new("again", "").with_idempotency_key("key-alpha"),
+            Timestamp(901),
+        )
+        .await
+        .unwrap();
+    assert_eq!(keyed, before["alpha"].tasks[1]);
+    let last_seq = before["alpha"]
+        .histories
+        .iter()
+        .flatten()
+        .map(|r| r.seq)
+        .max()
+        .unwrap();
+    let record = stores
+        .channels()
+        .append(
+            &alpha,
+            NewRecord::new(
+                ChannelId::portal(&alpha),
+                RecordKind::User,
+                "user",
+                "after",
+                Timestamp(902),
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(record.seq, last_seq + 1);
+    // A pending delivery already stored is not stored twice; the unsent notices are the same.
+    let pending = before["beta"].pending[0].clone();
+    stores
+        .deliveries()
+        .persist(&agent("beta"), &pending)
+        .await
+        .unwrap();
+    assert_eq!(
+        stores.deliveries().pending(&agent("beta")).await.unwrap(),
+        before["beta"].pending
+    );
+    stores.close().await;
+    // Opened again, nothing is migrated twice.
+    let stores = SqliteStores::open(dir.path()).await.unwrap();
+    for who in [agent("beta"), agent("gamma")] {
+        assert_eq!(seen(&stores, &who).await, before[who.as_str()], "{who}");
+    }
+    assert_eq!(
+        stores
+            .tasks()
+            .list(&alpha, &TaskFilter::default())
+            .await
+            .unwrap()
+            .len() as u64,
+        last_task + 1
+    );
+    stores.close().await;
+}
+
+/// A migration that stops half-way (here: the third agent's file is damaged, so its open is
+/// refused after the first two agents were copied) leaves the directory in the per-agent
+/// layout, the damaged file untouched; once the file is repaired the next open migrates every
+/// agent exactly once.
+#[tokio::test]
+async fn a_migration_stopped_half_way_is_redone_whole_and_writes_no_damaged_file() {
+    let (dir, before, _) = per_agent_dir().await;
+    let gamma = dir.path().join("agents/gamma/data/spacebot.db");
+    let pristine = std::fs::read(&gamma).unwrap();
+    let mut damaged = pristine.clone();
+    let len = damaged.len();
+    damaged.truncate(len - 1);
+    std::fs::write(&gamma, &damaged).unwrap();
+    let agents_before: BTreeMap<PathBuf, Vec<u8>> = snapshot(&dir.path().join("agents"));
+
+    let err = SqliteStores::open(dir.path()).await.unwrap_err();
+    match &err {
+        StoreError::Corrupt { location, .. } => assert_eq!(Path::new(location), gamma),
+        other => panic!("expected Corrupt naming {}, got {other:?}", gamma.display()),
+    }
+    // Not one byte of the agents' files changed, the damaged one included; the directory still
+    // opens in the per-agent layout, where alpha's rows are its own file's.
+    let after = snapshot(&dir.path().join("agents"));
+    let changed: Vec<String> = agents_before
+        .iter()
+        .filter(|(path, bytes)| after.get(*path) != Some(*bytes))
+        .map(|(path, bytes)| {
+            let now = after.get(path).map(Vec::len);
+            format!("{} ({} -> {now:?} bytes)", path.display(), bytes.len())
+        })
+        .chain(
+            after
+                .keys()
+                .filter(|p| !agents_before.contains_key(*p))
+                .map(|p| format!("{} (new)", p.display())),
+        )
+        .collect();
+    assert!(changed.is_empty(), "files changed: {changed:?}");
+    let stores = open(dir.path(), Layout::PerAgent).await.unwrap();
+    assert_eq!(
+        seen(&stores, &agent("alpha")).await,
+        before["alpha"],
+        "alpha in its own file"
+    );
+    stores.close().await;
+
+    std::fs::write(&gamma, &pristine).unwrap();
+    let stores = SqliteStores::open(dir.path()).await.unwrap();
+    assert_eq!(stores.layout(), Layout::Organization);
+    for who in agents() {
+        assert_eq!(seen(&stores, &who).await, before[who.as_str()], "{who}");
+    }
+    stores.close().await;
+}
+
+/// A migration killed after its commit, before `agents/` was moved aside: the next open moves it
+/// and copies nothing again.
+#[tokio::test]
+async fn agents_left_beside_a_migrated_directory_are_moved_aside_not_copied_again() {
+    let (dir, before, _) = per_agent_dir().await;
+    let stores = SqliteStores::open(dir.path()).await.unwrap();
+    stores
+        .tasks()
+        .create(&agent("alpha"), NewTask::new("after", ""), Timestamp(900))
+        .await
+        .unwrap();
+    stores.close().await;
+    std::fs::rename(dir.path().join("agents.migrated"), dir.path().join("agents")).unwrap();
+    let stores = SqliteStores::open(dir.path()).await.unwrap();
+    let alpha = stores
+        .tasks()
+        .list(&agent("alpha"), &TaskFilter::default())
+        .await
+        .unwrap();
+    assert_eq!(alpha.len(), before["alpha"].tasks.len() + 1);
+    assert_eq!(alpha.last().unwrap().title, "after");
+    stores.close().await;
+    assert!(!dir.path().join("agents").exists());
+    assert!(dir.path().join("agents.migrated").is_dir());
+}
+
+#[tokio::test]
+async fn a_directory_in_one_file_is_refused_in_the_per_agent_layout_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let stores = SqliteStores::open(dir.path()).await.unwrap();
+    fill(&stores, &agent("alpha"), 0).await;
+    stores.close().await;
+    let before = snapshot(dir.path());
+    let err = open(dir.path(), Layout::PerAgent).await.unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("organization layout") && text.contains("Layout::Organization"),
+        "{text}"
+    );
+    assert_eq!(snapshot(dir.path()), before);
+    // The directory's lock was released: it opens at once in its own layout.
+    let stores = SqliteStores::open(dir.path()).await.unwrap();
+    assert_eq!(
+        stores
+            .tasks()
+            .list(&agent("alpha"), &TaskFilter::default())
+            .await
+            .unwrap()
+            .len(),
+        4
+    );
+    stores.close().await;
+}
+
+#[tokio::test]
+async fn a_per_agent_directory_stays_per_agent_when_asked() {
+    let (dir, before, _) = per_agent_dir().await;
+    let stores = open(dir.path(), Layout::PerAgent).await.unwrap();
+    assert_eq!(stores.layout(), Layout::PerAgent);
+    for who in agents() {
+        assert_eq!(seen(&stores, &who).await, before[who.as_str()], "{who}");
+    }
+    stores.close().await;
+    assert!(dir.path().join("agents/alpha/data/spacebot.db").is_file());
+}
