@@ -139,9 +139,8 @@ pub(crate) async fn agents_with_rows(instance: &Db) -> Result<Vec<AgentId>, Stor
                 .map_err(fail)?;
             ids.into_iter()
                 .map(|id| {
-                    AgentId::parse(&id).map_err(|e| {
-                        corrupt(&location, format!("stored agent id {id:?}: {e}"))
-                    })
+                    AgentId::parse(&id)
+                        .map_err(|e| corrupt(&location, format!("stored agent id {id:?}: {e}")))
                 })
                 .collect()
         })
@@ -238,7 +237,9 @@ async fn copy_agent(
                     .map_err(|e| db_error(&location, "migrating an agent's rows", e))?;
             }
             for (table, columns, order) in TABLES {
-                copy_table(&source, &from, conn, &location, &agent, table, columns, order)?;
+                copy_table(
+                    &source, &from, conn, &location, &agent, table, columns, order,
+                )?;
             }
             Ok(())
         })

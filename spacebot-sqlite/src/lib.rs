@@ -239,7 +239,9 @@ impl SqliteStores {
     pub async fn in_memory_with(options: SqliteOptions) -> Result<Self, StoreError> {
         let instance = Db::open(None, DbKind::Instance, &options).await?;
         let layout = options.layout;
-        Ok(Self::from_parts(None, options, layout, instance, None, None))
+        Ok(Self::from_parts(
+            None, options, layout, instance, None, None,
+        ))
     }
 
     fn from_parts(

@@ -539,14 +539,11 @@ async fn exists(
     let (location, owner) = (db.location.clone(), db.key.clone());
     db.read(what, move |conn| {
         let found = match bind {
-            Some(value) => query::first(
-                conn,
-                &location,
-                what,
-                sql,
-                params![&*owner, value],
-                |_| Ok(()),
-            ),
+            Some(value) => {
+                query::first(conn, &location, what, sql, params![&*owner, value], |_| {
+                    Ok(())
+                })
+            }
             None => query::first(conn, &location, what, sql, [&*owner], |_| Ok(())),
         }?;
         Ok(found.is_some())

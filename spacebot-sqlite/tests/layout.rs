@@ -148,13 +148,7 @@ async fn seen(stores: &SqliteStores, who: &AgentId) -> Seen {
     let channels = stores.channels().channels(who).await.unwrap();
     let mut histories = Vec::new();
     for channel in &channels {
-        histories.push(
-            stores
-                .channels()
-                .history(who, channel, None)
-                .await
-                .unwrap(),
-        );
+        histories.push(stores.channels().history(who, channel, None).await.unwrap());
     }
     let mut applied = Vec::new();
     for n in 0..8 {
@@ -402,7 +396,11 @@ async fn agents_left_beside_a_migrated_directory_are_moved_aside_not_copied_agai
         .await
         .unwrap();
     stores.close().await;
-    std::fs::rename(dir.path().join("agents.migrated"), dir.path().join("agents")).unwrap();
+    std::fs::rename(
+        dir.path().join("agents.migrated"),
+        dir.path().join("agents"),
+    )
+    .unwrap();
     let stores = SqliteStores::open(dir.path()).await.unwrap();
     let alpha = stores
         .tasks()
