@@ -23,7 +23,7 @@
 //!   the boards and channels already are. After criterion's figures, the two are measured again
 //!   in alternation (pairs of 20-round-trip blocks, `SPACEBOT_BENCH_PAIRS` pairs, 15 by default)
 //!   and the medians and the median per-pair ratio are printed (`.../interleaved` on stderr);
-//! - `durable_round_trip/{sqlite_normal,sqlite_full,redb,postgres}/1_chain` (`postgres` when
+//! - `durable_round_trip/{sqlite_normal,sqlite_full,sqlite_normal_per_agent,sqlite_full_per_agent,redb,postgres}/1_chain` (`postgres` when
 //!   `DATABASE_URL` is set): one chain's round trip (as
 //!   in `durable_delegation`), then what it costs, measured in blocks after criterion's figures
 //!   (`.../cost` on stderr): wall and CPU time of the process per round trip (user and system,
@@ -41,8 +41,10 @@
 //!
 //! The model is `FnLlm`, answering at once. Backends: `sqlite_normal` (`synchronous = NORMAL`:
 //! WAL commits are not synced), `sqlite_full` (the default `synchronous = FULL`: one `fsync` per
-//! commit), each also with `_commit_each` (`SqliteOptions::commit_each()`: no group
-//! commit, one transaction per write, for comparison in the same run), and `redb` (the default
+//! commit), both in the default organization layout (every agent in one database), each also
+//! with `_commit_each` (`SqliteOptions::commit_each()`: no group commit, one transaction per
+//! write, for comparison in the same run) and with `_per_agent` (`Layout::PerAgent`: one
+//! database per agent, the layout before 2026-11-27), and `redb` (the default
 //! `Durability::Immediate`: one `fsync` per commit, group commit); `durable_history` also runs on
 //! `postgres` (a temporary schema on the server of `DATABASE_URL`, for example the throwaway one of
 //! `eval "$(.ci/postgres start)"`) when that variable is set.
@@ -81,17 +83,23 @@ enum Backend {
     SqliteNormalCommitEach,
     SqliteFull,
     SqliteFullCommitEach,
+    /// `synchronous = NORMAL` in the per-agent layout (one database per agent).
+    SqliteNormalPerAgent,
+    /// `synchronous = FULL` in the per-agent layout.
+    SqliteFullPerAgent,
     Redb,
     /// A temporary schema on the server of `DATABASE_URL` (`durable_history` only).
     Postgres,
 }
 
 impl Backend {
-    const ALL: [Self; 5] = [
+    const ALL: [Self; 7] = [
         Self::SqliteNormal,
         Self::SqliteNormalCommitEach,
         Self::SqliteFull,
         Self::SqliteFullCommitEach,
+        Self::SqliteNormalPerAgent,
+        Self::SqliteFullPerAgent,
         Self::Redb,
     ];
 
@@ -101,6 +109,8 @@ impl Backend {
             Self::SqliteNormalCommitEach => "sqlite_normal_commit_each",
             Self::SqliteFull => "sqlite_full",
             Self::SqliteFullCommitEach => "sqlite_full_commit_each",
+            Self::SqliteNormalPerAgent => "sqlite_normal_per_agent",
+            Self::SqliteFullPerAgent => "sqlite_full_per_agent",
             Self::Redb => "redb",
             Self::Postgres => "postgres",
         }
@@ -117,7 +127,7 @@ impl Backend {
     /// its writers' counters summed over the instance and the agents' files; redb: the store's
     /// own count; none on PostgreSQL).
     async fn open_counted(self, dir: &Path) -> (Stores, Option<PgStores>, Commits) {
-        use spacebot::sqlite::{SqliteOptions, Synchronous};
+        use spacebot::sqlite::{Layout, SqliteOptions, Synchronous};
         let sqlite = |synchronous, commit_each: bool| {
             let options = SqliteOptions::new().synchronous(synchronous);
             if commit_each {
@@ -131,6 +141,10 @@ impl Backend {
             Self::SqliteNormalCommitEach => sqlite(Synchronous::Normal, true),
             Self::SqliteFull => sqlite(Synchronous::Full, false),
             Self::SqliteFullCommitEach => sqlite(Synchronous::Full, true),
+            Self::SqliteNormalPerAgent => {
+                sqlite(Synchronous::Normal, false).layout(Layout::PerAgent)
+            }
+            Self::SqliteFullPerAgent => sqlite(Synchronous::Full, false).layout(Layout::PerAgent),
             Self::Redb => {
                 let store = spacebot::redb::RedbStore::open_async(dir, Default::default())
                     .await
@@ -160,6 +174,10 @@ impl Commits {
     /// files count, with the instance's), or `None` when the backend does not count them.
     fn count(&self, agents: &[AgentId]) -> Option<u64> {
         match self {
+            // One writer for every agent: its counters are the instance database's.
+            Self::Sqlite(stores) if stores.layout() == spacebot::sqlite::Layout::Organization => {
+                Some(stores.instance_write_stats().commits)
+            }
             Self::Sqlite(stores) => Some(
                 stores.instance_write_stats().commits
                     + agents
@@ -537,7 +555,13 @@ fn round_trip(c: &mut Criterion) {
     let mut group = c.benchmark_group("durable_round_trip");
     configure(&mut group);
     group.throughput(Throughput::Elements(1));
-    let mut backends = vec![Backend::SqliteNormal, Backend::SqliteFull, Backend::Redb];
+    let mut backends = vec![
+        Backend::SqliteNormal,
+        Backend::SqliteFull,
+        Backend::SqliteNormalPerAgent,
+        Backend::SqliteFullPerAgent,
+        Backend::Redb,
+    ];
     if std::env::var("DATABASE_URL").is_ok_and(|u| !u.trim().is_empty()) {
         backends.push(Backend::Postgres);
     } else {
