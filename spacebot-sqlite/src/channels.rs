@@ -45,6 +45,15 @@ pub(crate) const APPEND_SQL: &str = "INSERT INTO channel_records \
      VALUES (?1, (SELECT coalesce(max(seq), 0) + 1 FROM channel_records WHERE agent = ?1), \
              ?2, ?3, ?4, ?5, ?6, ?7) RETURNING seq";
 
+/// The most recent `?3` records of a channel (`-1`: all of them), oldest first. The limit is
+/// written `?3 + 0`: SQLite plans a bare `LIMIT ?` with the value bound at the time and marks the
+/// statement to be prepared again whenever it is bound anew (every read, a whole parse of the
+/// statement); an expression keeps the prepared statement valid.
+pub(crate) const HISTORY_SQL: &str = "SELECT seq, channel_id, kind, author, content, metadata, at FROM ( \
+     SELECT seq, channel_id, kind, author, content, metadata, at FROM channel_records \
+     WHERE agent = ?1 AND channel_id = ?2 ORDER BY seq DESC LIMIT ?3 + 0 \
+ ) ORDER BY seq ASC";
+
 /// [`ChannelStore`] on the agents' databases. Get one from [`SqliteStores::channels`].
 #[derive(Debug, Clone)]
 pub struct SqliteChannelStore(pub(crate) SqliteStores);
@@ -114,10 +123,7 @@ impl ChannelStore for SqliteChannelStore {
                 conn,
                 &location,
                 "reading a channel history",
-                "SELECT seq, channel_id, kind, author, content, metadata, at FROM ( \
-                     SELECT seq, channel_id, kind, author, content, metadata, at FROM channel_records \
-                     WHERE agent = ? AND channel_id = ? ORDER BY seq DESC LIMIT ? \
-                 ) ORDER BY seq ASC",
+                HISTORY_SQL,
                 params![&*key, channel, limit],
                 |row| decode(&location, &agent, row),
             )
@@ -162,5 +168,68 @@ impl ChannelStore for SqliteChannelStore {
             )
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+    use rusqlite::StatementStatus;
+
+    /// A history read does not make SQLite prepare its statement again (a `LIMIT ?` did, on every
+    /// read), and it is served by the index in the order it sorts.
+    #[tokio::test]
+    async fn a_history_read_keeps_its_prepared_statement() {
+        let stores = SqliteStores::in_memory().await.unwrap();
+        let agent = AgentId::parse("w").unwrap();
+        for i in 0..5 {
+            stores
+                .channels()
+                .append(
+                    &agent,
+                    NewRecord::new(
+                        ChannelId::portal(&agent),
+                        spacebot_core::RecordKind::User,
+                        "u",
+                        format!("m{i}"),
+                        Timestamp(i),
+                    ),
+                )
+                .await
+                .unwrap();
+        }
+        let db = stores.agent(&agent).await.unwrap();
+        let (key, location) = (db.key.clone(), db.location.clone());
+        let channel = ChannelId::portal(&agent).as_str().to_string();
+        let (reprepared, plan) = db
+            .read("probing", move |conn| {
+                let fail = |e| db_error(&location, "probing", e);
+                let mut statement = conn.prepare(HISTORY_SQL).map_err(fail)?;
+                for limit in [2_i64, 3, -1, 3] {
+                    let mut rows = statement
+                        .query(params![&*key, &channel, limit])
+                        .map_err(fail)?;
+                    let mut n = 0_i64;
+                    while rows.next().map_err(fail)?.is_some() {
+                        n += 1;
+                    }
+                    assert_eq!(n, if limit < 0 { 5 } else { limit });
+                }
+                let reprepared = statement.get_status(StatementStatus::RePrepare);
+                let plan: Vec<String> = conn
+                    .prepare(&format!("EXPLAIN QUERY PLAN {HISTORY_SQL}"))
+                    .and_then(|mut s| {
+                        s.query_map(params![&*key, &channel, 2], |r| r.get::<_, String>(3))?
+                            .collect()
+                    })
+                    .map_err(fail)?;
+                Ok((reprepared, plan.join("\n")))
+            })
+            .await
+            .unwrap();
+        assert_eq!(reprepared, 0, "the history statement was prepared again");
+        assert!(plan.contains("channel_records_channel"), "{plan}");
     }
 }

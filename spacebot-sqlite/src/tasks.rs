@@ -358,7 +358,8 @@ impl TaskStore for SqliteTaskStore {
         }
         sql.push_str(" ORDER BY number");
         if let Some(limit) = filter.limit {
-            sql.push_str(" LIMIT ?");
+            // `? + 0`, not `?`: see `channels::HISTORY_SQL`.
+            sql.push_str(" LIMIT ? + 0");
             values.push(Value::Integer(i64::try_from(limit).unwrap_or(i64::MAX)));
         }
         let (agent, location) = (agent.clone(), db.location.clone());
