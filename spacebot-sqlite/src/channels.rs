@@ -2,39 +2,61 @@
 
 use async_trait::async_trait;
 use rusqlite::{Row, params};
-use spacebot_core::channel::{ChannelRecord, NewRecord};
-use spacebot_core::{AgentId, ChannelId, ChannelStore, StoreError, Timestamp};
+use spacebot_core::channel::{ChannelRecord, HistoryText, NewRecord};
+use spacebot_core::{AgentId, ChannelId, ChannelStore, RecordKind, StoreError, Timestamp};
 
 use crate::SqliteStores;
 use crate::error::{Location, corrupt, db_error, encode_error};
 use crate::query;
 
+/// Decodes a row of [`HISTORY_SQL`] (columns by position: `seq, channel_id, kind, author,
+/// content, metadata, at`; a lookup by name compares strings on every value).
 fn decode(
     location: &Location,
     agent: &AgentId,
     row: &Row<'_>,
 ) -> Result<ChannelRecord, StoreError> {
     let read = |e| db_error(location, "reading a channel record", e);
-    let seq: i64 = row.get("seq").map_err(read)?;
-    let bad =
-        |what: &str, why: String| corrupt(location, format!("channel record {seq}: {what}: {why}"));
-    let kind: String = row.get("kind").map_err(read)?;
-    let metadata: String = row.get("metadata").map_err(read)?;
+    let (seq, kind, author, content) = decode_text(location, row)?;
+    let metadata: String = row.get(5).map_err(read)?;
+    let metadata = if metadata == "{}" {
+        serde_json::Map::new()
+    } else {
+        serde_json::from_str(&metadata)
+            .map_err(|e| corrupt(location, format!("channel record {seq}: metadata: {e}")))?
+    };
     Ok(ChannelRecord {
-        seq: u64::try_from(seq).map_err(|_| bad("seq", "negative".into()))?,
+        seq,
         agent: agent.clone(),
         record: NewRecord {
-            channel: ChannelId::new(row.get::<_, String>("channel_id").map_err(read)?),
-            kind: kind
-                .parse()
-                .map_err(|e: spacebot_core::InvalidInput| bad("kind", e.to_string()))?,
-            author: row.get::<_, String>("author").map_err(read)?.into(),
-            content: row.get::<_, String>("content").map_err(read)?.into(),
-            metadata: serde_json::from_str(&metadata)
-                .map_err(|e| bad("metadata", e.to_string()))?,
-            at: Timestamp(row.get("at").map_err(read)?),
+            channel: ChannelId::new(row.get::<_, String>(1).map_err(read)?),
+            kind,
+            author: author.into(),
+            content: content.into(),
+            metadata,
+            at: Timestamp(row.get(6).map_err(read)?),
         },
     })
+}
+
+/// The sequence number, kind, author and text of a row of [`HISTORY_SQL`] or
+/// [`HISTORY_TEXTS_SQL`] (columns 0, 2, 3 and 4 in both).
+fn decode_text(
+    location: &Location,
+    row: &Row<'_>,
+) -> Result<(u64, RecordKind, String, String), StoreError> {
+    let read = |e| db_error(location, "reading a channel record", e);
+    let seq: i64 = row.get(0).map_err(read)?;
+    let bad =
+        |what: &str, why: String| corrupt(location, format!("channel record {seq}: {what}: {why}"));
+    let kind: String = row.get(2).map_err(read)?;
+    Ok((
+        u64::try_from(seq).map_err(|_| bad("seq", "negative".into()))?,
+        kind.parse()
+            .map_err(|e: spacebot_core::InvalidInput| bad("kind", e.to_string()))?,
+        row.get(3).map_err(read)?,
+        row.get(4).map_err(read)?,
+    ))
 }
 
 /// Appends one record (`?1` is the agent) and returns its sequence number, the agent's next,
@@ -51,6 +73,13 @@ pub(crate) const APPEND_SQL: &str = "INSERT INTO channel_records \
 /// statement); an expression keeps the prepared statement valid.
 pub(crate) const HISTORY_SQL: &str = "SELECT seq, channel_id, kind, author, content, metadata, at FROM ( \
      SELECT seq, channel_id, kind, author, content, metadata, at FROM channel_records \
+     WHERE agent = ?1 AND channel_id = ?2 ORDER BY seq DESC LIMIT ?3 + 0 \
+ ) ORDER BY seq ASC";
+
+/// [`HISTORY_SQL`] with only what a model's input needs (`ChannelStore::history_texts`): the
+/// same rows, the same positions for `seq`, `kind`, `author` and `content`, no metadata to decode.
+pub(crate) const HISTORY_TEXTS_SQL: &str = "SELECT seq, NULL, kind, author, content FROM ( \
+     SELECT seq, kind, author, content FROM channel_records \
      WHERE agent = ?1 AND channel_id = ?2 ORDER BY seq DESC LIMIT ?3 + 0 \
  ) ORDER BY seq ASC";
 
@@ -126,6 +155,40 @@ impl ChannelStore for SqliteChannelStore {
                 HISTORY_SQL,
                 params![&*key, channel, limit],
                 |row| decode(&location, &agent, row),
+            )
+        })
+        .await
+    }
+
+    async fn history_texts(
+        &self,
+        agent: &AgentId,
+        channel: &ChannelId,
+        limit: Option<usize>,
+    ) -> Result<Vec<HistoryText>, StoreError> {
+        let db = self.0.agent(agent).await?;
+        let limit = limit.map_or(-1, |l| i64::try_from(l).unwrap_or(i64::MAX));
+        let (channel, location, key) = (
+            channel.as_str().to_string(),
+            db.location.clone(),
+            db.key.clone(),
+        );
+        db.read("reading a channel history", move |conn| {
+            query::all(
+                conn,
+                &location,
+                "reading a channel history",
+                HISTORY_TEXTS_SQL,
+                params![&*key, channel, limit],
+                |row| {
+                    let (seq, kind, author, content) = decode_text(&location, row)?;
+                    Ok(HistoryText {
+                        seq,
+                        kind,
+                        author: author.into(),
+                        content: content.into(),
+                    })
+                },
             )
         })
         .await
