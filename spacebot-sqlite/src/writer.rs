@@ -306,7 +306,7 @@ impl Task {
     fn run_batch_on(&mut self, conn: &Connection, mut batch: Vec<Job>) -> bool {
         let location = self.location.clone();
         let fail = |doing: &str, e| db_error(&location, doing, e);
-        if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+        if let Err(e) = control(conn, "BEGIN IMMEDIATE") {
             // A transaction left open is ended, so the next batch can begin; this one fails.
             rollback(conn);
             answer_all(batch, &fail("starting a transaction", e));
@@ -341,7 +341,7 @@ impl Task {
         let mut broken = None;
         let mut unrun = None;
         for job in jobs.by_ref() {
-            if let Err(e) = conn.execute_batch("SAVEPOINT spacebot_op") {
+            if let Err(e) = control(conn, "SAVEPOINT spacebot_op") {
                 let e = fail("starting an operation's savepoint", e);
                 if answers.is_empty() {
                     // The first operation: refuse it, so that every batch makes progress.
@@ -361,7 +361,7 @@ impl Task {
                 break;
             }
             let end = if ok {
-                conn.execute_batch("RELEASE spacebot_op")
+                control(conn, "RELEASE spacebot_op")
             } else {
                 conn.execute_batch("ROLLBACK TO spacebot_op; RELEASE spacebot_op")
             };
@@ -414,13 +414,20 @@ fn commit(
     conn: &Connection,
     fail: &impl Fn(&str, rusqlite::Error) -> StoreError,
 ) -> Result<(), StoreError> {
-    match conn.execute_batch("COMMIT") {
+    match control(conn, "COMMIT") {
         Ok(()) => Ok(()),
         Err(e) => {
             rollback(conn);
             Err(fail("committing a transaction", e))
         }
     }
+}
+
+/// Runs one transaction-control statement (`BEGIN`, `SAVEPOINT`, `RELEASE`, `COMMIT`) through
+/// the connection's statement cache: every batch runs them, and `execute_batch` would parse them
+/// anew each time.
+fn control(conn: &Connection, sql: &str) -> Result<(), rusqlite::Error> {
+    conn.prepare_cached(sql)?.execute([]).map(drop)
 }
 
 /// Ends the open transaction, if any. Its error says at most that none was open (SQLite rolled it
