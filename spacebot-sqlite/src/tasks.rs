@@ -14,7 +14,7 @@ use crate::SqliteStores;
 use crate::error::{Location, corrupt, db_error, encode_error};
 use crate::query;
 
-/// The columns every task query selects, in the order [`decode`] reads them by name.
+/// The columns every task query selects, in the order [`decode`] reads them (by position).
 const TASK_COLUMNS: &str = "number, title, description, status, priority, created_by, metadata, \
      attempts, max_attempts, lease_holder, lease_expires_at, revision, result, error, created_at, \
      updated_at";
@@ -75,34 +75,36 @@ fn number_to_sql(number: u64) -> Option<i64> {
     i64::try_from(number).ok()
 }
 
+/// Decodes a row of [`TASK_COLUMNS`] (every task query selects them in that order), by position:
+/// a lookup by name compares strings on every value.
 fn decode(location: &Location, agent: &AgentId, row: &Row<'_>) -> Result<Task, StoreError> {
     let read = |e| db_error(location, "reading a task", e);
-    let number: i64 = row.get("number").map_err(read)?;
+    let number: i64 = row.get(0).map_err(read)?;
     let bad = |what: &str, why: String| corrupt(location, format!("task {number}: {what}: {why}"));
-    let count = |name: &str| -> Result<u32, StoreError> {
-        let v: i64 = row.get(name).map_err(read)?;
+    let count = |at: usize, name: &str| -> Result<u32, StoreError> {
+        let v: i64 = row.get(at).map_err(read)?;
         u32::try_from(v).map_err(|_| bad(name, format!("{v} is out of range")))
     };
-    let status: String = row.get("status").map_err(read)?;
-    let metadata: String = row.get("metadata").map_err(read)?;
-    let lease_holder: Option<String> = row.get("lease_holder").map_err(read)?;
-    let lease_expires_at: Option<i64> = row.get("lease_expires_at").map_err(read)?;
-    let revision: i64 = row.get("revision").map_err(read)?;
+    let status: String = row.get(3).map_err(read)?;
+    let metadata: String = row.get(6).map_err(read)?;
+    let lease_holder: Option<String> = row.get(9).map_err(read)?;
+    let lease_expires_at: Option<i64> = row.get(10).map_err(read)?;
+    let revision: i64 = row.get(11).map_err(read)?;
     Ok(Task {
         agent: agent.clone(),
         number: u64::try_from(number).map_err(|_| bad("number", "negative".into()))?,
-        title: row.get("title").map_err(read)?,
-        description: row.get("description").map_err(read)?,
+        title: row.get(1).map_err(read)?,
+        description: row.get(2).map_err(read)?,
         status: status
             .parse()
             .map_err(|e: spacebot_core::InvalidInput| bad("status", e.to_string()))?,
-        priority: Priority::from_rank(row.get("priority").map_err(read)?)
+        priority: Priority::from_rank(row.get(4).map_err(read)?)
             .map_err(|e| bad("priority", e.to_string()))?,
-        created_by: row.get("created_by").map_err(read)?,
+        created_by: row.get(5).map_err(read)?,
         metadata: serde_json::from_str::<TaskMetadata>(&metadata)
             .map_err(|e| bad("metadata", e.to_string()))?,
-        attempts: count("attempts")?,
-        max_attempts: count("max_attempts")?,
+        attempts: count(7, "attempts")?,
+        max_attempts: count(8, "max_attempts")?,
         lease: match (lease_holder, lease_expires_at) {
             (Some(holder), Some(at)) => Some(Lease {
                 holder,
@@ -111,10 +113,10 @@ fn decode(location: &Location, agent: &AgentId, row: &Row<'_>) -> Result<Task, S
             _ => None,
         },
         revision: u64::try_from(revision).map_err(|_| bad("revision", "negative".into()))?,
-        result: row.get("result").map_err(read)?,
-        error: row.get("error").map_err(read)?,
-        created_at: Timestamp(row.get("created_at").map_err(read)?),
-        updated_at: Timestamp(row.get("updated_at").map_err(read)?),
+        result: row.get(12).map_err(read)?,
+        error: row.get(13).map_err(read)?,
+        created_at: Timestamp(row.get(14).map_err(read)?),
+        updated_at: Timestamp(row.get(15).map_err(read)?),
     })
 }
 
@@ -632,6 +634,26 @@ mod tests {
         let outbox = plan(&stores, &agent, OUTBOX_PENDING_SQL).await.join("\n");
         assert!(outbox.contains("INDEX outbox_unsent"), "{outbox}");
         assert!(!outbox.contains("TEMP B-TREE"), "{outbox}");
+    }
+
+    /// `decode` reads by position: every statement it decodes returns [`TASK_COLUMNS`], in order.
+    #[test]
+    fn every_task_query_returns_the_decoded_columns_in_order() {
+        let squash = |sql: &str| sql.split_whitespace().collect::<Vec<_>>().join(" ");
+        let columns = squash(TASK_COLUMNS);
+        for sql in [
+            CLAIM_SQL,
+            SELECT_BY_KEY_SQL,
+            SELECT_ONE_SQL,
+            EXPIRED_SQL,
+        ] {
+            let sql = squash(sql);
+            assert!(
+                sql.contains(&format!("RETURNING {columns}"))
+                    || sql.contains(&format!("SELECT {columns} FROM")),
+                "{sql}"
+            );
+        }
     }
 
     #[test]
