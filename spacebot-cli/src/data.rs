@@ -340,6 +340,41 @@ fn utc(ms: i64) -> String {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use spacebot_core::{NewTask, TaskStore, Timestamp};
+    use spacebot_sqlite::{Layout, SqliteOptions};
+
+    /// A directory of either SQLite layout shows every agent with rows; one in the per-agent
+    /// layout is read through a migrated copy and left as it was.
+    #[tokio::test]
+    async fn a_snapshot_lists_the_agents_of_either_layout_and_leaves_the_directory_as_it_was() {
+        for layout in [Layout::Organization, Layout::PerAgent] {
+            let dir = tempfile::tempdir().unwrap();
+            let stores = SqliteOptions::new()
+                .layout(layout)
+                .open(dir.path())
+                .await
+                .unwrap();
+            for agent in ["lead", "worker"] {
+                let agent = super::AgentId::parse(agent).unwrap();
+                stores
+                    .tasks()
+                    .create(&agent, NewTask::new("t", ""), Timestamp(1))
+                    .await
+                    .unwrap();
+            }
+            stores.close().await;
+            let had_agents_dir = dir.path().join("agents").is_dir();
+            assert_eq!(had_agents_dir, layout == Layout::PerAgent);
+            let snapshot = super::Snapshot::open(dir.path()).await.unwrap();
+            let names: Vec<&str> = snapshot.agents.iter().map(|a| a.as_str()).collect();
+            assert_eq!(names, ["lead", "worker"], "{layout:?}");
+            assert_eq!(dir.path().join("agents").is_dir(), had_agents_dir);
+            assert!(!dir.path().join("agents.migrated").exists());
+        }
+    }
+
     #[test]
     fn utc_formats_epoch_milliseconds() {
         assert_eq!(super::utc(0), "1970-01-01T00:00:00.000Z");

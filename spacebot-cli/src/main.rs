@@ -134,7 +134,8 @@ enum Format {
 /// A storage backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub(crate) enum Store {
-    /// SQLite files (`instance.db`, `agents/{id}/data/spacebot.db`).
+    /// SQLite: the whole organization in `instance.db` (a directory of the per-agent layout,
+    /// `agents/{id}/data/spacebot.db`, is migrated into it when `serve` opens it).
     Sqlite,
     /// redb files (`instance.redb`, `agents/{id}/spacebot.redb`).
     Redb,

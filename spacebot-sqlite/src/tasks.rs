@@ -641,12 +641,7 @@ mod tests {
     fn every_task_query_returns_the_decoded_columns_in_order() {
         let squash = |sql: &str| sql.split_whitespace().collect::<Vec<_>>().join(" ");
         let columns = squash(TASK_COLUMNS);
-        for sql in [
-            CLAIM_SQL,
-            SELECT_BY_KEY_SQL,
-            SELECT_ONE_SQL,
-            EXPIRED_SQL,
-        ] {
+        for sql in [CLAIM_SQL, SELECT_BY_KEY_SQL, SELECT_ONE_SQL, EXPIRED_SQL] {
             let sql = squash(sql);
             assert!(
                 sql.contains(&format!("RETURNING {columns}"))
