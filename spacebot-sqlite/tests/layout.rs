@@ -453,3 +453,95 @@ async fn a_per_agent_directory_stays_per_agent_when_asked() {
     stores.close().await;
     assert!(dir.path().join("agents/alpha/data/spacebot.db").is_file());
 }
+
+/// Copies the directory written by the release before layouts (see `tests/fixtures/README.md`)
+/// into a new temporary directory.
+fn release_dir() -> tempfile::TempDir {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/release_per_agent");
+    let dir = tempfile::tempdir().unwrap();
+    for (file, bytes) in snapshot(&fixture) {
+        let target = dir.path().join(file.strip_prefix(&fixture).unwrap());
+        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+        std::fs::write(target, bytes).unwrap();
+    }
+    dir
+}
+
+/// A data directory as the release before layouts wrote it (agent and instance schema version
+/// 2, one file per agent) opens in both layouts: migrated into one file by default, kept per
+/// agent when asked, and both show every row that release wrote, exactly.
+#[tokio::test]
+async fn a_directory_written_by_the_release_before_layouts_opens_in_both_layouts() {
+    let (migrated_dir, per_agent_dir) = (release_dir(), release_dir());
+    let migrated = SqliteStores::open(migrated_dir.path()).await.unwrap();
+    assert_eq!(migrated.layout(), Layout::Organization);
+    assert!(migrated_dir.path().join("agents.migrated").is_dir());
+    let per_agent = open(per_agent_dir.path(), Layout::PerAgent).await.unwrap();
+    assert_eq!(per_agent.layout(), Layout::PerAgent);
+    assert_eq!(migrated.agents().await.unwrap(), agents());
+    assert_eq!(per_agent.agents().await.unwrap(), agents());
+    let links = migrated.links().list().await.unwrap();
+    assert_eq!(links, per_agent.links().list().await.unwrap());
+    assert_eq!(
+        (links.len(), links[0].from.as_str(), links[0].to.as_str()),
+        (1, "boss", "alpha")
+    );
+    for (i, who) in agents().iter().enumerate() {
+        let seen = seen(&migrated, who).await;
+        assert_eq!(seen, self::seen(&per_agent, who).await, "{who}");
+        // What the release wrote (tests/fixtures/README.md), value by value.
+        let i = u64::try_from(i).unwrap();
+        let titles: Vec<String> = seen.tasks.iter().map(|t| t.title.clone()).collect();
+        let expected: Vec<String> = (0..4 + i).map(|n| format!("{who} job {n}")).collect();
+        assert_eq!(titles, expected);
+        assert!(seen.tasks.iter().all(|t| t.description == "some \0 text ünïcode"));
+        let statuses: Vec<&str> = seen.tasks.iter().map(|t| t.status.as_str()).collect();
+        assert_eq!(&statuses[..3], ["done", "done", "in_progress"], "{who}");
+        assert!(statuses[3..].iter().all(|s| *s == "ready"), "{who}");
+        assert_eq!(seen.tasks[0].result.as_deref(), Some("result 0"));
+        assert_eq!(seen.outbox.len(), 1, "{who}: the second notice is unsent");
+        assert_eq!(seen.outbox[0].key, format!("{who}#2:done"));
+        assert_eq!(
+            seen.channels,
+            [
+                ChannelId::new(format!("empty-{who}")),
+                ChannelId::portal(who),
+                ChannelId::new(format!("side-{who}")),
+            ]
+        );
+        let mut records: Vec<(u64, String, serde_json::Value)> = seen
+            .histories
+            .iter()
+            .flatten()
+            .map(|r| {
+                (
+                    r.seq,
+                    r.record.content.to_string(),
+                    serde_json::Value::Object(r.record.metadata.clone()),
+                )
+            })
+            .collect();
+        records.sort_by_key(|r| r.0);
+        let expected: Vec<(u64, String, serde_json::Value)> = (0..5 + i)
+            .map(|n| (n + 1, format!("{who} says {n}"), serde_json::json!({ "n": n })))
+            .collect();
+        assert_eq!(records, expected, "{who}");
+        let pending: Vec<String> = seen.pending.iter().map(|e| e.content.clone()).collect();
+        let expected: Vec<String> = (0..2 + i).map(|n| format!("wake {who} {n}")).collect();
+        assert_eq!(pending, expected, "{who}");
+        let applied = usize::try_from(3 + i).unwrap();
+        assert!(seen.applied[..applied].iter().all(|a| *a), "{who}");
+        assert!(seen.applied[applied..].iter().all(|a| !*a), "{who}");
+        // Numbering goes on where the release stopped, in both layouts.
+        for stores in [&migrated, &per_agent] {
+            let next = stores
+                .tasks()
+                .create(who, NewTask::new("next", ""), Timestamp(999))
+                .await
+                .unwrap();
+            assert_eq!(next.number, 5 + i, "{who}");
+        }
+    }
+    migrated.close().await;
+    per_agent.close().await;
+}
