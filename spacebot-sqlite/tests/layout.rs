@@ -478,23 +478,41 @@ async fn a_directory_written_by_the_release_before_layouts_opens_in_both_layouts
     assert!(migrated_dir.path().join("agents.migrated").is_dir());
     let per_agent = open(per_agent_dir.path(), Layout::PerAgent).await.unwrap();
     assert_eq!(per_agent.layout(), Layout::PerAgent);
-    assert_eq!(migrated.agents().await.unwrap(), agents());
-    assert_eq!(per_agent.agents().await.unwrap(), agents());
     let links = migrated.links().list().await.unwrap();
     assert_eq!(links, per_agent.links().list().await.unwrap());
+    for who in agents() {
+        assert_eq!(
+            seen(&migrated, &who).await,
+            seen(&per_agent, &who).await,
+            "{who}"
+        );
+    }
+    check_release_rows(&migrated).await;
+    check_release_rows(&per_agent).await;
+    migrated.close().await;
+    per_agent.close().await;
+}
+
+/// Checks that `stores` hold every row the release wrote into `tests/fixtures/release_per_agent`
+/// (see its README), value by value, then that numbering goes on where that release stopped.
+async fn check_release_rows(stores: &SqliteStores) {
+    assert_eq!(stores.agents().await.unwrap(), agents());
+    let links = stores.links().list().await.unwrap();
     assert_eq!(
         (links.len(), links[0].from.as_str(), links[0].to.as_str()),
         (1, "boss", "alpha")
     );
     for (i, who) in agents().iter().enumerate() {
-        let seen = seen(&migrated, who).await;
-        assert_eq!(seen, self::seen(&per_agent, who).await, "{who}");
-        // What the release wrote (tests/fixtures/README.md), value by value.
+        let seen = seen(stores, who).await;
         let i = u64::try_from(i).unwrap();
         let titles: Vec<String> = seen.tasks.iter().map(|t| t.title.clone()).collect();
         let expected: Vec<String> = (0..4 + i).map(|n| format!("{who} job {n}")).collect();
         assert_eq!(titles, expected);
-        assert!(seen.tasks.iter().all(|t| t.description == "some \0 text ünïcode"));
+        assert!(
+            seen.tasks
+                .iter()
+                .all(|t| t.description == "some \0 text ünïcode")
+        );
         let statuses: Vec<&str> = seen.tasks.iter().map(|t| t.status.as_str()).collect();
         assert_eq!(&statuses[..3], ["done", "done", "in_progress"], "{who}");
         assert!(statuses[3..].iter().all(|s| *s == "ready"), "{who}");
@@ -523,7 +541,13 @@ async fn a_directory_written_by_the_release_before_layouts_opens_in_both_layouts
             .collect();
         records.sort_by_key(|r| r.0);
         let expected: Vec<(u64, String, serde_json::Value)> = (0..5 + i)
-            .map(|n| (n + 1, format!("{who} says {n}"), serde_json::json!({ "n": n })))
+            .map(|n| {
+                (
+                    n + 1,
+                    format!("{who} says {n}"),
+                    serde_json::json!({ "n": n }),
+                )
+            })
             .collect();
         assert_eq!(records, expected, "{who}");
         let pending: Vec<String> = seen.pending.iter().map(|e| e.content.clone()).collect();
@@ -532,16 +556,94 @@ async fn a_directory_written_by_the_release_before_layouts_opens_in_both_layouts
         let applied = usize::try_from(3 + i).unwrap();
         assert!(seen.applied[..applied].iter().all(|a| *a), "{who}");
         assert!(seen.applied[applied..].iter().all(|a| !*a), "{who}");
-        // Numbering goes on where the release stopped, in both layouts.
-        for stores in [&migrated, &per_agent] {
-            let next = stores
-                .tasks()
-                .create(who, NewTask::new("next", ""), Timestamp(999))
-                .await
-                .unwrap();
-            assert_eq!(next.number, 5 + i, "{who}");
-        }
+        let next = stores
+            .tasks()
+            .create(who, NewTask::new("next", ""), Timestamp(999))
+            .await
+            .unwrap();
+        assert_eq!(next.number, 5 + i, "{who}");
     }
-    migrated.close().await;
-    per_agent.close().await;
+}
+
+const MIGRATION_CHILD: &str = "SPACEBOT_SQLITE_MIGRATION_CHILD_DIR";
+
+/// The child of [`a_migration_killed_anywhere_is_redone_whole`]: opens its directory with the
+/// default options (migrating it), then says so.
+#[tokio::test]
+#[ignore = "the child process of a_migration_killed_anywhere_is_redone_whole"]
+async fn migration_child() {
+    let Ok(dir) = std::env::var(MIGRATION_CHILD) else {
+        return;
+    };
+    let stores = SqliteStores::open(&dir).await.unwrap();
+    println!("MIGRATED");
+    stores.close().await;
+}
+
+/// The migration of the release's directory killed with SIGKILL at points spread over its run
+/// (the child process opens it; the parent kills it after a delay that grows each round), then
+/// opened again: every row is there once, whatever the point.
+#[tokio::test]
+async fn a_migration_killed_anywhere_is_redone_whole() {
+    if std::env::var(MIGRATION_CHILD).is_ok() {
+        return;
+    }
+    let spawn = |dir: &Path| {
+        std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["migration_child", "--ignored", "--exact", "--nocapture"])
+            .env(MIGRATION_CHILD, dir)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    // How long a whole run takes here: the kills are spread over it.
+    let dry = release_dir();
+    let started = std::time::Instant::now();
+    let output = spawn(dry.path()).wait_with_output().unwrap();
+    let whole = started.elapsed();
+    assert!(String::from_utf8_lossy(&output.stdout).contains("MIGRATED"));
+    let stores = SqliteStores::open(dry.path()).await.unwrap();
+    check_release_rows(&stores).await;
+    stores.close().await;
+    let rounds: u32 = 16;
+    let mut killed_before_the_end = 0;
+    let mut phases: BTreeMap<&str, u32> = BTreeMap::new();
+    for round in 0..rounds {
+        let dir = release_dir();
+        let mut child = spawn(dir.path());
+        std::thread::sleep(whole * round / rounds);
+        child.kill().unwrap();
+        let output = child.wait_with_output().unwrap();
+        if !String::from_utf8_lossy(&output.stdout).contains("MIGRATED") {
+            killed_before_the_end += 1;
+        }
+        // Where the kill landed: before the open touched the directory, inside the migration
+        // (`instance.db` made, `agents/` still in place), or after it.
+        let phase = match (
+            dir.path().join("instance.db-wal").exists(),
+            dir.path().join("agents").exists(),
+        ) {
+            (_, false) => "after",
+            (true, true) => "inside",
+            (false, true) => "before",
+        };
+        *phases.entry(phase).or_insert(0) += 1;
+        let stores = SqliteStores::open(dir.path())
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: the directory does not open: {e}"));
+        assert_eq!(stores.layout(), Layout::Organization, "round {round}");
+        check_release_rows(&stores).await;
+        stores.close().await;
+        assert!(!dir.path().join("agents").exists(), "round {round}");
+    }
+    eprintln!("kills by phase: {phases:?}");
+    assert!(
+        killed_before_the_end >= rounds / 2,
+        "only {killed_before_the_end} of {rounds} kills landed before the migration ended"
+    );
+    assert!(
+        phases.get("inside").copied().unwrap_or(0) >= 1,
+        "no kill landed inside the migration: {phases:?}"
+    );
 }
