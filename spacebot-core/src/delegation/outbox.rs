@@ -198,10 +198,10 @@ async fn deliver_notice(
         .await
 }
 
-async fn deliver_notice_in_span<'a>(
-    org: &'a BehaviourContext,
+async fn deliver_notice_in_span(
+    org: &BehaviourContext,
     agent: &AgentId,
-    notice: &'a CompletionNotice,
+    notice: &CompletionNotice,
     ended: Option<&Task>,
 ) -> Result<(), String> {
     let target = &notice.task.agent;
@@ -217,22 +217,15 @@ async fn deliver_notice_in_span<'a>(
     // Passive records in both link channels, each written once per notice: the record and its
     // key in one commit (a crash cannot keep the key and lose the record), checked first (the
     // outbox flushes of one agent are serialized, so no second delivery of the notice races).
-    // The two sides are independent (each its own record and key, either may survive a crash
-    // alone and the other is written at the next delivery), so they are written at once: a store
-    // that keeps both agents in one database commits them together.
-    let passive_record = |owner: &'a AgentId, peer: &'a AgentId| {
-        let record_text = &record_text;
-        async move {
-            let key = format!("record:{}", notice.key);
-            let done = org
-                .stores()
-                .deliveries
-                .is_applied(owner, &key)
-                .await
-                .map_err(|e| e.to_string())?;
-            if done {
-                return Ok::<(), String>(());
-            }
+    for (owner, peer) in [(target, delegator), (delegator, target)] {
+        let key = format!("record:{}", notice.key);
+        let done = org
+            .stores()
+            .deliveries
+            .is_applied(owner, &key)
+            .await
+            .map_err(|e| e.to_string())?;
+        if !done {
             let mut record = NewRecord::new(
                 ChannelId::link(owner, peer),
                 RecordKind::System,
@@ -253,16 +246,9 @@ async fn deliver_notice_in_span<'a>(
                 .deliveries
                 .commit(owner, &commit, now)
                 .await
-                .map_err(|e| e.to_string())
+                .map_err(|e| e.to_string())?;
         }
-    };
-    let (target_side, delegator_side) = futures::future::join(
-        passive_record(target, delegator),
-        passive_record(delegator, target),
-    )
-    .await;
-    target_side?;
-    delegator_side?;
+    }
     if let Some(parent) = &notice.parent_task {
         // Multi-hop: the delegator was working on a task; mark the child ended on it. Applying
         // it twice changes nothing.
