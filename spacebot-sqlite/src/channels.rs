@@ -87,6 +87,40 @@ pub(crate) const HISTORY_TEXTS_SQL: &str = "SELECT seq, NULL, kind, author, cont
 #[derive(Debug, Clone)]
 pub struct SqliteChannelStore(pub(crate) SqliteStores);
 
+impl SqliteChannelStore {
+    /// The most recent `limit` records of `agent`'s `channel` (all of them for `None`), oldest
+    /// first, read with `sql` ([`HISTORY_SQL`] or [`HISTORY_TEXTS_SQL`]) and decoded by `decode`.
+    async fn read_history<T: Send + 'static>(
+        &self,
+        agent: &AgentId,
+        channel: &ChannelId,
+        limit: Option<usize>,
+        sql: &'static str,
+        decode: fn(&Location, &AgentId, &Row<'_>) -> Result<T, StoreError>,
+    ) -> Result<Vec<T>, StoreError> {
+        let db = self.0.agent(agent).await?;
+        // -1 is "no limit" to SQLite.
+        let limit = limit.map_or(-1, |l| i64::try_from(l).unwrap_or(i64::MAX));
+        let (agent, channel, location, key) = (
+            agent.clone(),
+            channel.as_str().to_string(),
+            db.location.clone(),
+            db.key.clone(),
+        );
+        db.read("reading a channel history", move |conn| {
+            query::all(
+                conn,
+                &location,
+                "reading a channel history",
+                sql,
+                params![&*key, channel, limit],
+                |row| decode(&location, &agent, row),
+            )
+        })
+        .await
+    }
+}
+
 #[async_trait]
 impl ChannelStore for SqliteChannelStore {
     async fn release(&self) {
@@ -138,26 +172,8 @@ impl ChannelStore for SqliteChannelStore {
         channel: &ChannelId,
         limit: Option<usize>,
     ) -> Result<Vec<ChannelRecord>, StoreError> {
-        let db = self.0.agent(agent).await?;
-        // The most recent `limit` records, returned oldest first; -1 is "no limit" to SQLite.
-        let limit = limit.map_or(-1, |l| i64::try_from(l).unwrap_or(i64::MAX));
-        let (agent, channel, location, key) = (
-            agent.clone(),
-            channel.as_str().to_string(),
-            db.location.clone(),
-            db.key.clone(),
-        );
-        db.read("reading a channel history", move |conn| {
-            query::all(
-                conn,
-                &location,
-                "reading a channel history",
-                HISTORY_SQL,
-                params![&*key, channel, limit],
-                |row| decode(&location, &agent, row),
-            )
-        })
-        .await
+        self.read_history(agent, channel, limit, HISTORY_SQL, decode)
+            .await
     }
 
     async fn history_texts(
@@ -166,31 +182,21 @@ impl ChannelStore for SqliteChannelStore {
         channel: &ChannelId,
         limit: Option<usize>,
     ) -> Result<Vec<HistoryText>, StoreError> {
-        let db = self.0.agent(agent).await?;
-        let limit = limit.map_or(-1, |l| i64::try_from(l).unwrap_or(i64::MAX));
-        let (channel, location, key) = (
-            channel.as_str().to_string(),
-            db.location.clone(),
-            db.key.clone(),
-        );
-        db.read("reading a channel history", move |conn| {
-            query::all(
-                conn,
-                &location,
-                "reading a channel history",
-                HISTORY_TEXTS_SQL,
-                params![&*key, channel, limit],
-                |row| {
-                    let (seq, kind, author, content) = decode_text(&location, row)?;
-                    Ok(HistoryText {
-                        seq,
-                        kind,
-                        author: author.into(),
-                        content: content.into(),
-                    })
-                },
-            )
-        })
+        self.read_history(
+            agent,
+            channel,
+            limit,
+            HISTORY_TEXTS_SQL,
+            |location, _, row| {
+                let (seq, kind, author, content) = decode_text(location, row)?;
+                Ok(HistoryText {
+                    seq,
+                    kind,
+                    author: author.into(),
+                    content: content.into(),
+                })
+            },
+        )
         .await
     }
 

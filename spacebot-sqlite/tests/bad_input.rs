@@ -2,11 +2,13 @@
 //! nothing on disk changes.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::collections::BTreeMap;
+mod common;
+
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 
+use common::{assert_same, snapshot};
 use spacebot_core::task::TaskFilter;
 use spacebot_core::{AgentId, NewTask, StoreError, TaskStore, Timestamp};
 use spacebot_sqlite::{Layout, SqliteOptions, SqliteStores};
@@ -14,41 +16,6 @@ use sqlx::{Connection, SqliteConnection};
 
 fn agent(id: &str) -> AgentId {
     AgentId::parse(id).unwrap()
-}
-
-/// Every file under `dir` with its bytes, but the directory's lock file (`spacebot.lock`, which
-/// every open creates and writes its pid into before it looks at the databases).
-fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
-    let mut out = BTreeMap::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for entry in std::fs::read_dir(&d).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                stack.push(path);
-            } else if path != dir.join("spacebot.lock") {
-                out.insert(path.clone(), std::fs::read(&path).unwrap());
-            }
-        }
-    }
-    out
-}
-
-/// Asserts two snapshots are equal, naming the files that differ (not their bytes).
-#[track_caller]
-fn assert_same(after: &BTreeMap<PathBuf, Vec<u8>>, before: &BTreeMap<PathBuf, Vec<u8>>) {
-    let mut diff = Vec::new();
-    for (path, bytes) in before {
-        match after.get(path) {
-            None => diff.push(format!("removed {}", path.display())),
-            Some(b) if b != bytes => diff.push(format!("changed {}", path.display())),
-            Some(_) => {}
-        }
-    }
-    for path in after.keys().filter(|p| !before.contains_key(*p)) {
-        diff.push(format!("created {}", path.display()));
-    }
-    assert!(diff.is_empty(), "files changed: {diff:?}");
 }
 
 fn assert_corrupt_naming(err: StoreError, file: &Path, says: &str) {

@@ -4,9 +4,12 @@
 //! the default) and in the worker's own file (the per-agent layout).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use common::{copy_dir, snapshot};
 use spacebot_core::task::TaskFilter;
 use spacebot_core::{
     AgentId, ChannelId, ChannelStore, DeliveryStore, NewRecord, NewTask, RecordKind, StoreError,
@@ -32,24 +35,6 @@ fn worker_db(dir: &Path, layout: Layout) -> PathBuf {
 /// Opens `dir` in `layout` with the default checks.
 async fn open(dir: &Path, layout: Layout) -> Result<SqliteStores, StoreError> {
     SqliteOptions::new().layout(layout).open(dir).await
-}
-
-/// Every file under `dir` with its bytes, but the directory's lock file (every open writes its
-/// pid there before it looks at the databases).
-fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
-    let mut out = BTreeMap::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for entry in std::fs::read_dir(&d).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                stack.push(path);
-            } else if path != dir.join("spacebot.lock") {
-                out.insert(path.clone(), std::fs::read(&path).unwrap());
-            }
-        }
-    }
-    out
 }
 
 fn record(content: String) -> NewRecord {
@@ -408,14 +393,6 @@ async fn damaged_write_ahead_log(layout: Layout) {
         prepared.push((case.to_string(), dir, file));
     }
     run_all(prepared, layout).await;
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    for (file, content) in snapshot(from) {
-        let target = to.join(file.strip_prefix(from).unwrap());
-        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
-        std::fs::write(&target, content).unwrap();
-    }
 }
 
 /// The instance database damaged: the open is refused with `Corrupt` naming it.

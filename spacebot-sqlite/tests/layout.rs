@@ -3,10 +3,13 @@
 //! (every directory written before layouts existed) into the organization's database.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use common::{assert_same, copy_dir, snapshot};
 use spacebot_core::channel::{ChannelRecord, NewRecord};
 use spacebot_core::task::{CompletionNotice, Expect, TaskEvent, TaskFilter};
 use spacebot_core::{
@@ -26,23 +29,6 @@ fn agents() -> Vec<AgentId> {
 
 async fn open(dir: &Path, layout: Layout) -> Result<SqliteStores, StoreError> {
     SqliteOptions::new().layout(layout).open(dir).await
-}
-
-/// Every file under `dir` with its bytes, but the directory's lock file.
-fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
-    let mut out = BTreeMap::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for entry in std::fs::read_dir(&d).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                stack.push(path);
-            } else if path != dir.join("spacebot.lock") {
-                out.insert(path.clone(), std::fs::read(&path).unwrap());
-            }
-        }
-    }
-    out
 }
 
 /// Some of everything an agent's rows hold, different for each agent (`i`): tasks (one keyed,
@@ -351,22 +337,7 @@ async fn a_migration_stopped_half_way_is_redone_whole_and_writes_no_damaged_file
     }
     // Not one byte of the agents' files changed, the damaged one included; the directory still
     // opens in the per-agent layout, where alpha's rows are its own file's.
-    let after = snapshot(&dir.path().join("agents"));
-    let changed: Vec<String> = agents_before
-        .iter()
-        .filter(|(path, bytes)| after.get(*path) != Some(*bytes))
-        .map(|(path, bytes)| {
-            let now = after.get(path).map(Vec::len);
-            format!("{} ({} -> {now:?} bytes)", path.display(), bytes.len())
-        })
-        .chain(
-            after
-                .keys()
-                .filter(|p| !agents_before.contains_key(*p))
-                .map(|p| format!("{} (new)", p.display())),
-        )
-        .collect();
-    assert!(changed.is_empty(), "files changed: {changed:?}");
+    assert_same(&snapshot(&dir.path().join("agents")), &agents_before);
     let stores = open(dir.path(), Layout::PerAgent).await.unwrap();
     assert_eq!(
         seen(&stores, &agent("alpha")).await,
@@ -427,7 +398,7 @@ async fn a_directory_in_one_file_is_refused_in_the_per_agent_layout_untouched() 
         text.contains("organization layout") && text.contains("Layout::Organization"),
         "{text}"
     );
-    assert_eq!(snapshot(dir.path()), before);
+    assert_same(&snapshot(dir.path()), &before);
     // The directory's lock was released: it opens at once in its own layout.
     let stores = SqliteStores::open(dir.path()).await.unwrap();
     assert_eq!(
@@ -459,11 +430,7 @@ async fn a_per_agent_directory_stays_per_agent_when_asked() {
 fn release_dir() -> tempfile::TempDir {
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/release_per_agent");
     let dir = tempfile::tempdir().unwrap();
-    for (file, bytes) in snapshot(&fixture) {
-        let target = dir.path().join(file.strip_prefix(&fixture).unwrap());
-        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
-        std::fs::write(target, bytes).unwrap();
-    }
+    copy_dir(&fixture, dir.path());
     dir
 }
 
@@ -646,4 +613,26 @@ async fn a_migration_killed_anywhere_is_redone_whole() {
         phases.get("inside").copied().unwrap_or(0) >= 1,
         "no kill landed inside the migration: {phases:?}"
     );
+}
+
+/// `agents/` goes to `agents.migrated.1/` when `agents.migrated/` is taken; what was there stays.
+#[tokio::test]
+async fn a_taken_migrated_name_is_left_alone_and_the_next_is_used() {
+    let (dir, before, _) = per_agent_dir().await;
+    let taken = dir.path().join("agents.migrated");
+    std::fs::create_dir(&taken).unwrap();
+    std::fs::write(taken.join("mine.txt"), b"keep me").unwrap();
+    let stores = SqliteStores::open(dir.path()).await.unwrap();
+    for who in agents() {
+        assert_eq!(seen(&stores, &who).await, before[who.as_str()], "{who}");
+    }
+    stores.close().await;
+    assert_eq!(std::fs::read(taken.join("mine.txt")).unwrap(), b"keep me");
+    assert!(!taken.join("alpha").exists());
+    assert!(
+        dir.path()
+            .join("agents.migrated.1/alpha/data/spacebot.db")
+            .is_file()
+    );
+    assert!(!dir.path().join("agents").exists());
 }
