@@ -536,6 +536,19 @@ pub async fn a_shutdown_waits_for_the_settlement_left_behind(stores: Stores) {
     assert_eq!((entry.settled.model_calls, entry.reserved.len()), (1, 0));
 }
 
+/// An organization of `config` on `stores` with the ok model and a manual clock at 1,000,000 ms,
+/// every agent started.
+async fn started_on_a_manual_clock(config: &str, stores: Stores) -> OrgHarness {
+    let h = OrgHarness::builder(config)
+        .stores(stores)
+        .llm(Arc::new(ok_llm()))
+        .manual_clock(spacebot::ManualClock::new(1_000_000))
+        .build()
+        .await;
+    h.org.start_all().await.unwrap();
+    h
+}
+
 /// One agent's own `limits` (`[[agents]] limits`, 1 model call an hour) bind that agent alone,
 /// tightened with `[settings.agent_limits]` (3 an hour): solo's second call is refused naming its
 /// hour, the other agent makes three.
@@ -550,14 +563,7 @@ limits = { period = "hour", model_calls = 1 }
 [[agents]]
 id = "other"
 "#;
-    let llm = Arc::new(ok_llm());
-    let mut h = OrgHarness::builder(config)
-        .stores(stores.clone())
-        .llm(llm)
-        .manual_clock(spacebot::ManualClock::new(1_000_000))
-        .build()
-        .await;
-    h.org.start_all().await.unwrap();
+    let mut h = started_on_a_manual_clock(config, stores).await;
     assert_eq!(ask(&mut h, "solo", 1).await.kind, ReplyKind::Answer);
     let refused = ask(&mut h, "solo", 2).await;
     assert_eq!(refused.kind, ReplyKind::Failure);
@@ -605,14 +611,7 @@ id = "solo"
 [[agents]]
 id = "other"
 "#;
-    let llm = Arc::new(ok_llm());
-    let mut h = OrgHarness::builder(config)
-        .stores(stores.clone())
-        .llm(llm)
-        .manual_clock(spacebot::ManualClock::new(1_000_000))
-        .build()
-        .await;
-    h.org.start_all().await.unwrap();
+    let mut h = started_on_a_manual_clock(config, stores).await;
     assert_eq!(ask(&mut h, "solo", 1).await.kind, ReplyKind::Answer);
     assert_eq!(ask(&mut h, "solo", 2).await.kind, ReplyKind::Answer);
     let refused = ask(&mut h, "solo", 3).await;
