@@ -202,30 +202,68 @@ impl A2a {
                 self.show_waits(&a2a_task).await;
             }
             EventKind::TaskCancelled => {
-                let Some((a2a_task, what)) = lock(&self.inner.approvals).remove(task_ref) else {
+                // Forgotten only once rejected: until then, an answer of the agent finds it
+                // (`rejected_before`).
+                let Some((a2a_task, what)) = lock(&self.inner.approvals).get(task_ref).cloned()
+                else {
                     return;
                 };
-                let reason = match self.attached() {
-                    Some(attached) => attached
-                        .boards
-                        .get(&task_ref.agent, task_ref.number)
-                        .await
-                        .ok()
-                        .flatten()
-                        .and_then(|t| t.error),
-                    None => None,
-                };
-                let reason = reason.map(|r| format!(" ({r})")).unwrap_or_default();
-                self.set_state(
-                    &a2a_task,
-                    TaskState::Rejected,
-                    Some(format!("refused: {what} was not approved{reason}")),
-                )
-                .await;
-                lock(&self.inner.approvals).retain(|_, (t, _)| *t != a2a_task);
+                self.reject(&a2a_task, task_ref, &what).await;
+                lock(&self.inner.approvals).remove(task_ref);
             }
             _ => {}
         }
+    }
+
+    /// The A2A task is rejected: the approval of `task_ref` (a task of its request, `what`) was
+    /// refused.
+    async fn reject(&self, a2a_task: &str, task_ref: &TaskRef, what: &str) {
+        let reason = match self.attached() {
+            Some(attached) => attached
+                .boards
+                .get(&task_ref.agent, task_ref.number)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|t| t.error),
+            None => None,
+        };
+        let reason = reason.map(|r| format!(" ({r})")).unwrap_or_default();
+        self.set_state(
+            a2a_task,
+            TaskState::Rejected,
+            Some(format!("refused: {what} was not approved{reason}")),
+        )
+        .await;
+    }
+
+    /// Whether an approval the A2A task waited for was refused, though the event saying so may
+    /// not have been followed yet: then the task is rejected now. The agent answers the refusal
+    /// at once, and its answer must not complete a task whose approval was refused, whichever of
+    /// the two this handle sees first.
+    async fn rejected_before(&self, a2a_task: &str) -> bool {
+        let waits: Vec<(TaskRef, String)> = lock(&self.inner.approvals)
+            .iter()
+            .filter(|(_, (t, _))| t == a2a_task)
+            .map(|(r, (_, what))| (r.clone(), what.clone()))
+            .collect();
+        let Some(attached) = self.attached() else {
+            return false;
+        };
+        for (task_ref, what) in waits {
+            let task = attached
+                .boards
+                .get(&task_ref.agent, task_ref.number)
+                .await
+                .ok()
+                .flatten();
+            if task.is_some_and(|t| t.status == TaskStatus::Cancelled) {
+                self.reject(a2a_task, &task_ref, &what).await;
+                lock(&self.inner.approvals).remove(&task_ref);
+                return true;
+            }
+        }
+        false
     }
 
     /// What waits, said to the client: the task, its assignee, who delegated it.
@@ -311,7 +349,8 @@ impl A2a {
         let result = attached
             .store
             .update(task, now, |t| {
-                if t.state == state && t.answer == answer {
+                // A task that ended stays as it ended.
+                if t.state.is_terminal() || (t.state == state && t.answer == answer) {
                     return false;
                 }
                 // A task is never moved back to working once it waits for input or ended.
@@ -380,10 +419,17 @@ impl Outbound for A2a {
                 "the A2A handle is not attached to an organization".into(),
             ));
         };
+        if self.rejected_before(&task).await {
+            return Ok(());
+        }
         let content = reply.content.to_string();
         attached
             .store
             .update(&task, attached.clock.now(), |t| {
+                // Rejected or canceled before the agent answered: it stays so.
+                if t.state.is_terminal() {
+                    return false;
+                }
                 t.state = state;
                 t.answer = Some(content.clone());
                 true
