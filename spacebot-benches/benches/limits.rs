@@ -71,13 +71,15 @@ impl Backend {
 struct Bench {
     org: Organization,
     replies: Replies,
+    /// SQLite's stores, for their writer's counters.
+    sqlite: Option<spacebot::sqlite::SqliteStores>,
     _dir: Option<tempfile::TempDir>,
 }
 
 impl Bench {
     async fn start(backend: Backend, limited: bool) -> Self {
-        let (stores, dir) = match backend {
-            Backend::Memory => (Stores::memory(), None),
+        let (stores, sqlite, dir) = match backend {
+            Backend::Memory => (Stores::memory(), None, None),
             Backend::Sqlite => {
                 let dir = tempfile::tempdir().unwrap();
                 let sqlite = spacebot::sqlite::SqliteOptions::new()
@@ -85,7 +87,7 @@ impl Bench {
                     .open(dir.path())
                     .await
                     .unwrap();
-                (sqlite.stores(), Some(dir))
+                (sqlite.stores(), Some(sqlite), Some(dir))
             }
         };
         let toml = if limited {
@@ -105,6 +107,7 @@ impl Bench {
         Self {
             org,
             replies,
+            sqlite,
             _dir: dir,
         }
     }
@@ -202,13 +205,24 @@ fn count_turns(turns: u64) {
         .unwrap();
     rt.block_on(async {
         let mut bench = Bench::start(backend, limited).await;
+        let before = bench.sqlite.as_ref().map(|s| s.instance_write_stats());
         let took = bench.turns(turns).await;
+        // The writer's counters once the settlements made behind were stored too.
+        bench.org.shutdown().await.unwrap();
+        let after = bench.sqlite.as_ref().map(|s| s.instance_write_stats());
+        let writes = match (before, after) {
+            (Some(a), Some(b)) => format!(
+                "; {:.2} commits and {:.2} write operations a turn",
+                (b.commits - a.commits) as f64 / turns as f64,
+                (b.operations - a.operations) as f64 / turns as f64
+            ),
+            _ => String::new(),
+        };
         println!(
-            "{turns} turns on {} with limits {} in {took:?}",
+            "{turns} turns on {} with limits {} in {took:?}{writes}",
             backend.name(),
             if limited { "on" } else { "off" }
         );
-        bench.stop().await;
     });
 }
 

@@ -289,6 +289,7 @@ impl OrganizationBuilder {
                 request_ledger,
                 settle_waiters: Mutex::new(Vec::new()),
                 reserving: Mutex::new(std::collections::HashSet::new()),
+                settle_flush: Arc::default(),
                 operator_periods: Mutex::new(Vec::new()),
                 handing_over: Mutex::new(HashSet::new()),
                 idle_waiters: std::sync::atomic::AtomicUsize::new(0),

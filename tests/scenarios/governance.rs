@@ -245,9 +245,9 @@ pub async fn a_message_limit_holds_across_a_restart(stores: Stores) {
 
 /// A request of one model call: nothing writes the request after its call, so its settlement
 /// (counted at once in the process, see `RequestLedger::settle_behind`) is stored by the flush
-/// behind the turn: another reader of the stores (another process) sees the call settled, not
-/// its reservation, soon after the reply and before any shutdown; a shutdown right after a reply
-/// waits for that flush; a restart finds both settled.
+/// that follows it at most 50 ms later: another reader of the stores (another process) sees the
+/// call settled, not its reservation, soon after the reply and before any shutdown; a shutdown
+/// right after a reply runs that flush at once and waits for it; a restart finds both settled.
 pub async fn the_settlement_of_a_requests_last_call_is_stored(stores: Stores) {
     let llm = Arc::new(Tree::default());
     let mut h = OrgHarness::builder(limited("total_tokens = 100000"))

@@ -418,15 +418,47 @@ impl RequestLedger {
     /// # Errors
     /// The first store error (the others are tried still).
     pub async fn flush_all(&self, now: Timestamp) -> Result<(), StoreError> {
-        let requests: Vec<String> = self.behind().keys().cloned().collect();
+        let requests: Vec<EnvelopeId> = self
+            .behind()
+            .keys()
+            .map(|r| EnvelopeId::new(r.clone()))
+            .collect();
         let mut first = Ok(());
-        for request in requests {
-            let done = self.flush(&EnvelopeId::new(request), now).await;
+        for done in futures::future::join_all(requests.iter().map(|r| self.flush(r, now))).await {
             if first.is_ok() {
                 first = done;
             }
         }
         first
+    }
+
+    /// Stores the settlements made behind of every request but `except`, all at once (their
+    /// writes sent together); what fails stays pending.
+    ///
+    /// # Errors
+    /// The first store error.
+    pub async fn flush_others(
+        &self,
+        except: &EnvelopeId,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let requests: Vec<EnvelopeId> = {
+            let behind = self.behind();
+            if behind.is_empty() {
+                return Ok(());
+            }
+            behind
+                .keys()
+                .filter(|r| r.as_str() != except.as_str())
+                .map(|r| EnvelopeId::new(r.clone()))
+                .collect()
+        };
+        let flushes = requests.iter().map(|r| self.flush(r, now));
+        futures::future::join_all(flushes)
+            .await
+            .into_iter()
+            .collect::<Result<Vec<()>, _>>()
+            .map(|_| ())
     }
 
     /// Charges `spent` at once (no reservation), checked against the limits first: what a tool

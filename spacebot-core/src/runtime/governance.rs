@@ -19,6 +19,9 @@ use crate::runtime::host::{Host, lock};
 pub(crate) const BUSY_POLL: std::time::Duration = std::time::Duration::from_millis(250);
 /// How many times a call waits for the request's other reservations before it is refused.
 pub(crate) const BUSY_ROUNDS: u32 = 240;
+/// How long a model call's settlement made behind waits, at most, for a write of this host to
+/// carry it (the next reservation) before a flush of its own stores it.
+pub(crate) const SETTLE_FLUSH_AFTER: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// The record saying that some message bound limits of its own: turns read the ledger even when
 /// `[settings.limits]` is empty (across a restart too).
@@ -180,11 +183,19 @@ impl Host {
             let now = self.clock.now();
             let mut granted = call;
             let mut held: Vec<&Scope> = Vec::new();
-            let mut refusal = match self
-                .ledger()
-                .reserve(request, key, &granted, &self.settings.limits, now)
-                .await?
-            {
+            // Settlements of other requests made behind ride along: written beside this
+            // reservation (the stores group writes sent together into one commit), not each
+            // by a write of its own.
+            let ledger = self.ledger();
+            let (reserved, flushed) = futures::future::join(
+                ledger.reserve(request, key, &granted, &self.settings.limits, now),
+                ledger.flush_others(request, now),
+            )
+            .await;
+            if let Err(e) = flushed {
+                tracing::warn!("model calls' settlements were not stored yet: {e}");
+            }
+            let mut refusal = match reserved? {
                 Ok(spend) => {
                     granted.max_output = spend.output_tokens;
                     None
@@ -252,9 +263,10 @@ impl Host {
     /// Settles a reserved model call of `agent` with what it spent (priced), in every scope.
     ///
     /// The request's settlement is made behind ([`RequestLedger::settle_behind`]): counted at
-    /// once in this process, stored by the request's next write (its next call) or by a flush
-    /// in the background, off the turn's way; a kill before it is stored leaves the reservation
-    /// counted, as a kill before the settlement always did.
+    /// once in this process, stored by the next reservation this host writes (of any request,
+    /// in the same batch of writes) or at the latest [`SETTLE_FLUSH_AFTER`] later (or at
+    /// shutdown) by a flush in the background, off the turn's way; a kill before it is stored
+    /// leaves the reservation counted, as a kill before the settlement always did.
     pub(crate) async fn settle_call(
         &self,
         agent: &AgentId,
@@ -265,18 +277,8 @@ impl Host {
         lock(&self.reserving).remove(key);
         let now = self.clock.now();
         let spent = spent.priced(self.price().as_ref());
-        let ledger = self.ledger();
-        ledger.settle_behind(request, key, spent);
-        let (clock, flushed) = (self.clock.clone(), request.clone());
-        let counted = self.background.enter();
-        self.loops.spawn(Box::pin(async move {
-            if let Err(e) = ledger.flush(&flushed, clock.now()).await {
-                // Still counted in this process, and the record keeps the reservation: the
-                // request's next write stores the settlement.
-                tracing::warn!(request = %flushed, "a model call's settlement was not stored yet: {e}");
-            }
-            drop(counted);
-        }));
+        self.ledger().settle_behind(request, key, spent);
+        self.schedule_settle_flush();
         let mut settled = Ok(());
         let periods = PeriodLedger::new(self.stores.records.clone());
         for (scope, _) in self.period_scopes(agent) {
@@ -289,6 +291,43 @@ impl Host {
             let _ = waiter.send(());
         }
         settled
+    }
+
+    /// Schedules a flush of the settlements made behind [`SETTLE_FLUSH_AFTER`] from now, unless
+    /// one is scheduled already; [`flush_settlements_now`](Self::flush_settlements_now) makes it
+    /// run at once.
+    fn schedule_settle_flush(&self) {
+        let rx = {
+            let mut slot = lock(&self.settle_flush);
+            if slot.is_some() {
+                return;
+            }
+            let (tx, rx) = oneshot::channel();
+            *slot = Some(tx);
+            rx
+        };
+        let (ledger, clock, slot) = (self.ledger(), self.clock.clone(), self.settle_flush.clone());
+        // Its deadline counts from now, not from when the flush is first polled.
+        let delay = clock.sleep(SETTLE_FLUSH_AFTER);
+        let counted = self.background.enter();
+        self.loops.spawn(Box::pin(async move {
+            futures::future::select(rx, delay).await;
+            // Cleared before the flush: a settlement made during it schedules the next one.
+            lock(&slot).take();
+            if let Err(e) = ledger.flush_all(clock.now()).await {
+                // Still counted in this process, and the records keep the reservations: the
+                // requests' next writes, or the next flush, store the settlements.
+                tracing::warn!("model calls' settlements were not stored yet: {e}");
+            }
+            drop(counted);
+        }));
+    }
+
+    /// Runs the scheduled flush of settlements made behind at once (at shutdown).
+    pub(crate) fn flush_settlements_now(&self) {
+        if let Some(now) = lock(&self.settle_flush).take() {
+            let _ = now.send(());
+        }
     }
 
     /// Charges `n` tool calls of `agent` to `request` and to the agent's and organization's
@@ -473,7 +512,7 @@ mod tests {
 
     use super::*;
     use crate::config::OrgConfig;
-    use crate::limits::CallEstimate;
+    use crate::limits::{CallEstimate, LedgerEntry};
     use crate::testing::FnLlm;
     use crate::{ChatResponse, ManualClock, Organization, Stores};
 
@@ -540,5 +579,103 @@ mod tests {
         assert_eq!(entry.settled.total_tokens, 100);
         assert_eq!(entry.committed().total_tokens, 700);
         org.shutdown().await.unwrap();
+    }
+
+    /// A settlement made behind is stored by the next reservation of this host (another
+    /// request's, in writes sent together), else once [`SETTLE_FLUSH_AFTER`] passed on the
+    /// organization's clock, else at shutdown; until then the record holds the reservation.
+    #[tokio::test]
+    async fn a_settlement_rides_on_the_next_reservation_else_is_flushed_after_its_delay() {
+        let config = OrgConfig::from_toml_str(
+            "[settings.limits]\ntotal_tokens = 100000\n[[agents]]\nid = \"a\"\n",
+        )
+        .unwrap();
+        let stores = Stores::memory();
+        let records = stores.records.clone();
+        let clock = Arc::new(ManualClock::new(1_000_000));
+        let org = Organization::builder(config)
+            .stores(stores)
+            .llm(Arc::new(FnLlm::new(|_| Ok(ChatResponse::text("ok")))))
+            .clock(clock.clone())
+            .build()
+            .await
+            .unwrap();
+        let host = org.inner.clone();
+        let a = AgentId::parse("a").unwrap();
+        let call = CallEstimate {
+            input: 400,
+            max_output: 200,
+            price: None,
+        };
+        let spent = Spend {
+            input_tokens: 90,
+            output_tokens: 10,
+            total_tokens: 100,
+            model_calls: 1,
+            ..Spend::default()
+        };
+        // What the record holds: (settled tokens, open reservations).
+        let stored = |request: &'static str| {
+            let records = records.clone();
+            async move {
+                let record = records
+                    .get(crate::limits::NAMESPACE, request)
+                    .await
+                    .unwrap()
+                    .expect("the request's record");
+                let entry = record.decode::<LedgerEntry>().unwrap().value;
+                (entry.settled.total_tokens, entry.reserved.len())
+            }
+        };
+        let settle_one = |request: &'static str, key: &'static str| {
+            let host = host.clone();
+            let a = a.clone();
+            async move {
+                let request = EnvelopeId::new(request);
+                host.reserve_call(&a, &request, key, call)
+                    .await
+                    .unwrap()
+                    .unwrap();
+                host.settle_call(&a, &request, key, spent).await.unwrap();
+            }
+        };
+        settle_one("r1", "a:1").await;
+        // Counted at once in this process; the record still holds the reservation.
+        let entry = org
+            .request_spend(&EnvelopeId::new("r1"))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(entry.settled.total_tokens, 100);
+        assert_eq!(stored("r1").await, (0, 1));
+        // The next reservation, of another request, carries it.
+        host.reserve_call(&a, &EnvelopeId::new("r2"), "a:2", call)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(stored("r1").await, (100, 0));
+        assert_eq!(stored("r2").await, (0, 1));
+        host.settle_call(&a, &EnvelopeId::new("r2"), "a:2", spent)
+            .await
+            .unwrap();
+        // No reservation follows: the delayed flush stores it once its time passed (the clock is
+        // manual: it has not yet).
+        assert_eq!(stored("r2").await, (0, 1));
+        clock.advance(SETTLE_FLUSH_AFTER);
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while stored("r2").await != (100, 0) {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the settlement was not stored once its delay passed");
+        // Shutdown stores what waits, without the clock moving.
+        settle_one("r3", "a:3").await;
+        assert_eq!(stored("r3").await, (0, 1));
+        tokio::time::timeout(Duration::from_secs(10), org.shutdown())
+            .await
+            .expect("shutdown waited for the delayed flush")
+            .unwrap();
+        assert_eq!(stored("r3").await, (100, 0));
     }
 }

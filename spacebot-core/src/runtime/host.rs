@@ -266,6 +266,11 @@ pub(crate) struct Host {
     /// the organization runs in one process, a reservation not among them was left by a run
     /// that ended without settling it (a crash), and no call waits for it.
     pub(crate) reserving: Mutex<std::collections::HashSet<String>>,
+    /// The flush of settlements made behind that waits for [`SETTLE_FLUSH_AFTER`]: set while
+    /// one is scheduled; sending on it (shutdown) flushes at once.
+    ///
+    /// [`SETTLE_FLUSH_AFTER`]: crate::runtime::governance::SETTLE_FLUSH_AFTER
+    pub(crate) settle_flush: Arc<Mutex<Option<oneshot::Sender<()>>>>,
     /// The period scopes an operator set limits for at run time (read at build, added to by
     /// `Organization::set_period_limits`): checked besides the configured ones.
     pub(crate) operator_periods: Mutex<Vec<crate::limits::Scope>>,

@@ -291,6 +291,8 @@ impl Host {
             // the shutdown returned.
             self.stop_keeping_session(&agent, true).await?;
         }
+        // Settlements of model calls made behind are stored now, not after their delay.
+        self.flush_settlements_now();
         // Task loops, executor attempts and wake-ups end with their agents: once they have,
         // nothing of the organization uses the stores, and dropping the last handles releases
         // them (a data directory can be opened again at once).
