@@ -110,7 +110,8 @@ impl<'a> Turn<'a> {
         }
         recall_source(host, agent, &channel, &frames[0].envelopes[0]).await;
         remember_sources(agent, &frames[0].envelopes);
-        log.flush_records(host, &me).await;
+        // The input's records are written with the turn's first model call, beside its
+        // reservation (see `call_model_raw`), or by the turn's commit when it makes none.
         let system =
             cached_system_prompt(host, agent, &channel).map_err(|e| failure(e, &frames))?;
         let scope = ToolCapability::new(host.clone(), me.clone());
@@ -400,7 +401,15 @@ impl<'a> Turn<'a> {
         streams: bool,
         log: &mut TurnLog,
     ) -> Result<Result<ChatResponse, LlmError>, TurnFailure> {
-        let reservation = self.reserve(&mut request).await?;
+        // The records gathered so far (the turn's input, before its first call) are written
+        // beside the call's reservation: sent together, the stores group the two writes into
+        // one commit, and the history shows them before the model is asked.
+        let (reservation, ()) = futures::future::join(
+            self.reserve(&mut request),
+            log.flush_records(self.host, &self.me),
+        )
+        .await;
+        let reservation = reservation?;
         let (host, agent, me) = (self.host, self.agent, &self.me);
         let streams_to = self.frames.last().filter(|_| streams);
         let (provider, model) = (host.llm.provider_name(), request.model.clone());
