@@ -2,7 +2,8 @@
 //! usage, the reply is out) with no limits and with `[settings.limits]` set (every model call
 //! reserved before it is made and settled after, in the request's ledger record), on in-memory
 //! stores and on SQLite in a temporary directory (`synchronous = NORMAL`, set here: the figures
-//! in docs/governance.md were taken so, and a turn's CPU is what is compared, not the disk).
+//! in docs/governance.md were taken so, and a turn's CPU is what is compared, not the disk;
+//! `SPACEBOT_BENCH_SYNC=full` runs SQLite's default, `FULL`, where each commit is an `fsync`).
 //!
 //! ```text
 //! cargo bench -p spacebot-benches --bench limits
@@ -82,8 +83,14 @@ impl Bench {
             Backend::Memory => (Stores::memory(), None, None),
             Backend::Sqlite => {
                 let dir = tempfile::tempdir().unwrap();
+                // `SPACEBOT_BENCH_SYNC=full`: the default setting, a commit one `fsync`.
+                let sync = if std::env::var("SPACEBOT_BENCH_SYNC").as_deref() == Ok("full") {
+                    spacebot::sqlite::Synchronous::Full
+                } else {
+                    spacebot::sqlite::Synchronous::Normal
+                };
                 let sqlite = spacebot::sqlite::SqliteOptions::new()
-                    .synchronous(spacebot::sqlite::Synchronous::Normal)
+                    .synchronous(sync)
                     .open(dir.path())
                     .await
                     .unwrap();
