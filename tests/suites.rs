@@ -398,6 +398,7 @@ on_every_backend!(governance #[tokio::test(flavor = "multi_thread", worker_threa
     without_limits_the_tree_runs_and_nothing_is_recorded,
     a_message_limit_holds_across_a_restart,
     the_settlement_of_a_requests_last_call_is_stored,
+    a_limited_turns_input_and_reservation_are_stored_before_its_call,
     a_shutdown_waits_for_the_settlement_left_behind,
     open_tasks_of_a_stopped_request_fail_at_once,
     a_cost_limit_binds_with_the_price_table,

@@ -243,6 +243,48 @@ pub async fn a_message_limit_holds_across_a_restart(stores: Stores) {
     assert!(more.is_empty(), "told more than once: {more:?}");
 }
 
+/// Under limits a turn's input records go with its first model call's reservation (written
+/// together, one commit where the store can): both are stored before the model is asked. The
+/// model here waits for the test, which reads the stores as another process would.
+pub async fn a_limited_turns_input_and_reservation_are_stored_before_its_call(stores: Stores) {
+    let (llm, mut calls) = spacebot::testing::MockLlm::pair();
+    let mut h = OrgHarness::builder(limited("total_tokens = 100000"))
+        .stores(stores.clone())
+        .llm(Arc::new(llm))
+        .build()
+        .await;
+    let w1 = AgentId::parse("w1").unwrap();
+    h.org.start_agent(&w1).await.unwrap();
+    let request = h
+        .org
+        .deliver(
+            "w1",
+            InboundMessage::new("portal", "u1", "stored before the call"),
+        )
+        .await
+        .unwrap();
+    let call = tokio::time::timeout(h.timeout, calls.next())
+        .await
+        .expect("the model was asked")
+        .expect("a call");
+    let channel = call.request.channel.clone().expect("the request's channel");
+    let history = stores.channels.history(&w1, &channel, None).await.unwrap();
+    assert!(
+        history
+            .iter()
+            .any(|r| r.record.content.as_ref() == "stored before the call"),
+        "the input is not in the stored history: {history:?}"
+    );
+    let stored = RequestLedger::new(stores.records.clone())
+        .get(&request)
+        .await
+        .unwrap()
+        .expect("the request's ledger record");
+    assert_eq!(stored.reserved.len(), 1, "{stored:?}");
+    call.respond_text("part done");
+    assert_eq!(h.reply().await.content, "part done");
+}
+
 /// A request of one model call: nothing writes the request after its call, so its settlement
 /// (counted at once in the process, see `RequestLedger::settle_behind`) is stored by the flush
 /// that follows it at most 50 ms later: another reader of the stores (another process) sees the

@@ -110,8 +110,12 @@ impl<'a> Turn<'a> {
         }
         recall_source(host, agent, &channel, &frames[0].envelopes[0]).await;
         remember_sources(agent, &frames[0].envelopes);
-        // The input's records are written with the turn's first model call, beside its
-        // reservation (see `call_model_raw`), or by the turn's commit when it makes none.
+        // The input's records are written now, before the turn is said to start. Under limits
+        // they go with the turn's first model call instead, beside its reservation (one commit,
+        // see `call_model_raw`), or with the turn's commit when it makes none.
+        if !host.limits_in_use() {
+            log.flush_records(host, &me).await;
+        }
         let system =
             cached_system_prompt(host, agent, &channel).map_err(|e| failure(e, &frames))?;
         let scope = ToolCapability::new(host.clone(), me.clone());
@@ -401,9 +405,9 @@ impl<'a> Turn<'a> {
         streams: bool,
         log: &mut TurnLog,
     ) -> Result<Result<ChatResponse, LlmError>, TurnFailure> {
-        // The records gathered so far (the turn's input, before its first call) are written
-        // beside the call's reservation: sent together, the stores group the two writes into
-        // one commit, and the history shows them before the model is asked.
+        // The records gathered so far (under limits, the turn's input before its first call)
+        // are written beside the call's reservation: sent together, the stores group the two
+        // writes into one commit, and the history shows them before the model is asked.
         let (reservation, ()) = futures::future::join(
             self.reserve(&mut request),
             log.flush_records(self.host, &self.me),
