@@ -20,11 +20,11 @@ use std::time::Duration;
 use serde_json::json;
 use spacebot::event::EventKind;
 use spacebot::limits::{Limit, Limits};
-use spacebot::llm::{ChatResponse, Usage};
+use spacebot::llm::{ChatRequest, ChatResponse, LlmProvider, Usage};
 use spacebot::placement::{PlacementOptions, ProcessId};
 use spacebot::postgres::{PgOptions, PgStores};
 use spacebot::testing::{FnLlm, OrgHarness, last_user_text, tool_call};
-use spacebot::{AgentId, ChatMessage, InboundMessage, ReplyKind};
+use spacebot::{AgentId, ChatMessage, InboundMessage, LlmError, ReplyKind};
 
 /// Set in the second process: the run directory (where `stop` appears and the child writes how
 /// many model calls it made).
@@ -83,6 +83,12 @@ fn model() -> FnLlm {
                     .collect(),
             ),
             _ => {
+                // In the second process, w2 says it was asked (see `FirstAfterOther`).
+                if me == "w2"
+                    && let Ok(dir) = std::env::var(CHILD_DIR)
+                {
+                    let _ = std::fs::write(std::path::Path::new(&dir).join(W2_ASKED), b"");
+                }
                 let done = request
                     .messages
                     .iter()
@@ -102,8 +108,41 @@ fn model() -> FnLlm {
     })
 }
 
+/// The file the second process writes when its model is first asked for `w2`.
+const W2_ASKED: &str = "w2-asked";
+
+/// This process's model: `w1`'s first call waits (without blocking a thread) until `w2` was asked
+/// in the other process, so both processes spend from the request however the two are scheduled
+/// (a starved second process could otherwise find the limit used up before it starts).
+#[derive(Debug)]
+struct FirstAfterOther {
+    inner: FnLlm,
+    asked: std::path::PathBuf,
+}
+
+#[async_trait::async_trait]
+impl LlmProvider for FirstAfterOther {
+    async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, LlmError> {
+        if request.agent.as_ref().is_some_and(|a| a.as_str() == "w1") {
+            tokio::time::timeout(Duration::from_secs(60), async {
+                while !self.asked.exists() {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            })
+            .await
+            .expect("w2 was asked in the other process within 60 s");
+        }
+        self.inner.complete(request).await
+    }
+}
+
 /// A process of the organization on the shared schema, hosting `agents`.
-async fn placed(stores: &PgStores, process: &str, agents: &[&str], llm: &FnLlm) -> OrgHarness {
+async fn placed(
+    stores: &PgStores,
+    process: &str,
+    agents: &[&str],
+    llm: Arc<dyn LlmProvider>,
+) -> OrgHarness {
     let options = PlacementOptions::new(ProcessId::new(process).unwrap())
         .with_lease(
             Duration::from_secs(5),
@@ -114,7 +153,7 @@ async fn placed(stores: &PgStores, process: &str, agents: &[&str], llm: &FnLlm) 
         .with_agents(agents.iter().map(|a| id(a)));
     let mut h = OrgHarness::builder(CONFIG)
         .stores(stores.stores())
-        .llm(Arc::new(llm.clone()))
+        .llm(llm)
         .placement(Arc::new(stores.placement()), options)
         .build()
         .await;
@@ -139,7 +178,7 @@ async fn limits_child() {
         .await
         .unwrap();
     let llm = model();
-    let h = placed(&pg, "b", &["w2"], &llm).await;
+    let h = placed(&pg, "b", &["w2"], Arc::new(llm.clone())).await;
     h.org.start_all().await.unwrap();
     std::fs::write(dir.join("started"), b"").unwrap();
     h.wait_until("the first process is done", || {
@@ -198,7 +237,11 @@ async fn two_processes_spending_from_one_request_never_pass_its_limit() {
     }
     let child = Reap(&mut child);
     let llm = model();
-    let mut h = placed(&pg, "a", &["chief", "w1"], &llm).await;
+    let first_after_other = FirstAfterOther {
+        inner: llm.clone(),
+        asked: dir.path().join(W2_ASKED),
+    };
+    let mut h = placed(&pg, "a", &["chief", "w1"], Arc::new(first_after_other)).await;
     h.org.start_all().await.unwrap();
     h.wait_until("the second process hosts w2", || {
         let started = dir.path().join("started");
