@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use spacebot_core::runtime::OutboundError;
 use spacebot_core::{
     AgentId, Behaviour, BehaviourContext, Clock, EnvelopeId, Event, EventKind, EventSubscription,
-    Outbound, Reply, ReplyKind, Source, TaskRef, TaskStatus,
+    Outbound, Reply, ReplyKind, Source, Task, TaskRef, TaskStatus,
 };
 use tokio::sync::broadcast;
 
@@ -208,27 +208,29 @@ impl A2a {
                 else {
                     return;
                 };
-                self.reject(&a2a_task, task_ref, &what).await;
+                let error = self.board_task(task_ref).await.and_then(|t| t.error);
+                self.reject(&a2a_task, &what, error).await;
                 lock(&self.inner.approvals).remove(task_ref);
             }
             _ => {}
         }
     }
 
-    /// The A2A task is rejected: the approval of `task_ref` (a task of its request, `what`) was
-    /// refused.
-    async fn reject(&self, a2a_task: &str, task_ref: &TaskRef, what: &str) {
-        let reason = match self.attached() {
-            Some(attached) => attached
-                .boards
-                .get(&task_ref.agent, task_ref.number)
-                .await
-                .ok()
-                .flatten()
-                .and_then(|t| t.error),
-            None => None,
-        };
-        let reason = reason.map(|r| format!(" ({r})")).unwrap_or_default();
+    /// The task `task_ref` of an organization's board, if this handle is attached and it is
+    /// there.
+    async fn board_task(&self, task_ref: &TaskRef) -> Option<Task> {
+        self.attached()?
+            .boards
+            .get(&task_ref.agent, task_ref.number)
+            .await
+            .ok()
+            .flatten()
+    }
+
+    /// The A2A task is rejected: the approval of a task of its request (`what`) was refused,
+    /// for the reason the task ended with (`error`).
+    async fn reject(&self, a2a_task: &str, what: &str, error: Option<String>) {
+        let reason = error.map(|r| format!(" ({r})")).unwrap_or_default();
         self.set_state(
             a2a_task,
             TaskState::Rejected,
@@ -247,18 +249,12 @@ impl A2a {
             .filter(|(_, (t, _))| t == a2a_task)
             .map(|(r, (_, what))| (r.clone(), what.clone()))
             .collect();
-        let Some(attached) = self.attached() else {
-            return false;
-        };
         for (task_ref, what) in waits {
-            let task = attached
-                .boards
-                .get(&task_ref.agent, task_ref.number)
-                .await
-                .ok()
-                .flatten();
-            if task.is_some_and(|t| t.status == TaskStatus::Cancelled) {
-                self.reject(a2a_task, &task_ref, &what).await;
+            let Some(task) = self.board_task(&task_ref).await else {
+                continue;
+            };
+            if task.status == TaskStatus::Cancelled {
+                self.reject(a2a_task, &what, task.error).await;
                 lock(&self.inner.approvals).remove(&task_ref);
                 return true;
             }
@@ -268,16 +264,7 @@ impl A2a {
 
     /// What waits, said to the client: the task, its assignee, who delegated it.
     async fn describe(&self, task_ref: &TaskRef) -> String {
-        let task = match self.attached() {
-            Some(attached) => attached
-                .boards
-                .get(&task_ref.agent, task_ref.number)
-                .await
-                .ok()
-                .flatten(),
-            None => None,
-        };
-        match task {
+        match self.board_task(task_ref).await {
             Some(task) => {
                 let by = task
                     .metadata

@@ -516,6 +516,17 @@ mod tests {
     use crate::testing::FnLlm;
     use crate::{ChatResponse, ManualClock, Organization, Stores};
 
+    /// What a settled call spent in these tests: one call, 100 tokens.
+    fn one_call_of_100_tokens() -> Spend {
+        Spend {
+            input_tokens: 90,
+            output_tokens: 10,
+            total_tokens: 100,
+            model_calls: 1,
+            ..Spend::default()
+        }
+    }
+
     /// A call kept out only by another call's open reservation waits for it, and the
     /// settlement in this process wakes it at once: the clock is manual and never moves, so
     /// the 250 ms poll never fires and only the wake-up can let it through.
@@ -560,13 +571,7 @@ mod tests {
         .await
         .expect("the second call never waited for the first's settlement");
         assert!(!waiting.is_finished());
-        let spent = Spend {
-            input_tokens: 90,
-            output_tokens: 10,
-            total_tokens: 100,
-            model_calls: 1,
-            ..Spend::default()
-        };
+        let spent = one_call_of_100_tokens();
         host.settle_call(&a, &request, "a:1", spent).await.unwrap();
         let second = tokio::time::timeout(Duration::from_secs(10), waiting)
             .await
@@ -607,13 +612,7 @@ mod tests {
             max_output: 200,
             price: None,
         };
-        let spent = Spend {
-            input_tokens: 90,
-            output_tokens: 10,
-            total_tokens: 100,
-            model_calls: 1,
-            ..Spend::default()
-        };
+        let spent = one_call_of_100_tokens();
         // What the record holds: (settled tokens, open reservations).
         let stored = |request: &'static str| {
             let records = records.clone();
