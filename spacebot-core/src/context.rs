@@ -285,6 +285,9 @@ fn transcript_line(message: &ChatMessage) -> String {
 pub(crate) struct Unit {
     pub(crate) messages: Vec<ChatMessage>,
     pub(crate) tokens: u64,
+    /// Its size as request limits estimate it ([`crate::limits::estimate_input`]), measured once:
+    /// a reservation adds up the units a request sends instead of measuring every message again.
+    pub(crate) size: crate::limits::TextSize,
     /// The sequence number of the history record it comes from (`None`: the turn's own).
     pub(crate) seq: Option<u64>,
 }
@@ -293,9 +296,19 @@ impl Unit {
     pub(crate) fn new(message: ChatMessage, counter: &dyn TokenCounter, seq: Option<u64>) -> Self {
         Self {
             tokens: counter.count_message(&message),
+            size: crate::limits::TextSize::of_message(&message),
             messages: vec![message],
             seq,
         }
+    }
+
+    /// Adds a message to the unit (a tool result to its call).
+    pub(crate) fn add(&mut self, message: ChatMessage, counter: &dyn TokenCounter) {
+        self.tokens += counter.count_message(&message);
+        self.size = self
+            .size
+            .plus(crate::limits::TextSize::of_message(&message));
+        self.messages.push(message);
     }
 
     /// Whether a tool result joins this unit (its last message is a call or a result).
@@ -370,6 +383,7 @@ mod tests {
             .map(|&t| Unit {
                 messages: Vec::new(),
                 tokens: t,
+                size: crate::limits::TextSize::default(),
                 seq: None,
             })
             .collect();

@@ -15,6 +15,18 @@ use crate::query;
 
 const COLUMNS: &str = "namespace, key, version, value, author, written_at";
 
+/// The latest version of a record (`COLUMNS`).
+const LATEST: &str = "SELECT namespace, key, version, value, author, written_at FROM records \
+                      WHERE namespace = ? AND key = ? ORDER BY version DESC LIMIT 1";
+
+/// The number of a record's latest version.
+const LATEST_VERSION: &str =
+    "SELECT version FROM records WHERE namespace = ? AND key = ? ORDER BY version DESC LIMIT 1";
+
+/// A record written with an effect key.
+const BY_EFFECT: &str = "SELECT namespace, key, version, value, author, written_at FROM records \
+                         WHERE namespace = ? AND effect_key = ?";
+
 fn decode(location: &Location, row: &Row<'_>) -> Result<Record, StoreError> {
     let read = |e| db_error(location, "reading a record", e);
     let namespace: String = row.get("namespace").map_err(read)?;
@@ -98,14 +110,7 @@ impl RecordStore for SqliteRecordStore {
         check_address(namespace, key)?;
         Ok(self
             .0
-            .query_records(
-                format!(
-                    "SELECT {COLUMNS} FROM records WHERE namespace = ? AND key = ? \
-                     ORDER BY version DESC LIMIT 1"
-                ),
-                &[namespace, key],
-                None,
-            )
+            .query_records(LATEST.to_owned(), &[namespace, key], None)
             .await?
             .pop())
     }
@@ -140,30 +145,37 @@ impl RecordStore for SqliteRecordStore {
         db.writes
             .run(move |conn| {
                 if let Some(effect) = &write.effect_key {
-                    let applied = one(
-                        conn,
-                        &location,
-                        &format!(
-                            "SELECT {COLUMNS} FROM records \
-                             WHERE namespace = ? AND effect_key = ?"
-                        ),
-                        [&write.namespace, effect],
-                    )?;
+                    let applied = one(conn, &location, BY_EFFECT, [&write.namespace, effect])?;
                     if let Some(record) = applied {
                         return Ok(WriteOutcome::AlreadyApplied(record));
                     }
                 }
-                let current = one(
+                // The latest version alone (the primary key's index answers it); the whole
+                // record is read only for a refusal, which carries it.
+                let latest = query::first(
                     conn,
                     &location,
-                    &format!(
-                        "SELECT {COLUMNS} FROM records WHERE namespace = ? AND key = ? \
-                         ORDER BY version DESC LIMIT 1"
-                    ),
+                    "reading a record's version",
+                    LATEST_VERSION,
                     [&write.namespace, &write.key],
-                )?;
-                let latest = current.as_ref().map_or(0, |r| r.version);
+                    |row| {
+                        let version: i64 = row
+                            .get(0)
+                            .map_err(|e| db_error(&location, "reading a record's version", e))?;
+                        u64::try_from(version).map_err(|_| {
+                            corrupt(
+                                &location,
+                                format!(
+                                    "record {}/{:?} has a negative version",
+                                    write.namespace, write.key
+                                ),
+                            )
+                        })
+                    },
+                )?
+                .unwrap_or(0);
                 if !write.expect.admits(latest) {
+                    let current = one(conn, &location, LATEST, [&write.namespace, &write.key])?;
                     return Ok(WriteOutcome::Conflict { current });
                 }
                 let next = latest + 1;

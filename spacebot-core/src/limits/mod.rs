@@ -526,26 +526,34 @@ pub(crate) struct TextSize {
 impl TextSize {
     /// The size of `messages`.
     pub(crate) fn of_messages(messages: &[ChatMessage]) -> Self {
-        let mut size = Self::default();
-        for m in messages {
-            size.pieces += 1;
-            match m {
-                ChatMessage::System { content }
-                | ChatMessage::User { content }
-                | ChatMessage::Tool { content, .. } => size.bytes += content.len() as u64,
-                ChatMessage::Assistant {
-                    content,
-                    tool_calls,
-                } => {
-                    size.bytes += content.as_ref().map_or(0, |c| c.len() as u64);
-                    for call in tool_calls {
-                        size.pieces += 1;
-                        size.bytes += (call.name.len() + call.arguments.len()) as u64;
-                    }
-                }
-            }
+        messages
+            .iter()
+            .fold(Self::default(), |size, m| size.plus(Self::of_message(m)))
+    }
+
+    /// The size of one message.
+    pub(crate) fn of_message(message: &ChatMessage) -> Self {
+        match message {
+            ChatMessage::System { content }
+            | ChatMessage::User { content }
+            | ChatMessage::Tool { content, .. } => Self {
+                bytes: content.len() as u64,
+                pieces: 1,
+            },
+            ChatMessage::Assistant {
+                content,
+                tool_calls,
+            } => tool_calls.iter().fold(
+                Self {
+                    bytes: content.as_ref().map_or(0, |c| c.len() as u64),
+                    pieces: 1,
+                },
+                |size, call| Self {
+                    bytes: size.bytes + (call.name.len() + call.arguments.len()) as u64,
+                    pieces: size.pieces + 1,
+                },
+            ),
         }
-        size
     }
 
     /// The size of `tools` (their schemas as JSON).

@@ -66,6 +66,10 @@ pub(crate) struct Turn<'a> {
     /// Empty answers in a row (no text, no tool call) where an answer is owed: a failed attempt,
     /// asked again once.
     empty_answers: u32,
+    /// The size of the messages [`next_request`](Self::next_request) built last (and how many
+    /// they are), as request limits estimate it, summed from the context's units: the
+    /// reservation of the call that sends them reads it instead of measuring them again.
+    sent: Option<(usize, limits::TextSize)>,
     /// The channel the top frame answers in (set by [`next_request`](Self::next_request)).
     reply_channel: ChannelId,
 }
@@ -160,6 +164,7 @@ impl<'a> Turn<'a> {
             total_rounds: 0,
             last_text: String::new(),
             empty_answers: 0,
+            sent: None,
             options,
         })
     }
@@ -200,9 +205,14 @@ impl<'a> Turn<'a> {
         if self.context.drops(&selection) && self.compact(budget, log).await? {
             selection = self.fit(budget)?;
         }
+        let messages = self.context.messages(&selection);
+        self.sent = self
+            .host
+            .limits_in_use()
+            .then(|| (messages.len(), self.context.size(&selection)));
         Ok(Some(ChatRequest {
             agent: Some(self.me.clone()),
-            messages: self.context.messages(&selection),
+            messages,
             tools: self.definitions.list.clone(),
             channel: Some(self.reply_channel.clone()),
             envelope_kind: kind,
@@ -296,6 +306,7 @@ impl<'a> Turn<'a> {
     async fn reserve(
         &self,
         request: &mut ChatRequest,
+        sent: Option<limits::TextSize>,
     ) -> Result<Option<(String, Spend)>, TurnFailure> {
         if !self.host.limits_in_use() {
             return Ok(None);
@@ -303,9 +314,10 @@ impl<'a> Turn<'a> {
         let key = format!("{}:{}", self.me, uuid::Uuid::new_v4().simple());
         let call = limits::CallEstimate {
             input: if Arc::ptr_eq(&request.tools, &self.definitions.list) {
-                limits::TextSize::of_messages(&request.messages)
-                    .plus(self.definitions.size)
-                    .estimate()
+                let messages =
+                    sent.unwrap_or_else(|| limits::TextSize::of_messages(&request.messages));
+                debug_assert_eq!(messages, limits::TextSize::of_messages(&request.messages));
+                messages.plus(self.definitions.size).estimate()
             } else {
                 limits::estimate_input(request)
             },
@@ -360,7 +372,13 @@ impl<'a> Turn<'a> {
             channel: request.channel.clone(),
             envelope_kind: request.envelope_kind,
         };
-        match self.call_model_raw(request, streams, log).await? {
+        // The size summed from the context's units, when these are the messages it built.
+        let sent = self
+            .sent
+            .take()
+            .filter(|(n, _)| *n == request.messages.len())
+            .map(|(_, size)| size);
+        match self.call_model_raw(request, streams, sent, log).await? {
             Err(LlmError::ContextTooLong { message }) => {
                 tracing::warn!(agent = %self.me, "the prompt was too long for the model: {message}; compacting");
                 let budget = self.context.budget(None);
@@ -370,7 +388,11 @@ impl<'a> Turn<'a> {
                     messages: self.context.messages(&selection),
                     ..retry
                 };
-                match self.call_model_raw(request, streams, log).await? {
+                let sent = self
+                    .host
+                    .limits_in_use()
+                    .then(|| self.context.size(&selection));
+                match self.call_model_raw(request, streams, sent, log).await? {
                     Err(LlmError::ContextTooLong { message }) => {
                         Err(self.failure(TurnError::ContextTooLong {
                             window: self.context.window,
@@ -392,24 +414,26 @@ impl<'a> Turn<'a> {
         streams: bool,
         log: &mut TurnLog,
     ) -> Result<ChatResponse, TurnFailure> {
-        self.call_model_raw(request, streams, log)
+        self.call_model_raw(request, streams, None, log)
             .await?
             .map_err(|e| self.failure(e))
     }
 
     /// [`call_model`](Self::call_model), with the model's error as a value (a refused
     /// reservation fails the turn).
+    /// `sent`: the size of its messages when known (see [`Turn::sent`]).
     async fn call_model_raw(
         &self,
         mut request: ChatRequest,
         streams: bool,
+        sent: Option<limits::TextSize>,
         log: &mut TurnLog,
     ) -> Result<Result<ChatResponse, LlmError>, TurnFailure> {
         // The records gathered so far (under limits, the turn's input before its first call)
         // are written beside the call's reservation: sent together, the stores group the two
         // writes into one commit, and the history shows them before the model is asked.
         let (reservation, ()) = futures::future::join(
-            self.reserve(&mut request),
+            self.reserve(&mut request, sent),
             log.flush_records(self.host, &self.me),
         )
         .await;

@@ -11,6 +11,7 @@ use crate::context::{
 };
 use crate::error::StoreError;
 use crate::ids::{AgentId, ChannelId};
+use crate::limits::TextSize;
 use crate::llm::ChatMessage;
 use crate::runtime::history;
 use crate::runtime::host::{AgentRuntime, Host};
@@ -149,8 +150,7 @@ fn push_record(units: &mut Vec<Unit>, record: HistoryText, counter: &dyn TokenCo
     };
     let mut unit = Unit::new(first, counter, Some(seq));
     for message in messages {
-        unit.tokens += counter.count_message(&message);
-        unit.messages.push(message);
+        unit.add(message, counter);
     }
     units.push(unit);
 }
@@ -223,8 +223,7 @@ impl TurnContext {
             && let Some(last) = self.own.last_mut()
             && last.takes_results()
         {
-            last.tokens += self.counter.count_message(&message);
-            last.messages.push(message);
+            last.add(message, self.counter.as_ref());
             return;
         }
         self.own
@@ -309,6 +308,27 @@ impl TurnContext {
             out.extend(unit.messages.iter().cloned());
         }
         out
+    }
+
+    /// The size of what `selection` sends ([`messages`](Self::messages)), as request limits
+    /// estimate it: the sum of its units' sizes, measured when each was made.
+    pub(crate) fn size(&self, selection: &Selection) -> TextSize {
+        let mut size = self.system.size;
+        if selection.summary
+            && let Some((_, unit)) = &self.summary
+        {
+            size = size.plus(unit.size);
+        }
+        for unit in &self.history[selection.history_from..] {
+            size = size.plus(unit.size);
+        }
+        if let Some(first) = self.own.first() {
+            size = size.plus(first.size);
+        }
+        for unit in self.own.iter().skip(selection.own_from.max(1)) {
+            size = size.plus(unit.size);
+        }
+        size
     }
 
     /// What is older than what fits `target` (the turn's first message excepted): what a
@@ -432,6 +452,7 @@ mod tests {
         let selection = ctx.select(budget).unwrap();
         let messages = ctx.messages(&selection);
         assert!(count(&messages) <= budget);
+        assert_eq!(ctx.size(&selection), TextSize::of_messages(&messages));
         assert!(ctx.drops(&selection));
         assert_eq!(messages.last(), Some(&ChatMessage::user("now")));
         let ChatMessage::User { content } = &messages[messages.len() - 2] else {
@@ -459,6 +480,8 @@ mod tests {
             };
             let messages = ctx.messages(&selection);
             assert!(count(&messages) <= budget);
+            // What a reservation estimates, summed from the units, is what the messages measure.
+            assert_eq!(ctx.size(&selection), TextSize::of_messages(&messages));
             for (i, m) in messages.iter().enumerate() {
                 if let ChatMessage::Assistant { tool_calls, .. } = m
                     && let Some(call) = tool_calls.first()
