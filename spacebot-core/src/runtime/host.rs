@@ -300,7 +300,14 @@ pub(crate) struct RenderCache {
     /// The distinct definition lists measured at the current version (agents offered the same
     /// tools share one list and its measure), at most [`MEASURED_LISTS`].
     measured: Mutex<Vec<Versioned<Definitions>>>,
+    /// The definitions rendered for each distinct offer at one version (agents offered the same
+    /// tools with the same descriptions share them without rendering them again), at most
+    /// [`OFFERS`].
+    offers: Mutex<Versioned<crate::fasthash::FastMap<crate::tools::Offer, Definitions>>>,
 }
+
+/// How many distinct offers the render cache keeps; past it, it starts again.
+const OFFERS: usize = 4096;
 
 /// How many distinct tool lists the render cache keeps measured; past it, it starts again.
 const MEASURED_LISTS: usize = 32;
@@ -347,6 +354,30 @@ impl RenderCache {
             .iter()
             .find(|(_, d)| *d.list == *list)
             .map(|(_, d)| d.clone())
+    }
+
+    /// The definitions rendered at `version` for an agent offered `offer`.
+    pub(crate) fn offered(&self, version: u64, offer: &crate::tools::Offer) -> Option<Definitions> {
+        let offers = lock(&self.offers);
+        if offers.0 != version {
+            return None;
+        }
+        offers.1.get(offer).cloned()
+    }
+
+    /// Keeps `defs` (rendered at `version` for `offer`) for the next agent with the same offer.
+    pub(crate) fn remember_offer(
+        &self,
+        version: u64,
+        offer: crate::tools::Offer,
+        defs: Definitions,
+    ) {
+        let mut offers = lock(&self.offers);
+        if offers.0 != version || offers.1.len() >= OFFERS {
+            offers.0 = version;
+            offers.1.clear();
+        }
+        offers.1.insert(offer, defs);
     }
 
     /// Keeps `defs` (measured at `version`) for the next agent offered the same tools.

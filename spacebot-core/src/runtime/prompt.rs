@@ -48,6 +48,16 @@ pub(crate) fn cached_definitions(
     {
         return defs;
     }
+    // Agents offered the same tools with the same descriptions share one rendering: what tells
+    // offers apart is much cheaper to make than the definitions (every schema copied).
+    let offer = org.tools.offer(scope);
+    if let Some(offer) = &offer
+        && let Some(defs) = org.caches.offered(version, offer)
+    {
+        org.caches
+            .set_definitions(scope.agent().clone(), version, defs.clone());
+        return defs;
+    }
     let list = org.tools.definitions_for(scope);
     let defs = match org.caches.measured(version, &list) {
         Some(shared) => shared,
@@ -62,6 +72,9 @@ pub(crate) fn cached_definitions(
             defs
         }
     };
+    if let Some(offer) = offer {
+        org.caches.remember_offer(version, offer, defs.clone());
+    }
     org.caches
         .set_definitions(scope.agent().clone(), version, defs.clone());
     defs
@@ -108,4 +121,138 @@ pub(crate) fn system_prompt(
         link_context,
         extra: agent.spec.instructions.clone(),
     })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use async_trait::async_trait;
+
+    use super::*;
+    use crate::config::OrgConfig;
+    use crate::testing::FnLlm;
+    use crate::tools::{Tool, ToolContext, ToolError, ToolOutput, TypedTool};
+    use crate::{ChatResponse, Organization, Stores, ToolDefinition};
+
+    /// A tool whose description names the agent only for agents whose id starts with `x`, and
+    /// that counts how often its schema is made.
+    #[derive(Debug, Default)]
+    struct Greet(Arc<AtomicUsize>);
+
+    #[async_trait]
+    impl TypedTool for Greet {
+        const NAME: &'static str = "greet";
+        type Args = serde_json::Value;
+        fn description(&self) -> String {
+            "Greets.".into()
+        }
+        fn description_for(&self, scope: &ToolCapability) -> String {
+            if scope.agent().as_str().starts_with('x') {
+                format!("Greets for {}.", scope.agent())
+            } else {
+                self.description()
+            }
+        }
+        fn parameters(&self) -> serde_json::Value {
+            self.0.fetch_add(1, Ordering::Relaxed);
+            serde_json::json!({"type": "object"})
+        }
+        async fn run(
+            &self,
+            _: &ToolContext,
+            _: serde_json::Value,
+        ) -> Result<ToolOutput, ToolError> {
+            Ok(ToolOutput::text("hi"))
+        }
+    }
+
+    /// A tool that renders its whole definition per agent.
+    #[derive(Debug)]
+    struct Whole;
+
+    #[async_trait]
+    impl Tool for Whole {
+        fn definition(&self) -> ToolDefinition {
+            ToolDefinition::new("whole", "Whole.", serde_json::json!({"type": "object"}))
+        }
+        fn definition_for(&self, scope: &ToolCapability) -> ToolDefinition {
+            ToolDefinition::new(
+                "whole",
+                format!("Whole, for {}.", scope.agent()),
+                serde_json::json!({"type": "object"}),
+            )
+        }
+        async fn call(
+            &self,
+            _: &ToolContext,
+            _: serde_json::Value,
+        ) -> Result<ToolOutput, ToolError> {
+            Ok(ToolOutput::text("whole"))
+        }
+    }
+
+    async fn org(tools: Vec<Arc<dyn Tool>>) -> Organization {
+        let config = OrgConfig::from_toml_str(
+            "[[agents]]\nid = \"a\"\n[[agents]]\nid = \"b\"\n[[agents]]\nid = \"x1\"\n",
+        )
+        .unwrap();
+        let mut builder = Organization::builder(config)
+            .stores(Stores::memory())
+            .llm(Arc::new(FnLlm::new(|_| Ok(ChatResponse::text("ok")))));
+        for tool in tools {
+            builder = builder.tool(tool);
+        }
+        builder.build().await.unwrap()
+    }
+
+    fn definitions(org: &Organization, agent: &str) -> crate::runtime::host::Definitions {
+        let scope = ToolCapability::new(org.inner.clone(), AgentId::parse(agent).unwrap());
+        cached_definitions(&org.inner, &scope)
+    }
+
+    fn description(defs: &crate::runtime::host::Definitions, tool: &str) -> String {
+        defs.list
+            .iter()
+            .find(|d| d.name == tool)
+            .map(|d| d.description.clone())
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn agents_offered_the_same_tools_share_one_rendering() {
+        let made = Arc::new(AtomicUsize::new(0));
+        let org = org(vec![Arc::new(Greet(made.clone()))]).await;
+        // Building the organization looks at the definition once.
+        let built = made.load(Ordering::Relaxed);
+        let (a, b, x) = (
+            definitions(&org, "a"),
+            definitions(&org, "b"),
+            definitions(&org, "x1"),
+        );
+        assert!(Arc::ptr_eq(&a.list, &b.list), "a and b share one list");
+        assert!(!Arc::ptr_eq(&a.list, &x.list));
+        assert_eq!(description(&a, "greet"), "Greets.");
+        assert_eq!(description(&x, "greet"), "Greets for x1.");
+        // Rendered for a's offer and for x1's, not again for b's.
+        assert_eq!(made.load(Ordering::Relaxed) - built, 2);
+        // A changed offer renders again.
+        org.tools_changed();
+        let again = definitions(&org, "b");
+        assert!(!Arc::ptr_eq(&a.list, &again.list));
+        assert_eq!(made.load(Ordering::Relaxed) - built, 3);
+    }
+
+    #[tokio::test]
+    async fn a_tool_rendered_whole_per_agent_is_rendered_for_each() {
+        let made = Arc::new(AtomicUsize::new(0));
+        let org = org(vec![Arc::new(Greet(made.clone())), Arc::new(Whole)]).await;
+        let built = made.load(Ordering::Relaxed);
+        let (a, b) = (definitions(&org, "a"), definitions(&org, "b"));
+        assert_eq!(description(&a, "whole"), "Whole, for a.");
+        assert_eq!(description(&b, "whole"), "Whole, for b.");
+        assert_eq!(description(&b, "greet"), "Greets.");
+        assert_eq!(made.load(Ordering::Relaxed) - built, 2);
+    }
 }

@@ -218,6 +218,16 @@ pub trait Tool: Send + Sync + fmt::Debug {
         let _ = scope;
         true
     }
+    /// The description of [`definition_for`](Self::definition_for), when that is the only part of
+    /// it that depends on the agent (its name and parameters being [`definition`](Self::definition)'s):
+    /// agents offered the same descriptions then share one rendering of the tools, the schemas
+    /// copied once for all of them instead of once per agent. `None` (the default): the registry
+    /// asks [`definition_for`](Self::definition_for) for every agent. Tools made with
+    /// [`TypedTool`] answer it.
+    fn offered_description(&self, scope: &ToolCapability) -> Option<String> {
+        let _ = scope;
+        None
+    }
     /// Runs the tool.
     async fn call(
         &self,
@@ -287,6 +297,9 @@ impl<T: TypedTool> Tool for T {
     fn offered_to(&self, scope: &ToolCapability) -> bool {
         TypedTool::offered_to(self, scope)
     }
+    fn offered_description(&self, scope: &ToolCapability) -> Option<String> {
+        Some(self.description_for(scope))
+    }
     async fn call(
         &self,
         ctx: &ToolContext,
@@ -336,6 +349,10 @@ pub trait ToolSet: Send + Sync + fmt::Debug {
         args: serde_json::Value,
     ) -> Option<Result<ToolOutput, ToolError>>;
 }
+
+/// The tools offered to one agent, each by its place in the registry, with its description (see
+/// [`ToolRegistry::offer`]).
+pub(crate) type Offer = Vec<(usize, String)>;
 
 /// The tools of one agent, by name.
 #[derive(Debug, Clone, Default)]
@@ -409,6 +426,24 @@ impl ToolRegistry {
             defs.extend(more);
         }
         defs
+    }
+
+    /// What tells the definitions offered to the agent `scope` runs for apart from another
+    /// agent's: each offered tool (by its place in the registry) with its description. Two agents
+    /// with the same offer get the same [`definitions_for`](Self::definitions_for). `None` when a
+    /// tool renders its whole definition per agent (no
+    /// [`offered_description`](Tool::offered_description)) or a [`ToolSet`] is registered.
+    pub(crate) fn offer(&self, scope: &ToolCapability) -> Option<Offer> {
+        if !self.sets.is_empty() {
+            return None;
+        }
+        let mut offer = Vec::with_capacity(self.tools.len());
+        for (place, tool) in self.tools.values().enumerate() {
+            if tool.offered_to(scope) {
+                offer.push((place, tool.offered_description(scope)?));
+            }
+        }
+        Some(offer)
     }
 
     /// Tool names, sorted.
