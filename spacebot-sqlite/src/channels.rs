@@ -59,13 +59,22 @@ fn decode_text(
     ))
 }
 
-/// Appends one record (`?1` is the agent) and returns its sequence number, the agent's next,
-/// allocated by the same statement under the write lock; the `channel_records_known` trigger
-/// registers the channel in the same statement.
-pub(crate) const APPEND_SQL: &str = "INSERT INTO channel_records \
+/// The number the agent's next channel record gets.
+const NEXT_SEQ_SQL: &str =
+    "SELECT coalesce(max(seq), 0) + 1 FROM channel_records WHERE agent = ?1";
+
+/// A channel record with the number [`NEXT_SEQ_SQL`] gave it.
+const APPEND_NUMBERED_SQL: &str = "INSERT INTO channel_records \
+     (agent, seq, channel_id, kind, author, content, metadata, at) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)";
+
+/// A channel record numbered next, for a caller that does not need its number (no `RETURNING`,
+/// which SQLite runs through a temporary table of its own, opened, paged and dropped at every
+/// append).
+pub(crate) const APPEND_UNNUMBERED_SQL: &str = "INSERT INTO channel_records \
      (agent, seq, channel_id, kind, author, content, metadata, at) \
      VALUES (?1, (SELECT coalesce(max(seq), 0) + 1 FROM channel_records WHERE agent = ?1), \
-             ?2, ?3, ?4, ?5, ?6, ?7) RETURNING seq";
+             ?2, ?3, ?4, ?5, ?6, ?7)";
 
 /// The most recent `?3` records of a channel (`-1`: all of them), oldest first. The limit is
 /// written `?3 + 0`: SQLite plans a bare `LIMIT ?` with the value bound at the time and marks the
@@ -146,16 +155,22 @@ impl ChannelStore for SqliteChannelStore {
         let seq: i64 = db
             .writes
             .run(move |conn| {
-                // The `channel_records_known` trigger registers the channel in the same
-                // statement.
-                conn.prepare_cached(APPEND_SQL)
-                    .and_then(|mut statement| {
-                        statement.query_row(
-                            params![&*key, channel, kind, author, content, metadata, at],
-                            |r| r.get(0),
-                        )
-                    })
-                    .map_err(|e| db_error(&location, "appending a channel record", e))
+                // The number first, then the row with it (the writer's transaction: nothing
+                // comes in between), not `RETURNING`, which costs SQLite a temporary table at
+                // every append. The `channel_records_known` trigger registers the channel in
+                // the same statement as the row.
+                let fail = |e| db_error(&location, "appending a channel record", e);
+                let seq: i64 = conn
+                    .prepare_cached(NEXT_SEQ_SQL)
+                    .and_then(|mut statement| statement.query_row([&*key], |r| r.get(0)))
+                    .map_err(fail)?;
+                query::execute(
+                    conn,
+                    APPEND_NUMBERED_SQL,
+                    params![&*key, seq, channel, kind, author, content, metadata, at],
+                )
+                .map_err(fail)?;
+                Ok(seq)
             })
             .await?;
         Ok(ChannelRecord {

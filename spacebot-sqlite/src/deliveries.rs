@@ -8,7 +8,7 @@ use spacebot_core::{
 use rusqlite::params;
 
 use crate::SqliteStores;
-use crate::channels::APPEND_SQL;
+use crate::channels::APPEND_UNNUMBERED_SQL;
 use crate::error::{corrupt, db_error, encode_error};
 use crate::query;
 
@@ -183,14 +183,13 @@ impl DeliveryStore for SqliteDeliveryStore {
                 }
                 if !records.is_empty() {
                     let mut append = conn
-                        .prepare_cached(APPEND_SQL)
+                        .prepare_cached(APPEND_UNNUMBERED_SQL)
                         .map_err(|e| fail("appending a channel record", e))?;
                     for (channel, kind, author, content, metadata, at) in records {
                         append
-                            .query_row(
-                                params![&*agent, channel, kind, author, content, metadata, at],
-                                |_| Ok(()),
-                            )
+                            .execute(params![
+                                &*agent, channel, kind, author, content, metadata, at
+                            ])
                             .map_err(|e| fail("appending a channel record", e))?;
                     }
                 }
