@@ -60,8 +60,7 @@ fn decode_text(
 }
 
 /// The number the agent's next channel record gets.
-const NEXT_SEQ_SQL: &str =
-    "SELECT coalesce(max(seq), 0) + 1 FROM channel_records WHERE agent = ?1";
+const NEXT_SEQ_SQL: &str = "SELECT coalesce(max(seq), 0) + 1 FROM channel_records WHERE agent = ?1";
 
 /// A channel record with the number [`NEXT_SEQ_SQL`] gave it.
 const APPEND_NUMBERED_SQL: &str = "INSERT INTO channel_records \
