@@ -13,19 +13,32 @@ use crate::SqliteStores;
 use crate::error::{Location, corrupt, db_error, is_unique_violation};
 use crate::query;
 
-const COLUMNS: &str = "namespace, key, version, value, author, written_at";
+/// The columns [`decode`] reads, in a `SELECT`.
+macro_rules! columns {
+    () => {
+        "namespace, key, version, value, author, written_at"
+    };
+}
 
-/// The latest version of a record (`COLUMNS`).
-const LATEST: &str = "SELECT namespace, key, version, value, author, written_at FROM records \
-                      WHERE namespace = ? AND key = ? ORDER BY version DESC LIMIT 1";
+const COLUMNS: &str = columns!();
+
+/// The latest version of a record.
+const LATEST: &str = concat!(
+    "SELECT ",
+    columns!(),
+    " FROM records WHERE namespace = ? AND key = ? ORDER BY version DESC LIMIT 1"
+);
 
 /// The number of a record's latest version.
 const LATEST_VERSION: &str =
     "SELECT version FROM records WHERE namespace = ? AND key = ? ORDER BY version DESC LIMIT 1";
 
 /// A record written with an effect key.
-const BY_EFFECT: &str = "SELECT namespace, key, version, value, author, written_at FROM records \
-                         WHERE namespace = ? AND effect_key = ?";
+const BY_EFFECT: &str = concat!(
+    "SELECT ",
+    columns!(),
+    " FROM records WHERE namespace = ? AND effect_key = ?"
+);
 
 fn decode(location: &Location, row: &Row<'_>) -> Result<Record, StoreError> {
     let read = |e| db_error(location, "reading a record", e);
