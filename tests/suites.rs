@@ -421,3 +421,96 @@ on_every_backend!(context:
     a_summary_survives_a_restart,
     an_oversized_message_fails_only_against_a_known_window,
 );
+
+/// Deferred syncing on SQLite (the default): what the application is answered for is on the disk
+/// when the call returns; the runtime's own writes of the exchange that follows wait for the next
+/// such write, except a limit's reservation, synced before its model call.
+mod deferred_sync {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use crate::scenarios::junctions::{CHIEF_AND_LEAD, chain_model};
+    use spacebot::limits::Limits;
+    use spacebot::sqlite::{SqliteOptions, SqliteStores};
+    use spacebot::testing::{FnLlm, OrgHarness};
+    use spacebot::{AgentId, InboundMessage};
+
+    /// Runs one delegation there and back on fresh SQLite stores whose deferred commits are never
+    /// synced by the clock, under `limits`; answers the syncs counted at each model call, and
+    /// the writer's counters before the delivery, when it returned, and at the end.
+    async fn exchange(limits: Option<Limits>) -> (Vec<u64>, [spacebot::sqlite::WriteStats; 3]) {
+        let sqlite = SqliteStores::temporary_with(
+            SqliteOptions::new().sync_delay(Duration::from_secs(3600)),
+        )
+        .await
+        .unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (watched, log) = (sqlite.clone(), seen.clone());
+        let llm = Arc::new(FnLlm::new(move |req| {
+            log.lock()
+                .unwrap()
+                .push(watched.instance_write_stats().syncs);
+            Ok(chain_model(req))
+        }));
+        let mut h = OrgHarness::builder(CHIEF_AND_LEAD)
+            .stores(sqlite.stores())
+            .llm(llm)
+            .build()
+            .await;
+        h.org.start_all().await.unwrap();
+        let (chief, lead) = (
+            AgentId::parse("chief").unwrap(),
+            AgentId::parse("lead").unwrap(),
+        );
+        h.org.wait_idle(&chief).await.unwrap();
+        h.org.wait_idle(&lead).await.unwrap();
+        let before = sqlite.instance_write_stats();
+        let mut message = InboundMessage::new("portal", "u1", "go");
+        if let Some(limits) = limits {
+            message = message.with_limits(limits);
+        }
+        h.org.deliver("chief", message).await.unwrap();
+        let returned = sqlite.instance_write_stats();
+        let mut reply = h.reply().await;
+        while !reply.content.starts_with("FINAL") {
+            reply = h.reply().await;
+        }
+        h.org.wait_idle(&chief).await.unwrap();
+        h.org.wait_idle(&lead).await.unwrap();
+        let end = sqlite.instance_write_stats();
+        h.org.shutdown().await.unwrap();
+        let calls = seen.lock().unwrap().clone();
+        (calls, [before, returned, end])
+    }
+
+    #[tokio::test]
+    async fn a_delivery_is_synced_before_it_returns_and_the_exchange_after_it_is_not() {
+        let (calls, [before, returned, end]) = exchange(None).await;
+        assert!(
+            returned.synced > before.commits,
+            "the delivery's commit was not synced when deliver returned: {before:?} -> {returned:?}"
+        );
+        assert_eq!(calls.len(), 3, "three model calls: {calls:?}");
+        // The delegation, the worker's turn, the result and the delegator's answer: many
+        // commits, no sync of their own.
+        assert!(end.commits - before.commits >= 10, "{before:?} -> {end:?}");
+        assert_eq!(end.syncs - before.syncs, 1, "{before:?} -> {end:?}");
+    }
+
+    #[tokio::test]
+    async fn a_limited_calls_reservation_is_synced_before_the_call() {
+        let limits = Limits {
+            model_calls: Some(10),
+            ..Limits::NONE
+        };
+        let (calls, [before, _, end]) = exchange(Some(limits)).await;
+        assert_eq!(calls.len(), 3, "three model calls: {calls:?}");
+        // Each call saw a sync the one before it had not: its own reservation's.
+        assert!(
+            calls.windows(2).all(|w| w[1] > w[0]),
+            "a call was made without a sync since the previous one: {calls:?}"
+        );
+        assert!(calls[0] > before.syncs + 1, "{before:?}, {calls:?}");
+        assert!(end.syncs - before.syncs >= 4, "{before:?} -> {end:?}");
+    }
+}

@@ -23,12 +23,13 @@
 //!   the boards and channels already are. After criterion's figures, the two are measured again
 //!   in alternation (pairs of 20-round-trip blocks, `SPACEBOT_BENCH_PAIRS` pairs, 15 by default)
 //!   and the medians and the median per-pair ratio are printed (`.../interleaved` on stderr);
-//! - `durable_round_trip/{sqlite_normal,sqlite_full,sqlite_normal_per_agent,sqlite_full_per_agent,redb,postgres}/1_chain` (`postgres` when
+//! - `durable_round_trip/{sqlite_normal,sqlite_full,sqlite_normal_per_agent,sqlite_full_per_agent,sqlite_full_sync_each,redb,postgres}/1_chain` (`postgres` when
 //!   `DATABASE_URL` is set): one chain's round trip (as
 //!   in `durable_delegation`), then what it costs, measured in blocks after criterion's figures
 //!   (`.../cost` on stderr): wall and CPU time of the process per round trip (user and system,
 //!   as `getrusage` counts them), the write transactions the store committed per round trip
-//!   (each an `fsync` on `sqlite_full` and `redb`), and the raw `fsync` rate measured before each
+//!   and the syncs among them (the writer's own count of its `fsync`s; every commit on `redb`),
+//!   and the raw `fsync` rate measured before each
 //!   block (`SPACEBOT_BENCH_BLOCKS` blocks, 9 by default, of `SPACEBOT_BENCH_BLOCK` round trips,
 //!   200); count the `fsync`s themselves with
 //!   `strace -c -f -e trace=fsync,fdatasync` around a filtered run. With
@@ -40,8 +41,11 @@
 //!   `File::sync_data` it, in a loop.
 //!
 //! The model is `FnLlm`, answering at once. Backends: `sqlite_normal` (`synchronous = NORMAL`:
-//! WAL commits are not synced), `sqlite_full` (the default `synchronous = FULL`: one `fsync` per
-//! commit), both in the default organization layout (every agent in one database), each also
+//! WAL commits are not synced), `sqlite_full` (the default `synchronous = FULL` with deferred
+//! syncing: an `fsync` per commit carrying a write the application is answered for, the
+//! runtime's own commits synced with it; see `SqliteOptions::sync_delay`), `sqlite_full_sync_each`
+//! (`FULL` with an `fsync` per commit, the default before deferred syncing), both in the default
+//! organization layout (every agent in one database), each also
 //! with `_commit_each` (`SqliteOptions::commit_each()`: no group commit, one transaction per
 //! write, for comparison in the same run) and with `_per_agent` (`Layout::PerAgent`: one
 //! database per agent, the layout before 2026-11-27), and `redb` (the default
@@ -87,19 +91,23 @@ enum Backend {
     SqliteNormalPerAgent,
     /// `synchronous = FULL` in the per-agent layout.
     SqliteFullPerAgent,
+    /// `synchronous = FULL` with every commit synced (`sync_delay(Duration::ZERO)`): the default
+    /// before deferred syncing.
+    SqliteFullSyncEach,
     Redb,
     /// A temporary schema on the server of `DATABASE_URL` (`durable_history` only).
     Postgres,
 }
 
 impl Backend {
-    const ALL: [Self; 7] = [
+    const ALL: [Self; 8] = [
         Self::SqliteNormal,
         Self::SqliteNormalCommitEach,
         Self::SqliteFull,
         Self::SqliteFullCommitEach,
         Self::SqliteNormalPerAgent,
         Self::SqliteFullPerAgent,
+        Self::SqliteFullSyncEach,
         Self::Redb,
     ];
 
@@ -111,6 +119,7 @@ impl Backend {
             Self::SqliteFullCommitEach => "sqlite_full_commit_each",
             Self::SqliteNormalPerAgent => "sqlite_normal_per_agent",
             Self::SqliteFullPerAgent => "sqlite_full_per_agent",
+            Self::SqliteFullSyncEach => "sqlite_full_sync_each",
             Self::Redb => "redb",
             Self::Postgres => "postgres",
         }
@@ -145,6 +154,7 @@ impl Backend {
                 sqlite(Synchronous::Normal, false).layout(Layout::PerAgent)
             }
             Self::SqliteFullPerAgent => sqlite(Synchronous::Full, false).layout(Layout::PerAgent),
+            Self::SqliteFullSyncEach => sqlite(Synchronous::Full, false).sync_delay(Duration::ZERO),
             Self::Redb => {
                 let store = spacebot::redb::RedbStore::open_async(dir, Default::default())
                     .await
@@ -171,22 +181,21 @@ enum Commits {
 
 impl Commits {
     /// Transactions committed so far in the organization's files (`agents`: the agents whose
-    /// files count, with the instance's), or `None` when the backend does not count them.
-    fn count(&self, agents: &[AgentId]) -> Option<u64> {
+    /// files count, with the instance's), and the syncs (`fsync`s of a log) among them, or `None`
+    /// when the backend does not count them (redb: every commit syncs).
+    fn count(&self, agents: &[AgentId]) -> Option<(u64, u64)> {
         match self {
             // One writer for every agent: its counters are the instance database's.
             Self::Sqlite(stores) if stores.layout() == spacebot::sqlite::Layout::Organization => {
-                Some(stores.instance_write_stats().commits)
+                let s = stores.instance_write_stats();
+                Some((s.commits, s.syncs))
             }
             Self::Sqlite(stores) => Some(
-                stores.instance_write_stats().commits
-                    + agents
-                        .iter()
-                        .filter_map(|a| stores.agent_write_stats(a))
-                        .map(|s| s.commits)
-                        .sum::<u64>(),
+                std::iter::once(stores.instance_write_stats())
+                    .chain(agents.iter().filter_map(|a| stores.agent_write_stats(a)))
+                    .fold((0, 0), |(c, f), s| (c + s.commits, f + s.syncs)),
             ),
-            Self::Redb(store) => Some(store.commits()),
+            Self::Redb(store) => Some((store.commits(), store.commits())),
             Self::None => None,
         }
     }
@@ -560,6 +569,7 @@ fn round_trip(c: &mut Criterion) {
         Backend::SqliteFull,
         Backend::SqliteNormalPerAgent,
         Backend::SqliteFullPerAgent,
+        Backend::SqliteFullSyncEach,
         Backend::Redb,
     ];
     if std::env::var("DATABASE_URL").is_ok_and(|u| !u.trim().is_empty()) {
@@ -625,7 +635,7 @@ fn round_trip_cost(rt: &Runtime, backend: Backend, running: &mut Running) {
         .tempdir()
         .unwrap();
     let (mut walls, mut cpus, mut fsyncs) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut commits, mut counted) = (0u64, 0u64);
+    let (mut commits, mut syncs, mut counted) = (0u64, 0u64, 0u64);
     let statements0 = statements::count();
     statements::print_top(0.0); // forgets what criterion's runs made
     for _ in 0..blocks {
@@ -643,7 +653,8 @@ fn round_trip_cost(rt: &Runtime, backend: Backend, running: &mut Running) {
             cpus.push((b - a).as_secs_f64() * 1e3 / f64::from(per_block));
         }
         if let (Some(a), Some(b)) = (commits0, running.commits.count(&agents)) {
-            commits += b - a;
+            commits += b.0 - a.0;
+            syncs += b.1 - a.1;
             counted += u64::from(per_block);
         }
     }
@@ -664,7 +675,11 @@ fn round_trip_cost(rt: &Runtime, backend: Backend, running: &mut Running) {
     let per_trip = if counted == 0 {
         "not counted".to_string()
     } else {
-        format!("{:.2}", commits as f64 / counted as f64)
+        format!(
+            "{:.2} ({:.2} synced)",
+            commits as f64 / counted as f64,
+            syncs as f64 / counted as f64
+        )
     };
     eprintln!(
         "durable_round_trip/{}/cost: {blocks} blocks of {per_block}: median {wall:.3} ms per \

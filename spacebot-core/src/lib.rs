@@ -60,6 +60,7 @@ pub mod conversation;
 pub mod delegation;
 pub mod dialogue;
 pub mod dir_lock;
+pub mod durability;
 pub mod envelope;
 pub mod error;
 pub mod event;

@@ -13,7 +13,7 @@ use crate::error::{BACKEND, Location, corrupt, db_error, migrate_error};
 use crate::migrate::{self, Migration};
 use crate::options::{OpenCheck, SqliteOptions};
 use crate::readers::{ReaderOptions, Readers};
-use crate::writer::Writer;
+use crate::writer::{Syncing, Writer};
 
 /// `PRAGMA application_id` of an instance database (`SBI1`).
 pub(crate) const INSTANCE_APPLICATION_ID: i64 = 0x5342_4931;
@@ -157,7 +157,11 @@ fn open_blocking(
     let shared = Arc::new(Mutex::new(conn));
     let reader =
         reader.unwrap_or_else(|| Readers::Shared(shared.clone(), Arc::new(AtomicBool::new(false))));
-    let writes = Writer::start(shared, location.clone(), options.max_batch)?;
+    let syncing = match path {
+        Some(path) => options.syncing(path, kind),
+        None => Syncing::Setting { counted: false },
+    };
+    let writes = Writer::start(shared, location.clone(), options.max_batch, syncing)?;
     Ok(Db {
         reader,
         location,
@@ -411,7 +415,7 @@ pub(crate) fn immutable_uri(path: &Path) -> String {
 }
 
 /// `{path}-wal`.
-fn wal_path(path: &Path) -> PathBuf {
+pub(crate) fn wal_path(path: &Path) -> PathBuf {
     let mut name = path.as_os_str().to_os_string();
     name.push("-wal");
     PathBuf::from(name)

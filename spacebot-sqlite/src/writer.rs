@@ -14,12 +14,15 @@
 //! starts, and nothing else writes through it.
 
 use std::collections::VecDeque;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc;
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
 use spacebot_core::StoreError;
+use spacebot_core::durability::{self, Durability};
 use tokio::sync::oneshot;
 
 use crate::error::{BACKEND, Location, db_error};
@@ -35,6 +38,9 @@ trait Operation: Send {
     fn run(self: Box<Self>, conn: &Connection) -> (bool, Answer);
     /// Answers the caller with `e` without running the operation.
     fn refuse(self: Box<Self>, e: &StoreError);
+    /// Whether the caller must find the operation on the disk when it returns
+    /// ([`Durability::Immediate`] where it was issued).
+    fn immediate(&self) -> bool;
 }
 
 type Job = Box<dyn Operation>;
@@ -42,6 +48,7 @@ type Job = Box<dyn Operation>;
 struct Op<T, F> {
     op: F,
     reply: oneshot::Sender<Result<T, StoreError>>,
+    immediate: bool,
 }
 
 impl<T, F> Operation for Op<T, F>
@@ -50,7 +57,7 @@ where
     F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
 {
     fn run(self: Box<Self>, conn: &Connection) -> (bool, Answer) {
-        let Self { op, reply } = *self;
+        let Self { op, reply, .. } = *self;
         let result = op(conn);
         let ok = result.is_ok();
         let answer: Answer = Box::new(move |batch: Result<(), &StoreError>| {
@@ -68,6 +75,10 @@ where
     fn refuse(self: Box<Self>, e: &StoreError) {
         let _ = self.reply.send(Err(replicate(e)));
     }
+
+    fn immediate(&self) -> bool {
+        self.immediate
+    }
 }
 
 enum Message {
@@ -79,16 +90,48 @@ enum Message {
 /// Counters of one database's writer, for tests and diagnostics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct WriteStats {
-    /// Transactions committed by the writer (each one `fsync` with `synchronous = FULL`).
+    /// Transactions committed by the writer.
     pub commits: u64,
     /// Operations those transactions carried (refused ones included).
     pub operations: u64,
+    /// The writer's syncs of the write-ahead log (`fsync`s): one per commit with
+    /// `synchronous = FULL` when every commit syncs; with deferred syncing
+    /// ([`SqliteOptions::sync_delay`](crate::SqliteOptions::sync_delay)), one per commit carrying
+    /// an immediate write plus one per delayed sync. None with `NORMAL` or `OFF` (SQLite's own
+    /// syncs at checkpoints are not counted).
+    pub syncs: u64,
+    /// How many of `commits` were on the disk at the last sync (all of them when every commit
+    /// syncs; none without syncs).
+    pub synced: u64,
 }
 
 #[derive(Debug, Default)]
 struct Counters {
     commits: AtomicU64,
     operations: AtomicU64,
+    syncs: AtomicU64,
+    synced: AtomicU64,
+}
+
+/// When the writer's commits reach the disk.
+#[derive(Debug, Clone)]
+pub(crate) enum Syncing {
+    /// As the connection's `synchronous` setting says, every commit alike; `counted`: whether
+    /// each commit is an `fsync` (`FULL`, `EXTRA`) to count.
+    Setting {
+        /// Whether each commit syncs.
+        counted: bool,
+    },
+    /// `synchronous = FULL` for a batch carrying an immediate write (which syncs every deferred
+    /// commit before it: one write-ahead log, synced as a whole), `NORMAL` for a batch of deferred
+    /// writes alone, whose commits are synced at the latest `delay` after the first of them (by
+    /// an `fsync` of the log `wal` when nothing else comes), and before the writer closes.
+    Deferred {
+        /// The longest a deferred commit waits for its sync.
+        delay: Duration,
+        /// The database's write-ahead log.
+        wal: PathBuf,
+    },
 }
 
 /// The sending side of a database's writer thread. Cheap to clone.
@@ -115,6 +158,7 @@ impl Writer {
         conn: Shared,
         location: Location,
         max_batch: usize,
+        syncing: Syncing,
     ) -> Result<Self, StoreError> {
         let (queue, receiver) = mpsc::channel();
         let counters = Arc::new(Counters::default());
@@ -125,6 +169,10 @@ impl Writer {
             receiver,
             counters: counters.clone(),
             pending: VecDeque::new(),
+            syncing,
+            full: true,
+            unsynced: None,
+            sync_failed: false,
         };
         std::thread::Builder::new()
             .name("spacebot-sqlite-writer".into())
@@ -159,7 +207,11 @@ impl Writer {
             return Err(damage);
         }
         let (reply, answered) = oneshot::channel::<Result<T, StoreError>>();
-        let job: Job = Box::new(Op { op, reply });
+        let job: Job = Box::new(Op {
+            op,
+            reply,
+            immediate: durability::current() == Durability::Immediate,
+        });
         self.queue
             .send(Message::Run(job))
             .map_err(|_| self.stopped())?;
@@ -181,6 +233,8 @@ impl Writer {
         WriteStats {
             commits: self.counters.commits.load(Ordering::Relaxed),
             operations: self.counters.operations.load(Ordering::Relaxed),
+            syncs: self.counters.syncs.load(Ordering::Relaxed),
+            synced: self.counters.synced.load(Ordering::Relaxed),
         }
     }
 
@@ -221,6 +275,14 @@ struct Task {
     counters: Arc<Counters>,
     /// Operations taken from the queue but not run yet (after a batch broke off).
     pending: VecDeque<Job>,
+    syncing: Syncing,
+    /// Under [`Syncing::Deferred`]: whether the connection is at `synchronous = FULL` now (it is
+    /// opened so).
+    full: bool,
+    /// Under [`Syncing::Deferred`]: when the first commit not synced yet was made.
+    unsynced: Option<Instant>,
+    /// Under [`Syncing::Deferred`]: the last delayed sync failed; the next commit syncs.
+    sync_failed: bool,
 }
 
 impl Task {
@@ -228,13 +290,27 @@ impl Task {
         let mut closing = None;
         loop {
             if self.pending.is_empty() {
-                match self.receiver.recv() {
+                let received = match self.sync_due() {
+                    Some(due) => match self
+                        .receiver
+                        .recv_timeout(due.saturating_duration_since(Instant::now()))
+                    {
+                        Ok(message) => Ok(message),
+                        Err(RecvTimeoutError::Timeout) => {
+                            self.sync();
+                            continue;
+                        }
+                        Err(RecvTimeoutError::Disconnected) => Err(()),
+                    },
+                    None => self.receiver.recv().map_err(|_| ()),
+                };
+                match received {
                     Ok(Message::Run(job)) => self.pending.push_back(job),
                     Ok(Message::Close(done)) => {
                         closing = Some(done);
                         break;
                     }
-                    Err(_) => break,
+                    Err(()) => break,
                 }
             }
             let mut batch: Vec<Job> = Vec::new();
@@ -262,6 +338,8 @@ impl Task {
                 break;
             }
         }
+        // Deferred commits are on the disk before the stores say they are closed.
+        self.sync();
         // The connection closes before the acknowledgement: whoever waits for the close (to
         // release the directory's lock) never meets the file still being closed.
         drop(self.conn.take());
@@ -306,6 +384,13 @@ impl Task {
     fn run_batch_on(&mut self, conn: &Connection, mut batch: Vec<Job>) -> bool {
         let location = self.location.clone();
         let fail = |doing: &str, e| db_error(&location, doing, e);
+        let syncs = match self.choose_sync(conn, &batch) {
+            Ok(syncs) => syncs,
+            Err(e) => {
+                answer_all(batch, &fail("setting the commit's synchronous mode", e));
+                return false;
+            }
+        };
         if let Err(e) = control(conn, "BEGIN IMMEDIATE") {
             // A transaction left open is ended, so the next batch can begin; this one fails.
             rollback(conn);
@@ -332,7 +417,7 @@ impl Task {
                 }
             };
             if outcome.is_ok() {
-                self.count(1);
+                self.count(1, syncs);
             }
             answer(outcome.as_ref().map(|_| ()));
             return outcome.is_ok();
@@ -386,7 +471,7 @@ impl Task {
             None => commit(conn, &fail),
         };
         if outcome.is_ok() {
-            self.count(answers.len());
+            self.count(answers.len(), syncs);
             tracing::trace!(
                 location = %self.location,
                 operations = answers.len(),
@@ -399,11 +484,84 @@ impl Task {
         outcome.is_ok()
     }
 
-    fn count(&self, operations: usize) {
-        self.counters.commits.fetch_add(1, Ordering::Relaxed);
+    /// Counts a commit of `operations`, synced (`syncs`) or not.
+    fn count(&mut self, operations: usize, syncs: bool) {
+        let commits = self.counters.commits.fetch_add(1, Ordering::Relaxed) + 1;
         self.counters
             .operations
             .fetch_add(operations as u64, Ordering::Relaxed);
+        if syncs {
+            self.counters.syncs.fetch_add(1, Ordering::Relaxed);
+            self.counters.synced.store(commits, Ordering::Relaxed);
+            self.unsynced = None;
+            self.sync_failed = false;
+        } else if matches!(self.syncing, Syncing::Deferred { .. }) && self.unsynced.is_none() {
+            self.unsynced = Some(Instant::now());
+        }
+    }
+
+    /// Whether the next commit, of `batch`, syncs; under [`Syncing::Deferred`] sets the
+    /// connection's `synchronous` for it (outside any transaction, where SQLite allows it): `FULL`
+    /// when an operation of the batch is immediate or deferred commits have waited their delay.
+    fn choose_sync(&mut self, conn: &Connection, batch: &[Job]) -> Result<bool, rusqlite::Error> {
+        let full = match &self.syncing {
+            Syncing::Setting { counted } => return Ok(*counted),
+            Syncing::Deferred { .. } => {
+                self.sync_failed
+                    || batch.iter().any(|job| job.immediate())
+                    || self.sync_due().is_some_and(|due| due <= Instant::now())
+            }
+        };
+        if full != self.full {
+            conn.execute_batch(if full {
+                "PRAGMA synchronous = FULL"
+            } else {
+                "PRAGMA synchronous = NORMAL"
+            })?;
+            self.full = full;
+        }
+        Ok(full)
+    }
+
+    /// When the deferred commits not synced yet must be: `delay` after the first of them.
+    fn sync_due(&self) -> Option<Instant> {
+        match (&self.syncing, self.unsynced) {
+            (Syncing::Deferred { delay, .. }, Some(first)) => Some(first + *delay),
+            _ => None,
+        }
+    }
+
+    /// Syncs the write-ahead log, and with it every deferred commit (committed frames are in the
+    /// file; `fsync` of any descriptor of it flushes them). A failed sync is an error event and
+    /// is tried again by the next commit, made `FULL`.
+    fn sync(&mut self) {
+        let Syncing::Deferred { wal, .. } = &self.syncing else {
+            return;
+        };
+        if self.unsynced.is_none() {
+            return;
+        }
+        let commits = self.counters.commits.load(Ordering::Relaxed);
+        match std::fs::File::open(wal).and_then(|file| file.sync_data()) {
+            Ok(()) => {
+                self.counters.syncs.fetch_add(1, Ordering::Relaxed);
+                self.counters.synced.store(commits, Ordering::Relaxed);
+                self.unsynced = None;
+            }
+            // No log: the last checkpoint moved every commit into the database, synced.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                self.counters.synced.store(commits, Ordering::Relaxed);
+                self.unsynced = None;
+            }
+            Err(e) => {
+                tracing::error!(
+                    location = %self.location,
+                    "syncing the write-ahead log failed: {e} (the next commit syncs instead)"
+                );
+                // The next batch commits with `FULL`.
+                self.sync_failed = true;
+            }
+        }
     }
 }
 

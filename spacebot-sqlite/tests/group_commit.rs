@@ -10,6 +10,7 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
+use spacebot_core::durability::{self, Durability};
 use spacebot_core::task::{Expect, TaskEvent};
 use spacebot_core::{
     AgentId, ChannelId, DeliveryStore, Envelope, EnvelopeKind, NewTask, Source, StoreError,
@@ -41,6 +42,8 @@ fn since(after: WriteStats, before: WriteStats) -> WriteStats {
     WriteStats {
         commits: after.commits - before.commits,
         operations: after.operations - before.operations,
+        syncs: after.syncs - before.syncs,
+        synced: after.synced - before.synced,
     }
 }
 
@@ -90,7 +93,9 @@ async fn commit_each_commits_every_operation() {
         stats,
         WriteStats {
             commits: 16,
-            operations: 16
+            operations: 16,
+            syncs: 16,
+            synced: 16,
         }
     );
     stores.close().await;
@@ -300,6 +305,111 @@ async fn answered_writes_survive_sigkill() {
             pending.len()
         );
         answered_before = answered.len();
+        stores.close().await;
+    }
+}
+
+/// Waits until `stats()` satisfies `done`, failing the test after 10 s.
+async fn until(stores: &SqliteStores, done: impl Fn(WriteStats) -> bool) -> WriteStats {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let stats = stores.instance_write_stats();
+        if done(stats) {
+            return stats;
+        }
+        assert!(Instant::now() < deadline, "still {stats:?} after 10 s");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// Deferred syncing (the default in the organization layout): writes issued in a deferred scope
+/// commit without a sync; the next immediate write syncs them with it, in one `fsync`.
+#[tokio::test]
+async fn deferred_writes_are_synced_by_the_next_immediate_one() {
+    let stores =
+        SqliteStores::temporary_with(SqliteOptions::new().sync_delay(Duration::from_secs(3600)))
+            .await
+            .unwrap();
+    let before = opened(&stores).await;
+    let me = agent();
+    let deliveries = stores.deliveries();
+    let deferred = async {
+        for i in 0..5 {
+            deliveries.persist(&me, &envelope(i)).await.unwrap();
+        }
+    };
+    durability::scope(Durability::Deferred, deferred).await;
+    let stats = since(stores.instance_write_stats(), before);
+    assert_eq!((stats.commits, stats.syncs), (5, 0), "{stats:?}");
+    assert!(stores.instance_write_stats().synced < stores.instance_write_stats().commits);
+    // Immediate (outside any scope): its commit syncs the five before it.
+    deliveries.persist(&me, &envelope(5)).await.unwrap();
+    let after = stores.instance_write_stats();
+    let stats = since(after, before);
+    assert_eq!((stats.commits, stats.syncs), (6, 1), "{stats:?}");
+    assert_eq!(after.synced, after.commits);
+    stores.close().await;
+}
+
+/// With nothing immediate after them, deferred commits are synced once their delay has passed,
+/// and at the latest when the stores close.
+#[tokio::test]
+async fn deferred_writes_are_synced_after_their_delay_and_at_close() {
+    let stores =
+        SqliteStores::temporary_with(SqliteOptions::new().sync_delay(Duration::from_millis(30)))
+            .await
+            .unwrap();
+    let before = opened(&stores).await;
+    let me = agent();
+    let deliveries = stores.deliveries();
+    let written = Instant::now();
+    durability::scope(Durability::Deferred, deliveries.persist(&me, &envelope(0)))
+        .await
+        .unwrap();
+    let synced = until(&stores, |s| s.synced == s.commits).await;
+    assert!(
+        written.elapsed() >= Duration::from_millis(30),
+        "synced before its delay"
+    );
+    assert_eq!(since(synced, before).syncs, 1, "{synced:?}");
+
+    let stores =
+        SqliteStores::temporary_with(SqliteOptions::new().sync_delay(Duration::from_secs(3600)))
+            .await
+            .unwrap();
+    let deliveries = stores.deliveries();
+    durability::scope(Durability::Deferred, deliveries.persist(&me, &envelope(1)))
+        .await
+        .unwrap();
+    let open = stores.instance_write_stats();
+    assert!(open.synced < open.commits, "{open:?}");
+    stores.close().await;
+    let closed = stores.instance_write_stats();
+    assert_eq!(closed.synced, closed.commits, "{closed:?}");
+    assert_eq!(closed.syncs, open.syncs + 1);
+}
+
+/// Where the order of commits cannot be kept (a log per agent) or is not wanted (`sync_delay`
+/// zero), or nothing syncs at all (`NORMAL`), a deferred write is committed as any other.
+#[tokio::test]
+async fn deferred_writes_sync_at_once_without_deferred_syncing() {
+    use spacebot_sqlite::{Layout, Synchronous};
+    let me = agent();
+    for (options, syncs) in [
+        (SqliteOptions::new().sync_delay(Duration::ZERO), 3),
+        (SqliteOptions::new().layout(Layout::PerAgent), 3),
+        (SqliteOptions::new().synchronous(Synchronous::Normal), 0),
+    ] {
+        let stores = SqliteStores::temporary_with(options).await.unwrap();
+        let before = opened(&stores).await;
+        let deliveries = stores.deliveries();
+        for i in 0..3 {
+            durability::scope(Durability::Deferred, deliveries.persist(&me, &envelope(i)))
+                .await
+                .unwrap();
+        }
+        let stats = since(stores.agent_write_stats(&me).unwrap(), before);
+        assert_eq!((stats.commits, stats.syncs), (3, syncs), "{stats:?}");
         stores.close().await;
     }
 }

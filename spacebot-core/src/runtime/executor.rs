@@ -29,6 +29,7 @@ use futures::FutureExt;
 use futures::channel::oneshot;
 use futures::future::BoxFuture;
 
+use crate::durability::Durability;
 use crate::time::Spawner;
 
 type Executor = async_executor::Executor<'static>;
@@ -104,8 +105,14 @@ impl LoopExecutor {
     }
 
     /// Runs `future` on the organization's runner, starting one if there is none.
+    ///
+    /// Whoever polls it (a runner, or a caller helping), its writes are the runtime's own,
+    /// acknowledged to no one outside the process: they may wait for the next acknowledged
+    /// write's sync ([`Durability::Deferred`]).
     pub(crate) fn spawn(&self, future: BoxFuture<'static, ()>) {
-        self.executor().spawn(future).detach();
+        self.executor()
+            .spawn(crate::durability::scope(Durability::Deferred, future))
+            .detach();
     }
 
     /// The live executor, or a new one with its runners started through the spawner.

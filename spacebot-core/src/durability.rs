@@ -1,0 +1,157 @@
+//! Which writes must reach the disk before they return.
+//!
+//! Every write the application makes through the organization (a [`deliver`], an operator's
+//! change, a store call of its own) is an acknowledgement: on a backend that syncs, it survives a
+//! power loss once it returns ([`Durability::Immediate`], the default). The runtime's own writes
+//! between two acknowledgements (a turn's commit, a task's claim, a completion notice handed to its
+//! delegator) need not each wait for the disk: nothing outside the process has been told of them.
+//! The runtime runs its loops in a [`Durability::Deferred`] scope, and a backend that can keep
+//! the order of its commits (SQLite in the organization layout: one write-ahead log) commits
+//! those writes without syncing; the next immediate write, or the backend's delay, syncs them
+//! with it.
+//!
+//! A power loss can then take back the last deferred writes, but only ever together with every
+//! write after them: what is left is what a kill at that moment would have left, which the crash
+//! gate tests at every write boundary. What the outside world was told before the loss (a reply,
+//! a model call) may happen again after the restart, as after a kill: replies are at least once
+//! and name what they answer, effects carry idempotency keys (`docs/durability.md`).
+//!
+//! A write that must survive before something outside the process happens, inside the runtime's
+//! loops, runs in an [`Immediate`](Durability::Immediate) scope of its own: a limit's reservation
+//! is synced before its model call is made, so that a power loss cannot hide what was spent.
+//!
+//! The scope is a property of the task that polls the future, like a tracing span: set by
+//! [`scope`] on every poll of the future it wraps, read by a backend with [`current`] when a
+//! write is issued. Futures spawned from inside a scope do not inherit it.
+//!
+//! ```
+//! use spacebot_core::durability::{self, Durability};
+//! # futures::executor::block_on(async {
+//! assert_eq!(durability::current(), Durability::Immediate);
+//! let inner = durability::scope(Durability::Deferred, async { durability::current() }).await;
+//! assert_eq!(inner, Durability::Deferred);
+//! assert_eq!(durability::current(), Durability::Immediate);
+//! # });
+//! ```
+//!
+//! [`deliver`]: crate::Organization::deliver
+
+use std::cell::Cell;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+/// When a write issued in a scope must be on the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// Synced before the write returns (on a backend set to sync at all). The default outside any
+    /// scope.
+    #[default]
+    Immediate,
+    /// May be synced later, with the next immediate write or after the backend's delay, on a
+    /// backend whose commits are replayed in order after a power loss; others treat it as
+    /// immediate.
+    Deferred,
+}
+
+thread_local! {
+    static CURRENT: Cell<Durability> = const { Cell::new(Durability::Immediate) };
+}
+
+/// The durability of writes issued now, on this thread: that of the innermost [`scope`] being
+/// polled, else [`Durability::Immediate`].
+pub fn current() -> Durability {
+    CURRENT.with(Cell::get)
+}
+
+/// Runs `future` with writes issued while it is polled taking `durability`.
+pub fn scope<F: Future>(durability: Durability, future: F) -> Scoped<F> {
+    Scoped {
+        durability,
+        future: Box::pin(future),
+    }
+}
+
+/// A future whose polls run in a durability scope ([`scope`]).
+#[must_use = "futures do nothing unless polled"]
+pub struct Scoped<F> {
+    durability: Durability,
+    future: Pin<Box<F>>,
+}
+
+impl<F> std::fmt::Debug for Scoped<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scoped")
+            .field("durability", &self.durability)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Restores the outer scope's durability when a poll ends, also by a panic.
+struct Restore(Durability);
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        CURRENT.with(|c| c.set(self.0));
+    }
+}
+
+impl<F: Future> Future for Scoped<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let durability = self.durability;
+        let _restore = Restore(CURRENT.with(|c| c.replace(durability)));
+        self.future.as_mut().poll(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_scope_holds_across_awaits_and_nests() {
+        futures::executor::block_on(async {
+            let seen = scope(Durability::Deferred, async {
+                let before = current();
+                futures::future::ready(()).await;
+                // A yield: the scope is set again on the next poll.
+                let mut yielded = false;
+                futures::future::poll_fn(|cx| {
+                    if yielded {
+                        Poll::Ready(())
+                    } else {
+                        yielded = true;
+                        cx.waker().wake_by_ref();
+                        Poll::Pending
+                    }
+                })
+                .await;
+                let after = current();
+                let inner = scope(Durability::Immediate, async { current() }).await;
+                (before, after, inner, current())
+            })
+            .await;
+            assert_eq!(
+                seen,
+                (
+                    Durability::Deferred,
+                    Durability::Deferred,
+                    Durability::Immediate,
+                    Durability::Deferred
+                )
+            );
+            assert_eq!(current(), Durability::Immediate);
+        });
+    }
+
+    #[test]
+    fn a_panicking_poll_leaves_the_outer_scope() {
+        let caught = std::panic::catch_unwind(|| {
+            futures::executor::block_on(scope(Durability::Deferred, async { panic!("on purpose") }))
+        });
+        assert!(caught.is_err());
+        assert_eq!(current(), Durability::Immediate);
+    }
+}
