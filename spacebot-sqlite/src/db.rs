@@ -124,6 +124,20 @@ impl Db {
     {
         self.reader.run(&self.location, doing, read).await
     }
+
+    /// Runs `read`, an indexed lookup of a row or a few, on the calling thread when a reader
+    /// connection is idle (no hand-off), else as [`read`](Self::read).
+    pub(crate) async fn read_short<T, F>(
+        &self,
+        doing: &'static str,
+        read: F,
+    ) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        self.reader.run_short(&self.location, doing, read).await
+    }
 }
 
 /// [`Db::open`], on a blocking thread.

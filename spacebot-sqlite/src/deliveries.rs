@@ -118,7 +118,7 @@ impl DeliveryStore for SqliteDeliveryStore {
     async fn is_applied(&self, agent: &AgentId, key: &str) -> Result<bool, StoreError> {
         let db = self.0.agent(agent).await?;
         let (key, location, agent) = (key.to_string(), db.location.clone(), db.key.clone());
-        db.read("reading an applied key", move |conn| {
+        db.read_short("reading an applied key", move |conn| {
             let found = query::first(
                 conn,
                 &location,

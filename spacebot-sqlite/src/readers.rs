@@ -2,7 +2,8 @@
 //!
 //! A read is one synchronous closure run on a connection from a blocking thread of the runtime
 //! (`spawn_blocking`): one hand-off there and one answer back, whatever the number of its
-//! statements. A read of several statements that must see one snapshot opens a transaction in its
+//! statements. A short read (a row looked up by its key: an applied key, a task, the outbox)
+//! runs on the calling thread instead when an idle connection is at hand (`run_short`). A read of several statements that must see one snapshot opens a transaction in its
 //! closure; a connection given back with a transaction still open (a closure that returned early)
 //! has it rolled back first, so the next read never sees an old snapshot.
 
@@ -129,6 +130,42 @@ impl Readers {
             message: format!("{doing}: the read did not finish: {e}"),
             source: None,
         })?
+    }
+
+    /// Runs `read`, a short read (an indexed lookup of a row or a few), on the calling thread
+    /// when an idle connection and a permit are at hand at once: tens of microseconds of work,
+    /// against a hand-off to a blocking thread and back that costs more than the read. Otherwise
+    /// (no idle connection, every permit taken, an in-memory database whose one connection the
+    /// writer holds) as [`run`](Self::run).
+    pub(crate) async fn run_short<T, F>(
+        &self,
+        location: &Location,
+        doing: &'static str,
+        read: F,
+    ) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let at_hand = match self {
+            Self::Own(own) => own
+                .permits
+                .clone()
+                .try_acquire_owned()
+                .ok()
+                .and_then(|permit| own.take_idle().map(|conn| (own, conn, permit))),
+            Self::Shared(..) => None,
+        };
+        let Some((own, conn, permit)) = at_hand else {
+            return self.run(location, doing, read).await;
+        };
+        let result = read(&conn);
+        end_read(&conn);
+        if !own.permits.is_closed() {
+            own.lock().push((conn, Instant::now()));
+        }
+        drop(permit);
+        result
     }
 
     /// Refuses later reads and closes the idle connections (those in use close when given back).
@@ -274,5 +311,43 @@ mod tests {
         assert_eq!(count(&db).await, 2, "the reader kept an old snapshot");
         db.close().await;
         assert!(db.read("after close", |_| Ok(())).await.is_err());
+    }
+
+    async fn short(db: &Db) -> Result<(i64, std::thread::ThreadId), spacebot_core::StoreError> {
+        db.read_short("counting", |conn| {
+            let n: i64 = conn
+                .query_row("SELECT count(*) FROM applied_keys", [], |r| r.get(0))
+                .map_err(|e| db_error("test", "counting", e))?;
+            Ok((n, std::thread::current().id()))
+        })
+        .await
+    }
+
+    /// A short read runs on the calling thread when an idle connection is at hand, else on a
+    /// blocking thread; either way it sees the latest commit, and the connection is given back.
+    #[tokio::test]
+    async fn a_short_read_runs_here_when_a_connection_is_idle() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.db");
+        let db = Db::open(Some(&path), DbKind::Agent, &SqliteOptions::default())
+            .await
+            .unwrap();
+        let here = std::thread::current().id();
+        insert(&db, "one").await;
+        // No connection yet: opened on a blocking thread.
+        let (n, ran_on) = short(&db).await.unwrap();
+        assert_eq!(n, 1);
+        assert_ne!(ran_on, here, "the first read found no idle connection");
+        assert_eq!(idle(&db), 1);
+        insert(&db, "two").await;
+        let (n, ran_on) = short(&db).await.unwrap();
+        assert_eq!(
+            (n, ran_on),
+            (2, here),
+            "an idle connection: read on this thread"
+        );
+        assert_eq!(idle(&db), 1, "given back");
+        db.close().await;
+        assert!(short(&db).await.is_err(), "closed");
     }
 }

@@ -323,7 +323,7 @@ impl TaskStore for SqliteTaskStore {
         };
         let db = self.0.agent(agent).await?;
         let (agent, location, owner) = (agent.clone(), db.location.clone(), db.key.clone());
-        db.read("reading a task", move |conn| {
+        db.read_short("reading a task", move |conn| {
             query::first(
                 conn,
                 &location,
@@ -484,7 +484,7 @@ impl TaskStore for SqliteTaskStore {
     async fn outbox_pending(&self, agent: &AgentId) -> Result<Vec<CompletionNotice>, StoreError> {
         let db = self.0.agent(agent).await?;
         let (location, owner) = (db.location.clone(), db.key.clone());
-        db.read("reading the outbox", move |conn| {
+        db.read_short("reading the outbox", move |conn| {
             query::all(
                 conn,
                 &location,
