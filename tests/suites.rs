@@ -424,7 +424,7 @@ on_every_backend!(context:
 
 /// Deferred syncing on SQLite (the default): what the application is answered for is on the disk
 /// when the call returns; the runtime's own writes of the exchange that follows wait for the next
-/// such write, except a limit's reservation, synced before its model call.
+/// such write.
 mod deferred_sync {
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
@@ -483,34 +483,39 @@ mod deferred_sync {
         (calls, [before, returned, end])
     }
 
+    /// With and without request limits (the reservations and settlements are the runtime's own
+    /// writes too).
     #[tokio::test]
     async fn a_delivery_is_synced_before_it_returns_and_the_exchange_after_it_is_not() {
-        let (calls, [before, returned, end]) = exchange(None).await;
-        assert!(
-            returned.synced > before.commits,
-            "the delivery's commit was not synced when deliver returned: {before:?} -> {returned:?}"
-        );
-        assert_eq!(calls.len(), 3, "three model calls: {calls:?}");
-        // The delegation, the worker's turn, the result and the delegator's answer: many
-        // commits, no sync of their own.
-        assert!(end.commits - before.commits >= 10, "{before:?} -> {end:?}");
-        assert_eq!(end.syncs - before.syncs, 1, "{before:?} -> {end:?}");
-    }
-
-    #[tokio::test]
-    async fn a_limited_calls_reservation_is_synced_before_the_call() {
         let limits = Limits {
             model_calls: Some(10),
             ..Limits::NONE
         };
-        let (calls, [before, _, end]) = exchange(Some(limits)).await;
-        assert_eq!(calls.len(), 3, "three model calls: {calls:?}");
-        // Each call saw a sync the one before it had not: its own reservation's.
-        assert!(
-            calls.windows(2).all(|w| w[1] > w[0]),
-            "a call was made without a sync since the previous one: {calls:?}"
-        );
-        assert!(calls[0] > before.syncs + 1, "{before:?}, {calls:?}");
-        assert!(end.syncs - before.syncs >= 4, "{before:?} -> {end:?}");
+        for limits in [None, Some(limits)] {
+            let limited = limits.is_some();
+            let (calls, [before, returned, end]) = exchange(limits).await;
+            assert!(
+                returned.synced > before.commits,
+                "limited {limited}: the delivery's commit was not synced when deliver returned: \
+                 {before:?} -> {returned:?}"
+            );
+            assert_eq!(
+                calls.len(),
+                3,
+                "limited {limited}: three model calls: {calls:?}"
+            );
+            // The delegation, the worker's turn, the result and the delegator's answer: many
+            // commits, no sync of their own.
+            assert!(
+                end.commits - before.commits >= 10,
+                "limited {limited}: {before:?} -> {end:?}"
+            );
+            // Whatever `deliver` wrote is synced before it returns (the delivery, and under
+            // limits the request's limits); nothing after it is.
+            assert_eq!(
+                end.syncs, returned.syncs,
+                "limited {limited}: {before:?} -> {returned:?} -> {end:?}"
+            );
+        }
     }
 }

@@ -17,8 +17,10 @@
 //! and name what they answer, effects carry idempotency keys (`docs/durability.md`).
 //!
 //! A write that must survive before something outside the process happens, inside the runtime's
-//! loops, runs in an [`Immediate`](Durability::Immediate) scope of its own: a limit's reservation
-//! is synced before its model call is made, so that a power loss cannot hide what was spent.
+//! loops, can run in an [`Immediate`](Durability::Immediate) scope of its own. The runtime's own
+//! writes do not: a limit's reservation is deferred too, so after a power loss the ledger may
+//! miss the model calls of the last moments before it (a kill loses nothing of it; see
+//! `docs/governance.md`).
 //!
 //! The scope is a property of the task that polls the future, like a tracing span: set by
 //! [`scope`] on every poll of the future it wraps, read by a backend with [`current`] when a

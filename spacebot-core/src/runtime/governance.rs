@@ -167,28 +167,11 @@ impl Host {
         agent: &AgentId,
         request: &EnvelopeId,
         key: &str,
-        call: CallEstimate,
+        mut call: CallEstimate,
     ) -> Result<Result<Option<Spend>, LimitReached>, StoreError> {
         if !self.limits_in_use() {
             return Ok(Ok(None));
         }
-        // Synced before the call is made, also inside the runtime's deferred loops: a power loss
-        // must not take back a reservation whose money the model has spent.
-        crate::durability::scope(
-            crate::durability::Durability::Immediate,
-            self.reserve_limited(agent, request, key, call),
-        )
-        .await
-    }
-
-    /// [`reserve_call`](Self::reserve_call) with limits in use.
-    async fn reserve_limited(
-        &self,
-        agent: &AgentId,
-        request: &EnvelopeId,
-        key: &str,
-        mut call: CallEstimate,
-    ) -> Result<Result<Option<Spend>, LimitReached>, StoreError> {
         call.price = self.price();
         let scopes = self.period_scopes(agent);
         let periods = PeriodLedger::new(self.stores.records.clone());
