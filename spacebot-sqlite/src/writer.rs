@@ -391,6 +391,7 @@ impl Task {
                 return false;
             }
         };
+        let changes = conn.total_changes();
         if let Err(e) = control(conn, "BEGIN IMMEDIATE") {
             // A transaction left open is ended, so the next batch can begin; this one fails.
             rollback(conn);
@@ -417,7 +418,7 @@ impl Task {
                 }
             };
             if outcome.is_ok() {
-                self.count(1, syncs);
+                self.committed(conn, 1, syncs, ok, changes);
             }
             answer(outcome.as_ref().map(|_| ()));
             return outcome.is_ok();
@@ -425,6 +426,7 @@ impl Task {
         let mut jobs = batch.into_iter();
         let mut broken = None;
         let mut unrun = None;
+        let mut all_ok = true;
         for job in jobs.by_ref() {
             if let Err(e) = control(conn, "SAVEPOINT spacebot_op") {
                 let e = fail("starting an operation's savepoint", e);
@@ -439,6 +441,7 @@ impl Task {
                 break;
             }
             let (ok, answer) = job.run(conn);
+            all_ok &= ok;
             answers.push(answer);
             if let Some(damage) = self.location.damage() {
                 // Nothing of a batch that met damage is committed.
@@ -471,7 +474,7 @@ impl Task {
             None => commit(conn, &fail),
         };
         if outcome.is_ok() {
-            self.count(answers.len(), syncs);
+            self.committed(conn, answers.len(), syncs, all_ok, changes);
             tracing::trace!(
                 location = %self.location,
                 operations = answers.len(),
@@ -482,6 +485,25 @@ impl Task {
             answer(outcome.as_ref().map(|_| ()));
         }
         outcome.is_ok()
+    }
+
+    /// After a batch of `operations` committed: counts it and, when it was to sync (`syncs`) but
+    /// may have written nothing (an operation rolled back, or no row changed: SQLite syncs a
+    /// commit only when it writes to the log), syncs the log itself before anyone is answered,
+    /// so that the deferred commits before it are on the disk all the same.
+    fn committed(
+        &mut self,
+        conn: &Connection,
+        operations: usize,
+        syncs: bool,
+        all_ok: bool,
+        changes_before: u64,
+    ) {
+        let wrote = all_ok && conn.total_changes() > changes_before;
+        self.count(operations, syncs && wrote);
+        if syncs && !wrote {
+            self.sync();
+        }
     }
 
     /// Counts a commit of `operations`, synced (`syncs`) or not.

@@ -351,6 +351,38 @@ async fn deferred_writes_are_synced_by_the_next_immediate_one() {
     stores.close().await;
 }
 
+/// An immediate write that changes nothing (SQLite writes nothing to the log for it, so its
+/// commit syncs nothing) still has the deferred commits before it synced when it returns: the
+/// writer syncs the log itself. (The counters say so; the `fsync` itself is not observable here:
+/// `strace -f -e trace=fdatasync` shows it.)
+#[tokio::test]
+async fn an_immediate_write_that_changes_nothing_still_syncs_the_deferred_ones() {
+    let stores =
+        SqliteStores::temporary_with(SqliteOptions::new().sync_delay(Duration::from_secs(3600)))
+            .await
+            .unwrap();
+    let before = opened(&stores).await;
+    let me = agent();
+    let deliveries = stores.deliveries();
+    durability::scope(Durability::Deferred, deliveries.persist(&me, &envelope(0)))
+        .await
+        .unwrap();
+    let deferred = stores.instance_write_stats();
+    assert!(deferred.synced < deferred.commits, "{deferred:?}");
+    // Removing an envelope that is not pending: no row changes.
+    deliveries
+        .remove(&me, &spacebot_core::EnvelopeId::new("not-pending"))
+        .await
+        .unwrap();
+    let after = stores.instance_write_stats();
+    assert_eq!(
+        after.synced, after.commits,
+        "{before:?} -> {deferred:?} -> {after:?}"
+    );
+    assert_eq!(after.syncs, deferred.syncs + 1);
+    stores.close().await;
+}
+
 /// With nothing immediate after them, deferred commits are synced once their delay has passed,
 /// and at the latest when the stores close.
 #[tokio::test]
