@@ -12,7 +12,9 @@
 //! ```
 //!
 //! so that the writes of different agents made at the same moment share one commit (one `fsync`
-//! with `synchronous = FULL`). [`Layout::PerAgent`] gives each agent a database of its own instead:
+//! with `synchronous = FULL`), and the runtime's own writes can wait for the next write the
+//! application is answered for to be synced with it ([`SqliteOptions::sync_delay`]: one
+//! write-ahead log, replayed in order). [`Layout::PerAgent`] gives each agent a database of its own instead:
 //!
 //! ```text
 //! {dir}/

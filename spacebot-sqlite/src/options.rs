@@ -13,7 +13,9 @@ use crate::writer::Syncing;
 ///
 /// Every database runs in WAL mode. With [`Synchronous::Full`] (the default) a commit is synced
 /// before it returns and survives a power loss or an operating-system crash, at the price of one
-/// `fsync` per commit (concurrent writes of one database share a commit: group commit). With
+/// `fsync` per commit (concurrent writes of one database share a commit: group commit); in the
+/// organization layout the runtime's own writes are synced with the next write the application
+/// is answered for instead (see [`SqliteOptions::sync_delay`]). With
 /// [`Synchronous::Normal`] a commit is atomic and survives a crash of the process; a power loss or
 /// an operating-system crash may undo the last commits (never corrupting the file).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
