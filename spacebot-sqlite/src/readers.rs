@@ -159,13 +159,22 @@ impl Readers {
         let Some((own, conn, permit)) = at_hand else {
             return self.run(location, doing, read).await;
         };
-        let result = read(&conn);
-        end_read(&conn);
-        if !own.permits.is_closed() {
-            own.lock().push((conn, Instant::now()));
+        // A read that panics fails as one on a blocking thread does, not the caller's task; its
+        // connection is closed, not given back.
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| read(&conn)))
+            .map_err(|_| StoreError::Backend {
+                backend: BACKEND,
+                message: format!("{doing} in {location}: the read did not finish: it panicked"),
+                source: None,
+            });
+        if result.is_ok() {
+            end_read(&conn);
+            if !own.permits.is_closed() {
+                own.lock().push((conn, Instant::now()));
+            }
         }
         drop(permit);
-        result
+        result?
     }
 
     /// Refuses later reads and closes the idle connections (those in use close when given back).
@@ -347,6 +356,14 @@ mod tests {
             "an idle connection: read on this thread"
         );
         assert_eq!(idle(&db), 1, "given back");
+        // A read that panics on this thread is an error, as on a blocking thread; its
+        // connection is closed, and the next read opens another.
+        let panicked = db
+            .read_short::<(), _>("panicking", |_| panic!("on purpose"))
+            .await;
+        assert!(panicked.is_err());
+        assert_eq!(idle(&db), 0, "a connection a read panicked on is not kept");
+        assert_eq!(short(&db).await.unwrap().0, 2);
         db.close().await;
         assert!(short(&db).await.is_err(), "closed");
     }
