@@ -94,11 +94,12 @@ pub struct WriteStats {
     pub commits: u64,
     /// Operations those transactions carried (refused ones included).
     pub operations: u64,
-    /// The writer's syncs of the write-ahead log (`fsync`s): one per commit with
-    /// `synchronous = FULL` when every commit syncs; with deferred syncing
+    /// The writer's syncs of the write-ahead log (`fsync`s): one per commit that wrote to the log
+    /// with `synchronous = FULL` when every commit syncs; with deferred syncing
     /// ([`SqliteOptions::sync_delay`](crate::SqliteOptions::sync_delay)), one per commit carrying
-    /// an immediate write plus one per delayed sync. None with `NORMAL` or `OFF` (SQLite's own
-    /// syncs at checkpoints are not counted).
+    /// an immediate write (synced by the writer itself when SQLite wrote nothing for it) plus one
+    /// per delayed sync. None with `NORMAL` or `OFF` (SQLite's own syncs at checkpoints are not
+    /// counted).
     pub syncs: u64,
     /// How many of `commits` were on the disk at the last sync (all of them when every commit
     /// syncs; none without syncs).
