@@ -148,6 +148,16 @@ mod tests {
         });
     }
 
+    /// A future made inside a scope but polled outside it (as a spawned one is) does not
+    /// inherit it.
+    #[test]
+    fn a_future_polled_outside_the_scope_does_not_inherit_it() {
+        futures::executor::block_on(async {
+            let made = scope(Durability::Deferred, async { async { current() } }).await;
+            assert_eq!(made.await, Durability::Immediate);
+        });
+    }
+
     #[test]
     fn a_panicking_poll_leaves_the_outer_scope() {
         let caught = std::panic::catch_unwind(|| {

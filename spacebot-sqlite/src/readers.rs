@@ -116,10 +116,7 @@ impl Readers {
                             .map_err(|e| db_error(&location, doing, e))?,
                     };
                     let result = read(&conn);
-                    end_read(&conn);
-                    if !own.permits.is_closed() {
-                        own.lock().push((conn, Instant::now()));
-                    }
+                    own.give_back(conn);
                     drop(permit);
                     result
                 })
@@ -168,10 +165,7 @@ impl Readers {
                 source: None,
             });
         if result.is_ok() {
-            end_read(&conn);
-            if !own.permits.is_closed() {
-                own.lock().push((conn, Instant::now()));
-            }
+            own.give_back(conn);
         }
         drop(permit);
         result?
@@ -226,6 +220,15 @@ impl Own {
     pub(crate) fn lock(&self) -> MutexGuard<'_, Vec<(Connection, Instant)>> {
         // The list is consistent between statements, whatever panicked while holding it.
         self.idle.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Ends what a read left open on `conn` and keeps it idle for the next read (closes it if
+    /// the readers were closed meanwhile).
+    fn give_back(&self, conn: Connection) {
+        end_read(&conn);
+        if !self.permits.is_closed() {
+            self.lock().push((conn, Instant::now()));
+        }
     }
 
     /// The most recently used idle connection, closing those idle for longer than the timeout.

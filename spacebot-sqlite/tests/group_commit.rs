@@ -309,6 +309,23 @@ async fn answered_writes_survive_sigkill() {
     }
 }
 
+/// Stores in the organization layout whose deferred commits are synced `delay` after the first.
+async fn deferred_stores(delay: Duration) -> SqliteStores {
+    SqliteStores::temporary_with(SqliteOptions::new().sync_delay(delay))
+        .await
+        .unwrap()
+}
+
+/// Persists `envelope(i)` for [`agent`] in a deferred scope, as the runtime's loops write.
+async fn persist_deferred(deliveries: &impl DeliveryStore, i: usize) {
+    durability::scope(
+        Durability::Deferred,
+        deliveries.persist(&agent(), &envelope(i)),
+    )
+    .await
+    .unwrap();
+}
+
 /// Waits until `stats()` satisfies `done`, failing the test after 10 s.
 async fn until(stores: &SqliteStores, done: impl Fn(WriteStats) -> bool) -> WriteStats {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -326,19 +343,13 @@ async fn until(stores: &SqliteStores, done: impl Fn(WriteStats) -> bool) -> Writ
 /// commit without a sync; the next immediate write syncs them with it, in one `fsync`.
 #[tokio::test]
 async fn deferred_writes_are_synced_by_the_next_immediate_one() {
-    let stores =
-        SqliteStores::temporary_with(SqliteOptions::new().sync_delay(Duration::from_secs(3600)))
-            .await
-            .unwrap();
+    let stores = deferred_stores(Duration::from_secs(3600)).await;
     let before = opened(&stores).await;
     let me = agent();
     let deliveries = stores.deliveries();
-    let deferred = async {
-        for i in 0..5 {
-            deliveries.persist(&me, &envelope(i)).await.unwrap();
-        }
-    };
-    durability::scope(Durability::Deferred, deferred).await;
+    for i in 0..5 {
+        persist_deferred(&deliveries, i).await;
+    }
     let stats = since(stores.instance_write_stats(), before);
     assert_eq!((stats.commits, stats.syncs), (5, 0), "{stats:?}");
     assert!(stores.instance_write_stats().synced < stores.instance_write_stats().commits);
@@ -357,16 +368,11 @@ async fn deferred_writes_are_synced_by_the_next_immediate_one() {
 /// `strace -f -e trace=fdatasync` shows it.)
 #[tokio::test]
 async fn an_immediate_write_that_changes_nothing_still_syncs_the_deferred_ones() {
-    let stores =
-        SqliteStores::temporary_with(SqliteOptions::new().sync_delay(Duration::from_secs(3600)))
-            .await
-            .unwrap();
+    let stores = deferred_stores(Duration::from_secs(3600)).await;
     let before = opened(&stores).await;
     let me = agent();
     let deliveries = stores.deliveries();
-    durability::scope(Durability::Deferred, deliveries.persist(&me, &envelope(0)))
-        .await
-        .unwrap();
+    persist_deferred(&deliveries, 0).await;
     let deferred = stores.instance_write_stats();
     assert!(deferred.synced < deferred.commits, "{deferred:?}");
     // Removing an envelope that is not pending: no row changes.
@@ -387,17 +393,11 @@ async fn an_immediate_write_that_changes_nothing_still_syncs_the_deferred_ones()
 /// and at the latest when the stores close.
 #[tokio::test]
 async fn deferred_writes_are_synced_after_their_delay_and_at_close() {
-    let stores =
-        SqliteStores::temporary_with(SqliteOptions::new().sync_delay(Duration::from_millis(30)))
-            .await
-            .unwrap();
+    let stores = deferred_stores(Duration::from_millis(30)).await;
     let before = opened(&stores).await;
-    let me = agent();
     let deliveries = stores.deliveries();
     let written = Instant::now();
-    durability::scope(Durability::Deferred, deliveries.persist(&me, &envelope(0)))
-        .await
-        .unwrap();
+    persist_deferred(&deliveries, 0).await;
     let synced = until(&stores, |s| s.synced == s.commits).await;
     assert!(
         written.elapsed() >= Duration::from_millis(30),
@@ -405,14 +405,9 @@ async fn deferred_writes_are_synced_after_their_delay_and_at_close() {
     );
     assert_eq!(since(synced, before).syncs, 1, "{synced:?}");
 
-    let stores =
-        SqliteStores::temporary_with(SqliteOptions::new().sync_delay(Duration::from_secs(3600)))
-            .await
-            .unwrap();
+    let stores = deferred_stores(Duration::from_secs(3600)).await;
     let deliveries = stores.deliveries();
-    durability::scope(Durability::Deferred, deliveries.persist(&me, &envelope(1)))
-        .await
-        .unwrap();
+    persist_deferred(&deliveries, 1).await;
     let open = stores.instance_write_stats();
     assert!(open.synced < open.commits, "{open:?}");
     stores.close().await;
@@ -436,9 +431,7 @@ async fn deferred_writes_sync_at_once_without_deferred_syncing() {
         let before = opened(&stores).await;
         let deliveries = stores.deliveries();
         for i in 0..3 {
-            durability::scope(Durability::Deferred, deliveries.persist(&me, &envelope(i)))
-                .await
-                .unwrap();
+            persist_deferred(&deliveries, i).await;
         }
         let stats = since(stores.agent_write_stats(&me).unwrap(), before);
         assert_eq!((stats.commits, stats.syncs), (3, syncs), "{stats:?}");
