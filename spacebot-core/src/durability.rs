@@ -153,7 +153,12 @@ mod tests {
     #[test]
     fn a_future_polled_outside_the_scope_does_not_inherit_it() {
         futures::executor::block_on(async {
-            let made = scope(Durability::Deferred, async { async { current() } }).await;
+            let mut made = None;
+            scope(Durability::Deferred, async {
+                made = Some(async { current() });
+            })
+            .await;
+            let made = made.expect("made in the scope");
             assert_eq!(made.await, Durability::Immediate);
         });
     }
