@@ -320,6 +320,82 @@ impl Unit {
     }
 }
 
+/// A channel's history in [`Unit`]s, oldest first, with their total size (as request limits
+/// estimate it) kept as units come and go: a reservation sums a long history without walking
+/// it.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Units {
+    units: Vec<Unit>,
+    size: crate::limits::TextSize,
+}
+
+impl Units {
+    /// Adds the newest unit.
+    pub(crate) fn push(&mut self, unit: Unit) {
+        self.size = self.size.plus(unit.size);
+        self.units.push(unit);
+    }
+
+    /// Takes the newest unit off.
+    pub(crate) fn pop(&mut self) -> Option<Unit> {
+        let unit = self.units.pop()?;
+        self.size = self.size.minus(unit.size);
+        Some(unit)
+    }
+
+    /// Drops the `n` oldest units.
+    pub(crate) fn drop_oldest(&mut self, n: usize) {
+        let n = n.min(self.units.len());
+        for unit in &self.units[..n] {
+            self.size = self.size.minus(unit.size);
+        }
+        self.units.drain(..n);
+    }
+
+    /// Keeps the units `keep` answers `true` for.
+    pub(crate) fn retain(&mut self, keep: impl FnMut(&Unit) -> bool) {
+        self.units.retain(keep);
+        self.size = self.sum(0..self.units.len());
+    }
+
+    /// The size of the units from `from` on (the newest ones).
+    pub(crate) fn size_from(&self, from: usize) -> crate::limits::TextSize {
+        let from = from.min(self.units.len());
+        // Whichever side is shorter is walked.
+        if from <= self.units.len() / 2 {
+            self.size.minus(self.sum(0..from))
+        } else {
+            self.sum(from..self.units.len())
+        }
+    }
+
+    fn sum(&self, range: std::ops::Range<usize>) -> crate::limits::TextSize {
+        self.units[range]
+            .iter()
+            .fold(crate::limits::TextSize::default(), |size, u| {
+                size.plus(u.size)
+            })
+    }
+}
+
+impl std::ops::Deref for Units {
+    type Target = [Unit];
+
+    fn deref(&self) -> &[Unit] {
+        &self.units
+    }
+}
+
+impl FromIterator<Unit> for Units {
+    fn from_iter<I: IntoIterator<Item = Unit>>(iter: I) -> Self {
+        let mut units = Units::default();
+        for unit in iter {
+            units.push(unit);
+        }
+        units
+    }
+}
+
 /// How many of `units` (the newest last) fit `budget`, newest first, stopping at the first that
 /// does not: the index of the oldest one kept (`units.len()` when none fits) and the tokens kept.
 pub(crate) fn fit_newest(units: &[Unit], budget: u64) -> (usize, u64) {
@@ -411,5 +487,42 @@ mod tests {
         assert!(user.contains("message 499"), "the newest are kept");
         assert!(!user.contains("message 0 "), "the oldest are left out");
         assert!(estimate_input(&request) + answer_room(2_000, None) <= 2_000);
+    }
+
+    #[test]
+    fn units_keep_their_size_as_they_come_and_go() {
+        use crate::limits::TextSize;
+        let unit = |i: usize| {
+            Unit::new(
+                ChatMessage::user("m".repeat(i * 7 % 23)),
+                &EstimateCounter,
+                Some(i as u64),
+            )
+        };
+        let check = |units: &Units| {
+            for from in 0..=units.len() + 1 {
+                let walked = units[from.min(units.len())..]
+                    .iter()
+                    .fold(TextSize::default(), |s, u| s.plus(u.size));
+                assert_eq!(
+                    units.size_from(from),
+                    walked,
+                    "from {from} of {}",
+                    units.len()
+                );
+            }
+        };
+        let mut units: Units = (0..40).map(unit).collect();
+        check(&units);
+        units.pop();
+        units.push(unit(41));
+        check(&units);
+        units.drop_oldest(7);
+        check(&units);
+        units.retain(|u| u.seq.is_some_and(|s| s % 3 != 0));
+        check(&units);
+        units.drop_oldest(1_000);
+        assert!(units.is_empty());
+        check(&units);
     }
 }

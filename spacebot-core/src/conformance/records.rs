@@ -11,7 +11,7 @@ use super::support::{ConformanceError, UNUSUAL_TEXT, ensure, ensure_eq, ensure_e
 use crate::error::StoreError;
 use crate::records::{
     Expect, MAX_KEY_LEN, MAX_NAMESPACE_LEN, MAX_VALUE_LEN, Record, RecordStore, RecordWrite,
-    WriteOutcome,
+    WriteOutcome, WriteReceipt,
 };
 use crate::time::Timestamp;
 
@@ -26,6 +26,7 @@ macro_rules! __record_store_tests {
             [
                 record_store_first_write,
                 record_store_compare_and_set,
+                record_store_write_receipt,
                 record_store_absent,
                 record_store_effect_key_applies_once,
                 record_store_history_order,
@@ -191,6 +192,55 @@ pub async fn record_store_compare_and_set(store: &dyn RecordStore) -> Result<(),
         written(store, fresh.clone()).await?,
         made(&fresh, 1),
         "Version(0) writes a key never written"
+    );
+    Ok(())
+}
+
+/// `write_receipt` makes the same writes as `write`: a write that happens is answered by its
+/// version and stored as `write` would store it; a refusal and an effect key applied before are
+/// answered as `write` answers them.
+pub async fn record_store_write_receipt(store: &dyn RecordStore) -> Result<(), ConformanceError> {
+    ensure_empty(store, &[NS]).await?;
+    let w1 = put(NS, "r", json!({"n": 1}), 10)
+        .expect(Expect::Absent)
+        .effect_key("receipt-1");
+    ensure_eq!(
+        ok!(store.write_receipt(w1.clone())),
+        WriteReceipt::Written(1),
+        "a first write is version 1"
+    );
+    let v1 = made(&w1, 1);
+    ensure_eq!(ok!(store.get(NS, "r")), Some(v1.clone()), "stored whole");
+    let w2 = put(NS, "r", json!({"n": 2}), 20).expect(Expect::Version(1));
+    ensure_eq!(
+        ok!(store.write_receipt(w2.clone())),
+        WriteReceipt::Written(2),
+        "over the expected version"
+    );
+    let v2 = made(&w2, 2);
+    ensure_eq!(
+        ok!(store.write_receipt(put(NS, "r", json!("lost"), 30).expect(Expect::Version(1)))),
+        WriteReceipt::Conflict {
+            current: Some(v2.clone())
+        },
+        "a stale version: a conflict carrying the latest record"
+    );
+    ensure_eq!(
+        ok!(store.write_receipt(w1)),
+        WriteReceipt::AlreadyApplied(v1.clone()),
+        "an effect key applied before"
+    );
+    ensure_eq!(
+        ok!(store.history(NS, "r")),
+        vec![v1, v2],
+        "the refused and repeated writes wrote nothing"
+    );
+    ensure_err!(
+        store
+            .write_receipt(RecordWrite::new(NS, "", json!(1), "a"))
+            .await,
+        StoreError::Invalid(_),
+        "an empty key is refused as by write"
     );
     Ok(())
 }

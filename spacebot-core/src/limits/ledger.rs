@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use super::{CallEstimate, Fit, LimitReached, Limits, Scope, Spend};
 use crate::error::StoreError;
 use crate::ids::EnvelopeId;
-use crate::records::{Expect, RecordStore, RecordWrite, WriteOutcome};
+use crate::records::{Expect, RecordStore, RecordWrite, WriteReceipt};
 use crate::time::Timestamp;
 
 /// The record namespace of requests' spend.
@@ -42,9 +42,10 @@ pub struct LedgerEntry {
     /// When the request's first turn began (wall time is counted from it).
     pub started_at: Timestamp,
     /// What its settled model and tool calls spent.
+    #[serde(with = "compact", skip_serializing_if = "compact::is_zero")]
     pub settled: Spend,
     /// Open reservations, by call key: counted until settled (a kill leaves them counted).
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(with = "compact::map", skip_serializing_if = "BTreeMap::is_empty")]
     pub reserved: BTreeMap<String, Spend>,
     /// The limit that refused a call, once one did.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -52,6 +53,84 @@ pub struct LedgerEntry {
     /// Whether the user was told the request reached its limit.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub told: bool,
+}
+
+/// A [`Spend`] as the ledger stores it: its measures at zero left out (a record is written twice
+/// a model call; reads take either form, a missing measure being zero).
+mod compact {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use crate::limits::{Money, Spend};
+
+    fn zero(n: &u64) -> bool {
+        *n == 0
+    }
+
+    fn no_money(m: &Money) -> bool {
+        m.0 == 0
+    }
+
+    /// Whether `spend` is nothing at all (the field is then left out).
+    pub(super) fn is_zero(spend: &Spend) -> bool {
+        *spend == Spend::default()
+    }
+
+    #[derive(Serialize)]
+    struct Out<'a> {
+        #[serde(skip_serializing_if = "zero")]
+        input_tokens: &'a u64,
+        #[serde(skip_serializing_if = "zero")]
+        output_tokens: &'a u64,
+        #[serde(skip_serializing_if = "zero")]
+        total_tokens: &'a u64,
+        #[serde(skip_serializing_if = "zero")]
+        model_calls: &'a u64,
+        #[serde(skip_serializing_if = "zero")]
+        tool_calls: &'a u64,
+        #[serde(skip_serializing_if = "no_money")]
+        cost: &'a Money,
+    }
+
+    impl<'a> From<&'a Spend> for Out<'a> {
+        fn from(s: &'a Spend) -> Self {
+            Out {
+                input_tokens: &s.input_tokens,
+                output_tokens: &s.output_tokens,
+                total_tokens: &s.total_tokens,
+                model_calls: &s.model_calls,
+                tool_calls: &s.tool_calls,
+                cost: &s.cost,
+            }
+        }
+    }
+
+    pub(super) fn serialize<S: Serializer>(spend: &Spend, s: S) -> Result<S::Ok, S::Error> {
+        Out::from(spend).serialize(s)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Spend, D::Error> {
+        Spend::deserialize(d)
+    }
+
+    /// A map of spends, each compact.
+    pub(super) mod map {
+        use super::*;
+
+        pub(in crate::limits::ledger) fn serialize<S: Serializer>(
+            map: &BTreeMap<String, Spend>,
+            s: S,
+        ) -> Result<S::Ok, S::Error> {
+            s.collect_map(map.iter().map(|(k, v)| (k, Out::from(v))))
+        }
+
+        pub(in crate::limits::ledger) fn deserialize<'de, D: Deserializer<'de>>(
+            d: D,
+        ) -> Result<BTreeMap<String, Spend>, D::Error> {
+            BTreeMap::deserialize(d)
+        }
+    }
 }
 
 impl LedgerEntry {
@@ -234,17 +313,11 @@ impl RequestLedger {
             let write = RecordWrite::new(NAMESPACE, request.as_str(), value, "limits")
                 .expect(expect)
                 .at(now);
-            match self.records.write(write).await? {
-                WriteOutcome::Written(record) | WriteOutcome::AlreadyApplied(record) => {
-                    self.stored(request, &pending);
-                    let mut known = self.known();
-                    if known.len() >= KNOWN_ENTRIES {
-                        known.clear();
-                    }
-                    known.insert(request.as_str().to_owned(), (record.version, entry));
-                    return Ok(result);
-                }
-                WriteOutcome::Conflict {
+            // Answered by its version alone: the entry written is the one at hand.
+            let written = match self.records.write_receipt(write).await? {
+                WriteReceipt::Written(version) => Some(version),
+                WriteReceipt::AlreadyApplied(record) => Some(record.version),
+                WriteReceipt::Conflict {
                     current: now_stored,
                 } => {
                     current = match now_stored {
@@ -252,7 +325,17 @@ impl RequestLedger {
                         None => None,
                     };
                     read = true;
+                    None
                 }
+            };
+            if let Some(version) = written {
+                self.stored(request, &pending);
+                let mut known = self.known();
+                if known.len() >= KNOWN_ENTRIES {
+                    known.clear();
+                }
+                known.insert(request.as_str().to_owned(), (version, entry));
+                return Ok(result);
             }
         }
         Err(StoreError::Backend {
@@ -525,6 +608,55 @@ mod tests {
 
     fn ledger() -> RequestLedger {
         RequestLedger::new(Stores::memory().records.clone())
+    }
+
+    #[test]
+    fn an_entry_is_stored_without_its_measures_at_zero_and_read_in_either_form() {
+        let mut entry = LedgerEntry {
+            started_at: Timestamp(5),
+            ..LedgerEntry::default()
+        };
+        let call = Spend {
+            input_tokens: 10,
+            output_tokens: 20,
+            total_tokens: 30,
+            model_calls: 1,
+            ..Spend::default()
+        };
+        entry.reserved.insert("c1".into(), call);
+        let stored = serde_json::to_value(&entry).unwrap();
+        assert_eq!(
+            stored,
+            serde_json::json!({
+                "started_at": 5,
+                "reserved": {"c1": {
+                    "input_tokens": 10, "output_tokens": 20, "total_tokens": 30, "model_calls": 1
+                }}
+            })
+        );
+        assert_eq!(
+            serde_json::from_value::<LedgerEntry>(stored).unwrap(),
+            entry
+        );
+        // As entries were stored before: every measure written out.
+        let full = serde_json::json!({
+            "started_at": 5,
+            "settled": {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0,
+                        "model_calls": 0, "tool_calls": 0, "cost": 0.0},
+            "reserved": {"c1": {"input_tokens": 10, "output_tokens": 20, "total_tokens": 30,
+                                "model_calls": 1, "tool_calls": 0, "cost": 0.0}}
+        });
+        assert_eq!(serde_json::from_value::<LedgerEntry>(full).unwrap(), entry);
+        entry.settle("c1", call);
+        assert_eq!(
+            serde_json::to_value(&entry).unwrap(),
+            serde_json::json!({
+                "started_at": 5,
+                "settled": {
+                    "input_tokens": 10, "output_tokens": 20, "total_tokens": 30, "model_calls": 1
+                }
+            })
+        );
     }
 
     fn est(input: u64, max_output: u64) -> CallEstimate {
@@ -857,7 +989,10 @@ mod tests {
         ) -> Result<Option<crate::records::Record>, StoreError> {
             self.inner.version(namespace, key, version).await
         }
-        async fn write(&self, write: RecordWrite) -> Result<WriteOutcome, StoreError> {
+        async fn write(
+            &self,
+            write: RecordWrite,
+        ) -> Result<crate::records::WriteOutcome, StoreError> {
             self.inner.write(write).await
         }
         async fn list(

@@ -575,6 +575,14 @@ impl TextSize {
         }
     }
 
+    /// This size without `other` (a part of it).
+    pub(crate) fn minus(self, other: Self) -> Self {
+        Self {
+            bytes: self.bytes.saturating_sub(other.bytes),
+            pieces: self.pieces.saturating_sub(other.pieces),
+        }
+    }
+
     /// The estimated tokens.
     pub(crate) fn estimate(self) -> u64 {
         self.bytes.div_ceil(3) + 4 * self.pieces

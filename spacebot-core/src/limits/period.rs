@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{CallEstimate, Fit, LimitReached, Limits, Period, Refusal, Scope, Spend};
 use crate::error::StoreError;
-use crate::records::{Expect, RecordStore, RecordWrite, WriteOutcome};
+use crate::records::{Expect, RecordStore, RecordWrite, WriteReceipt};
 use crate::time::Timestamp;
 
 /// The record namespace of period spend (key: `agent:{id}:{hour|day}` or `org:{hour|day}`).
@@ -166,9 +166,9 @@ impl PeriodLedger {
             let write = RecordWrite::new(PERIOD_NAMESPACE, &key, value, "limits")
                 .expect(expect)
                 .at(now);
-            match self.records.write(write).await? {
-                WriteOutcome::Written(_) | WriteOutcome::AlreadyApplied(_) => return Ok(result),
-                WriteOutcome::Conflict { .. } => continue,
+            match self.records.write_receipt(write).await? {
+                WriteReceipt::Written(_) | WriteReceipt::AlreadyApplied(_) => return Ok(result),
+                WriteReceipt::Conflict { .. } => continue,
             }
         }
         Err(StoreError::Backend {

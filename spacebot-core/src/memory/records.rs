@@ -8,22 +8,29 @@ use async_trait::async_trait;
 use super::lock;
 use crate::error::StoreError;
 use crate::records::{
-    Record, RecordStore, RecordWrite, WriteOutcome, check_address, check_list_prefix,
+    Record, RecordStore, RecordWrite, WriteOutcome, WriteReceipt, check_address, check_list_prefix,
     check_namespace,
 };
 
 #[derive(Debug, Default)]
 struct State {
-    /// Every version of every key, oldest first, by `(namespace, key)`: iteration order is the
-    /// key order of the contract.
-    keys: BTreeMap<(String, String), Vec<Record>>,
-    /// `(namespace, effect key)` -> the `(key, version)` that write made.
-    effects: HashMap<(String, String), (String, u64)>,
+    /// Each namespace's keys (looked up by borrowed text: no copy of an address to find it).
+    namespaces: crate::fasthash::FastMap<String, Namespace>,
+}
+
+/// One namespace's records.
+#[derive(Debug, Default)]
+struct Namespace {
+    /// Every version of every key, oldest first: iteration order is the key order of the
+    /// contract.
+    keys: BTreeMap<String, Vec<Record>>,
+    /// Effect key -> the `(key, version)` that write made.
+    effects: HashMap<String, (String, u64)>,
 }
 
 impl State {
     fn versions(&self, namespace: &str, key: &str) -> Option<&Vec<Record>> {
-        self.keys.get(&(namespace.to_string(), key.to_string()))
+        self.namespaces.get(namespace)?.keys.get(key)
     }
 }
 
@@ -37,6 +44,69 @@ impl MemoryRecordStore {
     /// An empty store.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Makes `write`, answering `answer(the record written)`, or what was done instead.
+    fn apply<T>(
+        &self,
+        write: RecordWrite,
+        answer: impl FnOnce(&Record) -> T,
+    ) -> Result<Result<T, WriteOutcome>, StoreError> {
+        write.check()?;
+        let mut st = lock(&self.state);
+        if let Some(effect) = &write.effect_key
+            && let Some((key, version)) = st
+                .namespaces
+                .get(&write.namespace)
+                .and_then(|ns| ns.effects.get(effect))
+        {
+            let index = usize::try_from(*version)
+                .ok()
+                .and_then(|v| v.checked_sub(1));
+            let record = st
+                .versions(&write.namespace, key)
+                .zip(index)
+                .and_then(|(v, i)| v.get(i))
+                .cloned()
+                .ok_or_else(|| StoreError::Backend {
+                    backend: "memory",
+                    message: format!(
+                        "effect key {effect:?} of namespace {} names a record that is not stored",
+                        write.namespace
+                    ),
+                    source: None,
+                })?;
+            return Ok(Err(WriteOutcome::AlreadyApplied(record)));
+        }
+        let ns = match st.namespaces.get_mut(&write.namespace) {
+            Some(ns) => ns,
+            None => st.namespaces.entry(write.namespace.clone()).or_default(),
+        };
+        // One look-up of the key: its versions, or none yet.
+        let versions = ns.keys.get_mut(&write.key);
+        let latest = versions
+            .as_ref()
+            .and_then(|v| v.last())
+            .map_or(0, |r| r.version);
+        if !write.expect.admits(latest) {
+            // Only a refusal copies what is stored.
+            let current = versions.and_then(|v| v.last()).cloned();
+            return Ok(Err(WriteOutcome::Conflict { current }));
+        }
+        let effect = write.effect_key.clone();
+        let record = write.into_record(latest + 1);
+        if let Some(effect) = effect {
+            ns.effects
+                .insert(effect, (record.key.clone(), record.version));
+        }
+        let answered = answer(&record);
+        match versions {
+            Some(v) => v.push(record),
+            None => {
+                ns.keys.insert(record.key.clone(), vec![record]);
+            }
+        }
+        Ok(Ok(answered))
     }
 }
 
@@ -66,61 +136,31 @@ impl RecordStore for MemoryRecordStore {
     }
 
     async fn write(&self, write: RecordWrite) -> Result<WriteOutcome, StoreError> {
-        write.check()?;
-        let mut st = lock(&self.state);
-        if let Some(effect) = &write.effect_key
-            && let Some((key, version)) = st.effects.get(&(write.namespace.clone(), effect.clone()))
-        {
-            let index = usize::try_from(*version)
-                .ok()
-                .and_then(|v| v.checked_sub(1));
-            let record = st
-                .versions(&write.namespace, key)
-                .zip(index)
-                .and_then(|(v, i)| v.get(i))
-                .cloned()
-                .ok_or_else(|| StoreError::Backend {
-                    backend: "memory",
-                    message: format!(
-                        "effect key {effect:?} of namespace {} names a record that is not stored",
-                        write.namespace
-                    ),
-                    source: None,
-                })?;
-            return Ok(WriteOutcome::AlreadyApplied(record));
-        }
-        let id = (write.namespace.clone(), write.key.clone());
-        let latest = st
-            .keys
-            .get(&id)
-            .and_then(|v| v.last())
-            .map_or(0, |r| r.version);
-        if !write.expect.admits(latest) {
-            // Only a refusal copies what is stored.
-            let current = st.keys.get(&id).and_then(|v| v.last()).cloned();
-            return Ok(WriteOutcome::Conflict { current });
-        }
-        let effect = write.effect_key.clone();
-        let record = write.into_record(latest + 1);
-        st.keys.entry(id).or_default().push(record.clone());
-        if let Some(effect) = effect {
-            st.effects.insert(
-                (record.namespace.clone(), effect),
-                (record.key.clone(), record.version),
-            );
-        }
-        Ok(WriteOutcome::Written(record))
+        Ok(self
+            .apply(write, Record::clone)?
+            .map_or_else(|outcome| outcome, WriteOutcome::Written))
+    }
+
+    async fn write_receipt(&self, write: RecordWrite) -> Result<WriteReceipt, StoreError> {
+        Ok(self
+            .apply(write, |record| record.version)?
+            .map_or_else(WriteReceipt::from, WriteReceipt::Written))
     }
 
     async fn list(&self, namespace: &str, prefix: &str) -> Result<Vec<Record>, StoreError> {
         check_namespace(namespace)?;
         check_list_prefix(prefix)?;
         let st = lock(&self.state);
-        let start = (namespace.to_string(), prefix.to_string());
-        Ok(st
+        let Some(ns) = st.namespaces.get(namespace) else {
+            return Ok(Vec::new());
+        };
+        Ok(ns
             .keys
-            .range(start..)
-            .take_while(|((ns, key), _)| ns == namespace && key.starts_with(prefix))
+            .range::<str, _>((
+                std::ops::Bound::Included(prefix),
+                std::ops::Bound::Unbounded,
+            ))
+            .take_while(|(key, _)| key.starts_with(prefix))
             .filter_map(|(_, versions)| versions.last().cloned())
             .collect())
     }

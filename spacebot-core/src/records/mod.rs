@@ -417,6 +417,31 @@ pub enum WriteOutcome<V = serde_json::Value> {
     },
 }
 
+/// What [`RecordStore::write_receipt`] did: a [`WriteOutcome`] whose write, when it happened, is
+/// told by its version alone.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WriteReceipt {
+    /// The write happened: the version it made (the key's new latest).
+    Written(u64),
+    /// As [`WriteOutcome::AlreadyApplied`].
+    AlreadyApplied(Record),
+    /// As [`WriteOutcome::Conflict`].
+    Conflict {
+        /// The key's latest record (`None`: never written).
+        current: Option<Record>,
+    },
+}
+
+impl From<WriteOutcome> for WriteReceipt {
+    fn from(outcome: WriteOutcome) -> Self {
+        match outcome {
+            WriteOutcome::Written(record) => Self::Written(record.version),
+            WriteOutcome::AlreadyApplied(record) => Self::AlreadyApplied(record),
+            WriteOutcome::Conflict { current } => Self::Conflict { current },
+        }
+    }
+}
+
 impl<V> WriteOutcome<V> {
     /// The record written now or by the effect key before (`None` for a conflict).
     pub fn record(&self) -> Option<&Record<V>> {
@@ -504,6 +529,13 @@ pub trait RecordStore: Send + Sync + fmt::Debug {
     ) -> Result<Option<Record>, StoreError>;
     /// Writes a new version, compared and set, at most once per effect key (see the contract).
     async fn write(&self, write: RecordWrite) -> Result<WriteOutcome, StoreError>;
+    /// [`write`](Self::write), answering a write that happened by its version alone: for a
+    /// writer that keeps what it wrote, such as a counter written at every step. The default
+    /// calls `write`; a store that would copy the record to answer it (the memory store) does
+    /// not.
+    async fn write_receipt(&self, write: RecordWrite) -> Result<WriteReceipt, StoreError> {
+        Ok(self.write(write).await?.into())
+    }
     /// The latest version of every key of the namespace starting with `prefix`, in key order.
     async fn list(&self, namespace: &str, prefix: &str) -> Result<Vec<Record>, StoreError>;
     /// Every version of one key, oldest first.
@@ -535,6 +567,9 @@ impl<T: RecordStore + ?Sized> RecordStore for Arc<T> {
     async fn write(&self, write: RecordWrite) -> Result<WriteOutcome, StoreError> {
         (**self).write(write).await
     }
+    async fn write_receipt(&self, write: RecordWrite) -> Result<WriteReceipt, StoreError> {
+        (**self).write_receipt(write).await
+    }
     async fn list(&self, namespace: &str, prefix: &str) -> Result<Vec<Record>, StoreError> {
         (**self).list(namespace, prefix).await
     }
@@ -564,7 +599,13 @@ fn check_prefix(what: &str, text: &str, max: usize) -> Result<(), StoreError> {
             format!("{} bytes, more than the limit of {max}", text.len()),
         ));
     }
-    if let Some(c) = text.chars().find(|c| c.is_control()) {
+    // ASCII text (ids, names: most of it) is checked by its bytes; other text by its characters.
+    let control = if text.is_ascii() {
+        text.bytes().find(|b| b.is_ascii_control()).map(char::from)
+    } else {
+        text.chars().find(|c| c.is_control())
+    };
+    if let Some(c) = control {
         return Err(invalid(
             what,
             format!("{text:?} holds the control character {c:?}"),

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use crate::channel::HistoryText;
 use crate::context::{
-    HISTORY_PAGE, MAX_HISTORY_READ, SUMMARY_NAMESPACE, Summary, TokenCounter, Unit, answer_room,
-    fit_newest,
+    HISTORY_PAGE, MAX_HISTORY_READ, SUMMARY_NAMESPACE, Summary, TokenCounter, Unit, Units,
+    answer_room, fit_newest,
 };
 use crate::error::StoreError;
 use crate::ids::{AgentId, ChannelId};
@@ -23,7 +23,7 @@ pub(crate) struct ChannelMemory {
     summary: Option<Summary>,
     /// Shared with the turn that read them last: a turn on a long channel copies none of them
     /// (a copy is made only when a turn still holds them while the next one adds records).
-    units: Arc<Vec<Unit>>,
+    units: Arc<Units>,
     /// The newest record seen (of any kind).
     newest: u64,
 }
@@ -57,7 +57,7 @@ pub(crate) async fn load(
     agent: &AgentRuntime,
     channel: &ChannelId,
     window: u64,
-) -> Result<(Option<Summary>, Arc<Vec<Unit>>), StoreError> {
+) -> Result<(Option<Summary>, Arc<Units>), StoreError> {
     let me = agent.id();
     let counter = host.counter.as_ref();
     // Taken out while this turn extends it (an agent runs one turn at a time; a turn that fails
@@ -113,7 +113,7 @@ pub(crate) async fn load(
     // The oldest units past the window go: no request could send them.
     let (start, _) = fit_newest(&units, window);
     if start > 0 {
-        Arc::make_mut(&mut units).drain(..start);
+        Arc::make_mut(&mut units).drop_oldest(start);
     }
     agent
         .memories
@@ -133,7 +133,7 @@ pub(crate) async fn load(
 /// Adds a history record to `units`, as [`history::to_messages`] replays it: a past tool call is
 /// one unit with its result, and an answer leaves out the tool calls of its own turn just before
 /// it.
-fn push_record(units: &mut Vec<Unit>, record: HistoryText, counter: &dyn TokenCounter) {
+fn push_record(units: &mut Units, record: HistoryText, counter: &dyn TokenCounter) {
     let seq = record.seq;
     let replayed = history::replay(record);
     if replayed.is_answer() {
@@ -174,7 +174,7 @@ pub(crate) struct TurnContext {
     system: Unit,
     tools: u64,
     summary: Option<(Summary, Unit)>,
-    history: Arc<Vec<Unit>>,
+    history: Arc<Units>,
     /// The turn's own messages; the first is the message the turn started with.
     own: Vec<Unit>,
 }
@@ -200,7 +200,7 @@ impl TurnContext {
         system: ChatMessage,
         tools: u64,
         summary: Option<Summary>,
-        history: Arc<Vec<Unit>>,
+        history: Arc<Units>,
     ) -> Self {
         let summary = summary.map(|s| {
             let unit = Unit::new(s.message(), counter.as_ref(), None);
@@ -319,9 +319,7 @@ impl TurnContext {
         {
             size = size.plus(unit.size);
         }
-        for unit in &self.history[selection.history_from..] {
-            size = size.plus(unit.size);
-        }
+        size = size.plus(self.history.size_from(selection.history_from));
         if let Some(first) = self.own.first() {
             size = size.plus(first.size);
         }
@@ -372,7 +370,7 @@ impl TurnContext {
             .chain(self.summary.as_ref().map(|(s, _)| s.through))
             .max()
             .unwrap_or(0);
-        Arc::make_mut(&mut self.history).drain(..older.history_to);
+        Arc::make_mut(&mut self.history).drop_oldest(older.history_to);
         if older.own_to > 1 {
             self.own.drain(1..older.own_to);
         }
@@ -407,7 +405,7 @@ mod tests {
 
     fn context(history: usize) -> TurnContext {
         let counter: Arc<dyn TokenCounter> = Arc::new(EstimateCounter);
-        let units: Vec<Unit> = (0..history)
+        let units: Units = (0..history)
             .map(|i| {
                 Unit::new(
                     ChatMessage::user(format!("record {i:03} {}", "x".repeat(20))),
@@ -422,7 +420,7 @@ mod tests {
             ChatMessage::system("system"),
             0,
             None,
-            units.into(),
+            Arc::new(units),
         )
     }
 
