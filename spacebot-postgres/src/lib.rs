@@ -188,7 +188,8 @@ impl PgStores {
     /// # Errors
     /// As [`connect`].
     pub async fn temporary_with(url: &str, options: PgOptions) -> Result<Self, StoreError> {
-        let schema = format!("spacebot_tmp_{:016x}", fastrand::u64(..));
+        // Random from the OS: two processes starting at once never share a schema.
+        let schema = format!("spacebot_tmp_{:016x}", uuid::Uuid::new_v4().as_u64_pair().0);
         let db = Db::open(url, &options.schema(schema)).await?;
         Ok(Self::from_db(db, true))
     }

@@ -76,6 +76,18 @@ async fn attempt(
     write: &RecordWrite,
     json: &str,
 ) -> Result<Attempt, StoreError> {
+    // Writers of one key take turns, from any process: a replacing write frees the number of
+    // the version it replaces, and a writer that read the key before must not fill it.
+    sqlx::query(
+        "SELECT pg_advisory_xact_lock(hashtextextended(\
+         'spacebot-postgres record ' || current_schema() || '/' || $1 || '/' || encode($2, 'hex'), \
+         0))",
+    )
+    .bind(&write.namespace)
+    .bind(write.key.as_bytes())
+    .execute(&mut *conn)
+    .await
+    .map_err(|e| db_error(location, "locking a record's key", e))?;
     if let Some(effect) = &write.effect_key {
         let sql = format!("SELECT {COLUMNS} FROM records WHERE namespace = $1 AND effect_key = $2");
         if let Some(record) =
@@ -96,9 +108,15 @@ async fn attempt(
     let next = latest + 1;
     // Waits for a concurrent insert of the same version or effect key to end; if it committed,
     // this one inserts nothing (and the transaction stays usable).
+    // Inserted only while no version at or past it is stored: with replacing writes a version
+    // number can be free again below the latest (its row replaced), and a writer that read an
+    // old latest must not fill it.
     let inserted = sqlx::query(
         "INSERT INTO records (namespace, key, version, value, author, written_at, effect_key) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING",
+         SELECT $1, $2, $3, $4, $5, $6, $7 \
+         WHERE NOT EXISTS (SELECT 1 FROM records \
+                           WHERE namespace = $1 AND key = $2 AND version >= $3) \
+         ON CONFLICT DO NOTHING",
     )
     .bind(&write.namespace)
     .bind(write.key.as_bytes())
@@ -113,6 +131,20 @@ async fn attempt(
     if inserted.rows_affected() == 0 {
         return Ok(Attempt::Raced);
     }
+    if write.replacing && latest > 0 {
+        // The version this one follows goes in the same transaction, unless an effect key keeps
+        // it (of racing writers only the one that inserted gets here).
+        sqlx::query(
+            "DELETE FROM records WHERE namespace = $1 AND key = $2 AND version = $3 \
+             AND effect_key IS NULL",
+        )
+        .bind(&write.namespace)
+        .bind(write.key.as_bytes())
+        .bind(to_sql_or(location, "record version", latest)?)
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| db_error(location, "replacing a record", e))?;
+    }
     Ok(Attempt::Done(WriteOutcome::Written(
         write.clone().into_record(next),
     )))
@@ -121,10 +153,12 @@ async fn attempt(
 /// [`RecordStore`] on the `records` table. Get one from [`PgStores::records`].
 ///
 /// A write reads the effect key and the key's latest version, then inserts the next version with
-/// `ON CONFLICT DO NOTHING`: the primary key `(namespace, key, version)` and the unique index of
-/// effect keys let exactly one of racing writers (from any processes) insert; a writer that
-/// inserted nothing reads again in a new transaction, and so ends `AlreadyApplied`, `Conflict`, or
-/// (with `Expect::Any`) written as the next version.
+/// `ON CONFLICT DO NOTHING`, only while no version at or past it is stored: the primary key
+/// `(namespace, key, version)` and the unique index of effect keys let exactly one of racing
+/// writers (from any processes) insert; a writer that inserted nothing reads again in a new
+/// transaction, and so ends `AlreadyApplied`, `Conflict`, or (with `Expect::Any`) written as the
+/// next version. A replacing write deletes the version it follows in the same transaction (the
+/// guard keeps a writer that read an older latest from filling the freed number).
 #[derive(Debug, Clone)]
 pub struct PgRecordStore(pub(crate) PgStores);
 

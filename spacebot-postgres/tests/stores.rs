@@ -43,7 +43,10 @@ async fn processes(n: usize) -> Option<(PgStores, Vec<PgStores>)> {
 
 /// A fresh schema name (the caller drops it).
 fn schema_name() -> String {
-    format!("spacebot_test_{:016x}", fastrand::u64(..))
+    format!(
+        "spacebot_test_{:016x}",
+        uuid::Uuid::new_v4().as_u64_pair().0
+    )
 }
 
 /// Runs `sql` on the database itself (outside any spacebot schema).

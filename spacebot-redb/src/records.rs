@@ -105,14 +105,22 @@ impl Txn<'_> {
         let next = latest.checked_add(1).ok_or_else(|| {
             self.dangling(format!("record {:?} has too many versions", write.key))
         })?;
+        let replaces = write.replacing
+            && latest > 0
+            && !self.has_effect_key(&write.namespace, &write.key, latest)?;
         let effect = write.effect_key.clone();
         let record = write.into_record(next);
         let bytes = encode(&record)?;
         let e = self.err("write a record");
         let (ns, key) = (record.namespace.as_str(), record.key.as_str());
-        self.records()?
+        let mut records = self.records()?;
+        if replaces {
+            records.remove((ns, key, latest)).map_err(&e)?;
+        }
+        records
             .insert((ns, key, next), bytes.as_slice())
             .map_err(&e)?;
+        drop(records);
         self.record_heads()?.insert((ns, key), next).map_err(&e)?;
         if let Some(effect) = &effect {
             self.record_effects()?
@@ -120,6 +128,24 @@ impl Txn<'_> {
                 .map_err(&e)?;
         }
         Ok(WriteOutcome::Written(record))
+    }
+
+    /// Whether version `version` of the key was written with an effect key. The effect keys are
+    /// kept by namespace and key: the namespace's are looked through (none in a namespace whose
+    /// writes carry none, such as the request ledger's).
+    fn has_effect_key(&self, namespace: &str, key: &str, version: u64) -> Result<bool, StoreError> {
+        let effects = self.record_effects()?;
+        let e = self.err("read the effect keys");
+        for row in effects.range((namespace, "")..).map_err(&e)? {
+            let (k, v) = row.map_err(&e)?;
+            if k.value().0 != namespace {
+                break;
+            }
+            if v.value() == (key, version) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     pub(crate) fn record_list(

@@ -198,6 +198,30 @@ impl RecordStore for SqliteRecordStore {
                         format!("record {} has too many versions", write.key),
                     )
                 })?;
+                // A replacing write takes the latest version's row, unless an effect key
+                // keeps that one (the writer's transaction: nothing races it).
+                if write.replacing && latest > 0 {
+                    let replaced = query::execute(
+                        conn,
+                        "UPDATE records SET version = ?, value = ?, author = ?, written_at = ?, \
+                         effect_key = ? \
+                         WHERE namespace = ? AND key = ? AND version = ? AND effect_key IS NULL",
+                        params![
+                            stored,
+                            json,
+                            write.author,
+                            write.written_at.0,
+                            write.effect_key.as_deref(),
+                            write.namespace,
+                            write.key,
+                            stored - 1,
+                        ],
+                    )
+                    .map_err(|e| db_error(&location, "replacing a record", e))?;
+                    if replaced == 1 {
+                        return Ok(WriteOutcome::Written(write.into_record(next)));
+                    }
+                }
                 query::execute(
                     conn,
                     "INSERT INTO records \

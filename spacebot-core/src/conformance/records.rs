@@ -27,6 +27,7 @@ macro_rules! __record_store_tests {
                 record_store_first_write,
                 record_store_compare_and_set,
                 record_store_write_receipt,
+                record_store_replacing,
                 record_store_absent,
                 record_store_effect_key_applies_once,
                 record_store_history_order,
@@ -241,6 +242,111 @@ pub async fn record_store_write_receipt(store: &dyn RecordStore) -> Result<(), C
             .await,
         StoreError::Invalid(_),
         "an empty key is refused as by write"
+    );
+    Ok(())
+}
+
+/// A replacing write takes the place of the latest version (no longer kept: not in the history,
+/// not found by `version`), unless that version carries an effect key; versions count up and
+/// compare-and-set works alike; racing replacing writers each write one version, and one is
+/// left.
+pub async fn record_store_replacing(store: &dyn RecordStore) -> Result<(), ConformanceError> {
+    ensure_empty(store, &[NS]).await?;
+    let w1 = put(NS, "run", json!(1), 10)
+        .expect(Expect::Absent)
+        .replacing();
+    let v1 = written(store, w1.clone()).await?;
+    ensure_eq!(v1, made(&w1, 1), "a first replacing write is version 1");
+    let w2 = put(NS, "run", json!(2), 20)
+        .expect(Expect::Version(1))
+        .replacing();
+    let v2 = written(store, w2.clone()).await?;
+    ensure_eq!(v2, made(&w2, 2), "the next version");
+    ensure_eq!(
+        ok!(store.history(NS, "run")),
+        vec![v2.clone()],
+        "version 1 replaced"
+    );
+    ensure_eq!(
+        ok!(store.version(NS, "run", 1)),
+        None,
+        "a replaced version is gone"
+    );
+    ensure_eq!(ok!(store.get(NS, "run")), Some(v2.clone()), "get");
+    ensure_eq!(
+        ok!(store.write(
+            put(NS, "run", json!("lost"), 25)
+                .expect(Expect::Version(1))
+                .replacing()
+        )),
+        WriteOutcome::Conflict {
+            current: Some(v2.clone())
+        },
+        "a stale version is refused, as without replacing"
+    );
+    ensure_eq!(
+        ok!(store.history(NS, "run")),
+        vec![v2.clone()],
+        "the refusal changed nothing"
+    );
+    // A version written without replacing is added; a replacing write after it replaces it alone.
+    let v3 = written(
+        store,
+        put(NS, "run", json!(3), 30).expect(Expect::Version(2)),
+    )
+    .await?;
+    let v4 = written(store, put(NS, "run", json!(4), 40).replacing()).await?;
+    ensure_eq!(v4.version, 4, "versions count up");
+    ensure_eq!(
+        ok!(store.history(NS, "run")),
+        vec![v2.clone(), v4.clone()],
+        "version 3 replaced, version 2 kept"
+    );
+    ensure_eq!(ok!(store.version(NS, "run", 3)), None, "version 3 is gone");
+    drop(v3);
+    // A version written with an effect key is kept, so its key still applies once.
+    let w5 = put(NS, "run", json!(5), 50).effect_key("once").replacing();
+    let v5 = written(store, w5.clone()).await?;
+    let v6 = written(store, put(NS, "run", json!(6), 60).replacing()).await?;
+    ensure_eq!(
+        ok!(store.history(NS, "run")),
+        vec![v2.clone(), v5.clone(), v6.clone()],
+        "version 4 replaced by 5; 5 (an effect key's) kept by 6"
+    );
+    ensure_eq!(
+        ok!(store.write(w5)),
+        WriteOutcome::AlreadyApplied(v5.clone()),
+        "the effect key applies once"
+    );
+    ensure_eq!(ok!(store.list(NS, "ru")), vec![v6.clone()], "list");
+    // Racing replacing writers: each writes a version; the last is what is left of them.
+    let racers =
+        join_all((0..8).map(|i| store.write(put(NS, "race", json!(i), 70 + i).replacing()))).await;
+    let mut versions = BTreeSet::new();
+    for outcome in racers {
+        match outcome {
+            Ok(WriteOutcome::Written(r)) => {
+                versions.insert(r.version);
+            }
+            other => {
+                return Err(ConformanceError::check(
+                    "every racing replacing write is written",
+                    format!("found {other:?}"),
+                    concat!(file!(), ":", line!()),
+                ));
+            }
+        }
+    }
+    ensure_eq!(
+        versions,
+        (1..=8).collect::<BTreeSet<u64>>(),
+        "one version each"
+    );
+    let left = ok!(store.history(NS, "race"));
+    ensure_eq!(
+        left.iter().map(|r| r.version).collect::<Vec<_>>(),
+        vec![8],
+        "the latest alone is kept"
     );
     Ok(())
 }

@@ -310,9 +310,11 @@ impl RequestLedger {
             let value = serde_json::to_value(&entry).map_err(|e| {
                 StoreError::backend("limits", format!("encoding a request's spend: {e}"), e)
             })?;
+            // The request's earlier entries are not kept: one version a request, not two a call.
             let write = RecordWrite::new(NAMESPACE, request.as_str(), value, "limits")
                 .expect(expect)
-                .at(now);
+                .at(now)
+                .replacing();
             // Answered by its version alone: the entry written is the one at hand.
             let written = match self.records.write_receipt(write).await? {
                 WriteReceipt::Written(version) => Some(version),
@@ -898,7 +900,11 @@ mod tests {
                 total_tokens: Some(100),
                 ..Limits::NONE
             };
-            let versions = || async { records.history(NAMESPACE, r.as_str()).await.unwrap().len() };
+            // The writes made: the record's version (its earlier versions are not kept).
+            let versions = || async {
+                let record = records.get(NAMESPACE, r.as_str()).await.unwrap();
+                record.map_or(0, |record| record.version)
+            };
             a.reserve(&r, "c1", &est(50, 10), &limits, Timestamp(1))
                 .await
                 .unwrap()
@@ -936,6 +942,11 @@ mod tests {
             a.flush_all(Timestamp(4)).await.unwrap();
             a.flush_all(Timestamp(5)).await.unwrap();
             assert_eq!(versions().await, 3);
+            assert_eq!(
+                records.history(NAMESPACE, r.as_str()).await.unwrap().len(),
+                1,
+                "a request's ledger record keeps its latest version alone"
+            );
             let done = b.get(&r).await.unwrap().unwrap();
             assert_eq!(done.settled.total_tokens, 85);
             assert!(done.reserved.is_empty());

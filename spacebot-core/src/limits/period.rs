@@ -163,9 +163,11 @@ impl PeriodLedger {
             let value = serde_json::to_value(&entry).map_err(|e| {
                 StoreError::backend("limits", format!("encoding a period's spend: {e}"), e)
             })?;
+            // A bucket's earlier values are not kept.
             let write = RecordWrite::new(PERIOD_NAMESPACE, &key, value, "limits")
                 .expect(expect)
-                .at(now);
+                .at(now)
+                .replacing();
             match self.records.write_receipt(write).await? {
                 WriteReceipt::Written(_) | WriteReceipt::AlreadyApplied(_) => return Ok(result),
                 WriteReceipt::Conflict { .. } => continue,

@@ -21,16 +21,38 @@ struct State {
 /// One namespace's records.
 #[derive(Debug, Default)]
 struct Namespace {
-    /// Every version of every key, oldest first: iteration order is the key order of the
+    /// Every version of every key kept, oldest first: iteration order is the key order of the
     /// contract.
-    keys: BTreeMap<String, Vec<Record>>,
+    keys: BTreeMap<String, Vec<Version>>,
     /// Effect key -> the `(key, version)` that write made.
     effects: HashMap<String, (String, u64)>,
 }
 
+/// One version of a key.
+#[derive(Debug, Clone)]
+struct Version {
+    record: Record,
+    /// Whether it was written with an effect key (a replacing write keeps it).
+    effect: bool,
+}
+
 impl State {
-    fn versions(&self, namespace: &str, key: &str) -> Option<&Vec<Record>> {
+    fn versions(&self, namespace: &str, key: &str) -> Option<&Vec<Version>> {
         self.namespaces.get(namespace)?.keys.get(key)
+    }
+
+    /// Version `version` of the key, if kept.
+    fn version(&self, namespace: &str, key: &str, version: u64) -> Option<&Record> {
+        let versions = self.versions(namespace, key)?;
+        // Versions are kept in order; replacing writes leave gaps, so the number is looked for.
+        let at = versions
+            .binary_search_by_key(&version, |v| v.record.version)
+            .ok()?;
+        Some(&versions[at].record)
+    }
+
+    fn latest(&self, namespace: &str, key: &str) -> Option<&Record> {
+        self.versions(namespace, key)?.last().map(|v| &v.record)
     }
 }
 
@@ -60,13 +82,8 @@ impl MemoryRecordStore {
                 .get(&write.namespace)
                 .and_then(|ns| ns.effects.get(effect))
         {
-            let index = usize::try_from(*version)
-                .ok()
-                .and_then(|v| v.checked_sub(1));
             let record = st
-                .versions(&write.namespace, key)
-                .zip(index)
-                .and_then(|(v, i)| v.get(i))
+                .version(&write.namespace, key, *version)
                 .cloned()
                 .ok_or_else(|| StoreError::Backend {
                     backend: "memory",
@@ -87,23 +104,33 @@ impl MemoryRecordStore {
         let latest = versions
             .as_ref()
             .and_then(|v| v.last())
-            .map_or(0, |r| r.version);
+            .map_or(0, |v| v.record.version);
         if !write.expect.admits(latest) {
             // Only a refusal copies what is stored.
-            let current = versions.and_then(|v| v.last()).cloned();
+            let current = versions.and_then(|v| v.last()).map(|v| v.record.clone());
             return Ok(Err(WriteOutcome::Conflict { current }));
         }
+        let replacing = write.replacing;
         let effect = write.effect_key.clone();
         let record = write.into_record(latest + 1);
+        let version = Version {
+            effect: effect.is_some(),
+            record,
+        };
         if let Some(effect) = effect {
             ns.effects
-                .insert(effect, (record.key.clone(), record.version));
+                .insert(effect, (version.record.key.clone(), version.record.version));
         }
-        let answered = answer(&record);
+        let answered = answer(&version.record);
         match versions {
-            Some(v) => v.push(record),
+            Some(v) => {
+                if replacing && v.last().is_some_and(|last| !last.effect) {
+                    v.pop();
+                }
+                v.push(version);
+            }
             None => {
-                ns.keys.insert(record.key.clone(), vec![record]);
+                ns.keys.insert(version.record.key.clone(), vec![version]);
             }
         }
         Ok(Ok(answered))
@@ -115,7 +142,7 @@ impl RecordStore for MemoryRecordStore {
     async fn get(&self, namespace: &str, key: &str) -> Result<Option<Record>, StoreError> {
         check_address(namespace, key)?;
         let st = lock(&self.state);
-        Ok(st.versions(namespace, key).and_then(|v| v.last()).cloned())
+        Ok(st.latest(namespace, key).cloned())
     }
 
     async fn version(
@@ -126,13 +153,7 @@ impl RecordStore for MemoryRecordStore {
     ) -> Result<Option<Record>, StoreError> {
         check_address(namespace, key)?;
         let st = lock(&self.state);
-        let Some(index) = version.checked_sub(1).and_then(|i| usize::try_from(i).ok()) else {
-            return Ok(None);
-        };
-        Ok(st
-            .versions(namespace, key)
-            .and_then(|v| v.get(index))
-            .cloned())
+        Ok(st.version(namespace, key, version).cloned())
     }
 
     async fn write(&self, write: RecordWrite) -> Result<WriteOutcome, StoreError> {
@@ -161,13 +182,16 @@ impl RecordStore for MemoryRecordStore {
                 std::ops::Bound::Unbounded,
             ))
             .take_while(|(key, _)| key.starts_with(prefix))
-            .filter_map(|(_, versions)| versions.last().cloned())
+            .filter_map(|(_, versions)| versions.last().map(|v| v.record.clone()))
             .collect())
     }
 
     async fn history(&self, namespace: &str, key: &str) -> Result<Vec<Record>, StoreError> {
         check_address(namespace, key)?;
         let st = lock(&self.state);
-        Ok(st.versions(namespace, key).cloned().unwrap_or_default())
+        Ok(st
+            .versions(namespace, key)
+            .map(|versions| versions.iter().map(|v| v.record.clone()).collect())
+            .unwrap_or_default())
     }
 }

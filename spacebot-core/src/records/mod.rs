@@ -15,7 +15,12 @@
 //! - **idempotent**: with an [`effect_key`](RecordWrite::effect_key) (a turn's envelope id and tool
 //!   call, say), a write whose key was already applied in the namespace writes nothing and answers
 //!   [`WriteOutcome::AlreadyApplied`] with the record that key wrote: a turn run again after a crash
-//!   does not write twice.
+//!   does not write twice;
+//! - **replacing**: with [`replacing`](RecordWrite::replacing), the new version takes the place
+//!   of the version it follows, which the store no longer keeps (unless that version carries an
+//!   effect key: it is kept, so its key still applies once). A record kept as a running value (a
+//!   counter, a ledger written at every step) then holds one version instead of growing by one a
+//!   write; versions still count up, so compare-and-set works alike.
 //!
 //! A write, its version, its place in the history and its effect key are stored in one transaction;
 //! of writers racing with the same expectation exactly one wins, on every backend (on PostgreSQL
@@ -277,6 +282,9 @@ pub struct RecordWrite {
     /// wall clock; code that runs on a [`Clock`](crate::Clock) sets `clock.now()` with
     /// [`RecordWrite::at`]. Stores never read a clock of their own.
     pub written_at: Timestamp,
+    /// Whether the new version replaces the one it follows ([`RecordWrite::replacing`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub replacing: bool,
 }
 
 impl RecordWrite {
@@ -296,7 +304,39 @@ impl RecordWrite {
             expect: Expect::Any,
             effect_key: None,
             written_at: Timestamp::now_utc(),
+            replacing: false,
         }
+    }
+
+    /// The new version takes the place of the key's latest version, which the store then no
+    /// longer keeps ([`RecordStore::history`] and [`RecordStore::version`] no longer find it),
+    /// unless that version was written with an effect key (it is kept, so its key still applies
+    /// once). Versions still count up: compare-and-set works as without it, and a key always
+    /// written so keeps one version. For a record kept as a running value (a counter, the
+    /// request ledger) whose earlier values nobody reads.
+    ///
+    /// ```
+    /// # futures::executor::block_on(async {
+    /// use serde_json::json;
+    /// use spacebot_core::{Expect, RecordStore, RecordWrite, Stores};
+    ///
+    /// let records = Stores::memory().records;
+    /// for n in 1..=3u64 {
+    ///     let count = RecordWrite::new("counters", "visits", json!(n), "app")
+    ///         .expect(Expect::Version(n - 1))
+    ///         .replacing();
+    ///     records.write(count).await?;
+    /// }
+    /// let history = records.history("counters", "visits").await?;
+    /// assert_eq!(history.len(), 1);
+    /// assert_eq!((history[0].version, history[0].value.clone()), (3, json!(3)));
+    /// # Ok::<(), spacebot_core::StoreError>(())
+    /// # }).unwrap();
+    /// ```
+    #[must_use]
+    pub fn replacing(mut self) -> Self {
+        self.replacing = true;
+        self
     }
 
     /// Writes only if the key holds what `expect` says.

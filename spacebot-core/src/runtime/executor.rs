@@ -243,7 +243,7 @@ pub(crate) mod tests {
     fn loops_run_and_a_panic_ends_only_its_own_loop() {
         let rt = runtime();
         rt.block_on(async {
-            let loops = LoopExecutor::new(Arc::new(TokioSpawner::current()), 1);
+            let loops = LoopExecutor::new(Arc::new(TokioSpawner::current()), 2);
             loops.spawn(Box::pin(async { panic!("boom") }));
             let (tx, rx) = oneshot::channel();
             loops.spawn(Box::pin(async move {
@@ -297,8 +297,10 @@ pub(crate) mod tests {
         let rt = runtime();
         rt.block_on(async {
             let loops = LoopExecutor::new(Arc::new(TokioSpawner::current()), 2);
-            // Each loop blocks its thread until the other one has started: only two runners on
-            // two worker threads get both going.
+            // Each loop blocks its runner until the other one has started: only two runners get
+            // both going. It blocks in place (its worker thread's queue handed to another
+            // thread): a runner woken from a blocked worker waits in that worker's slot, which
+            // no other thread takes.
             let (a_tx, a_rx) = std::sync::mpsc::channel::<()>();
             let (b_tx, b_rx) = std::sync::mpsc::channel::<()>();
             let (done_tx, mut done_rx) = futures::channel::mpsc::unbounded::<bool>();
@@ -306,7 +308,9 @@ pub(crate) mod tests {
                 let done = done_tx.clone();
                 loops.spawn(Box::pin(async move {
                     let _ = tx.send(());
-                    let met = rx.recv_timeout(Duration::from_secs(5)).is_ok();
+                    let met = tokio::task::block_in_place(|| {
+                        rx.recv_timeout(Duration::from_secs(5)).is_ok()
+                    });
                     let _ = done.unbounded_send(met);
                 }));
             }
