@@ -53,6 +53,10 @@ pub struct LedgerEntry {
     /// Whether the user was told the request reached its limit.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub told: bool,
+    /// Who told ([`RequestLedger::tell_once`]'s teller): the same failure run again after a
+    /// crash tells again, any other does not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub told_by: Option<String>,
 }
 
 /// A [`Spend`] as the ledger stores it: its measures at zero left out (a record is written twice
@@ -384,6 +388,7 @@ impl RequestLedger {
             e.limits = limits;
             e.reached = None;
             e.told = false;
+            e.told_by = None;
             Ok::<Option<()>, ()>(None)
         })
         .await
@@ -577,22 +582,27 @@ impl RequestLedger {
         Ok(outcome.map(|_: Option<()>| ()))
     }
 
-    /// Whether this caller is the one to tell the user that the request reached its limit: `true`
-    /// once per request (and again after [`set_limits`](Self::set_limits)).
+    /// Whether `teller` is the one to tell the user that the request reached its limit: `true`
+    /// for the first teller of the request (and again after [`set_limits`](Self::set_limits)),
+    /// and for that teller again. A teller names the failure that tells (the message it answers):
+    /// the same failure run again after a crash (the claim stored, the reply not sent) tells
+    /// again, so the user is told at least once; any other failure of the request does not.
     ///
     /// # Errors
     /// As the store.
     pub async fn tell_once(
         &self,
         request: &EnvelopeId,
+        teller: &str,
         now: Timestamp,
     ) -> Result<bool, StoreError> {
         let outcome = self
             .update(request, now, |e| {
                 if e.told {
-                    Ok::<Option<bool>, ()>(Some(false))
+                    Ok::<Option<bool>, ()>(Some(e.told_by.as_deref() == Some(teller)))
                 } else {
                     e.told = true;
+                    e.told_by = Some(teller.to_owned());
                     Ok(Some(true))
                 }
             })
@@ -798,10 +808,17 @@ mod tests {
         futures::executor::block_on(async {
             let l = ledger();
             let r = EnvelopeId::new("req-2");
-            assert!(l.tell_once(&r, Timestamp(1)).await.unwrap());
-            assert!(!l.tell_once(&r, Timestamp(2)).await.unwrap());
+            assert!(l.tell_once(&r, "m1", Timestamp(1)).await.unwrap());
+            assert!(!l.tell_once(&r, "m2", Timestamp(2)).await.unwrap());
+            // The same teller again (its failure run again after a crash) tells again.
+            assert!(l.tell_once(&r, "m1", Timestamp(2)).await.unwrap());
+            // As another process would see it: from the record.
+            let fresh = RequestLedger::new(l.records.clone());
+            assert!(fresh.tell_once(&r, "m1", Timestamp(2)).await.unwrap());
+            assert!(!fresh.tell_once(&r, "m2", Timestamp(2)).await.unwrap());
             l.set_limits(&r, Limits::NONE, Timestamp(3)).await.unwrap();
-            assert!(l.tell_once(&r, Timestamp(4)).await.unwrap());
+            assert!(l.tell_once(&r, "m2", Timestamp(4)).await.unwrap());
+            assert!(!l.tell_once(&r, "m1", Timestamp(5)).await.unwrap());
         });
     }
 

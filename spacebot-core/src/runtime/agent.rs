@@ -230,10 +230,15 @@ pub(crate) async fn tell_failure(inner: &Arc<Host>, agent: &AgentRuntime, failur
             None => by_source.push((source, envelope.channel.clone(), vec![envelope.id.clone()])),
         }
     }
+    // The teller is the first message answered: the same failure run again after a crash (which
+    // stored the claim but sent nothing) answers it again, and tells again.
     if limited
-        && !by_source.is_empty()
+        && let Some(teller) = by_source
+            .first()
+            .and_then(|(_, _, ids)| ids.first())
+            .cloned()
         && let Some(first) = failure.unanswered.first()
-        && !inner.tell_limit_once(first.cause()).await
+        && !inner.tell_limit_once(first.cause(), &teller).await
     {
         by_source.clear();
     }

@@ -360,11 +360,12 @@ impl Host {
         Ok(Ok(()))
     }
 
-    /// Whether this failure is the one to tell the user about the request's limit (once per
-    /// request); a store that fails says yes (telling twice beats never).
-    pub(crate) async fn tell_limit_once(&self, request: &EnvelopeId) -> bool {
+    /// Whether this failure (`teller`: the message it answers) is the one to tell the user about
+    /// the request's limit (once per request, again when the same failure runs again after a
+    /// crash); a store that fails says yes (telling twice beats never).
+    pub(crate) async fn tell_limit_once(&self, request: &EnvelopeId, teller: &EnvelopeId) -> bool {
         self.ledger()
-            .tell_once(request, self.clock.now())
+            .tell_once(request, teller.as_str(), self.clock.now())
             .await
             .unwrap_or(true)
     }
