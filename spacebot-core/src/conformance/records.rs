@@ -304,6 +304,17 @@ pub async fn record_store_replacing(store: &dyn RecordStore) -> Result<(), Confo
     );
     ensure_eq!(ok!(store.version(NS, "run", 3)), None, "version 3 is gone");
     drop(v3);
+    ensure_eq!(
+        ok!(store.write(
+            put(NS, "run", json!("lost"), 45)
+                .expect(Expect::Version(2))
+                .replacing()
+        )),
+        WriteOutcome::Conflict {
+            current: Some(v4.clone())
+        },
+        "a version still kept but no longer the latest is refused"
+    );
     // A version written with an effect key is kept, so its key still applies once.
     let w5 = put(NS, "run", json!(5), 50).effect_key("once").replacing();
     let v5 = written(store, w5.clone()).await?;
