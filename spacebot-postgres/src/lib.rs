@@ -188,7 +188,7 @@ impl PgStores {
     /// # Errors
     /// As [`connect`].
     pub async fn temporary_with(url: &str, options: PgOptions) -> Result<Self, StoreError> {
-        // Random from the OS: two processes starting at once never share a schema.
+        // Random from the OS, not from a clock: processes starting at once do not share one.
         let schema = format!("spacebot_tmp_{:016x}", uuid::Uuid::new_v4().as_u64_pair().0);
         let db = Db::open(url, &options.schema(schema)).await?;
         Ok(Self::from_db(db, true))
