@@ -58,12 +58,46 @@ relationship = "superior"
 struct Tree {
     reported: AtomicU64,
     calls: AtomicU64,
+    /// Paced: a worker's call waits (up to half a second) for another worker's call to start, so
+    /// that calls free to run together do, and counts how many ran at once.
+    paced: bool,
+    workers_in_flight: AtomicU64,
+    most_workers_at_once: AtomicU64,
+    worker_started: tokio::sync::Notify,
+}
+
+impl Tree {
+    fn paced() -> Self {
+        Self {
+            paced: true,
+            ..Self::default()
+        }
+    }
+
+    /// A worker's call, paced (see [`Tree::paced`]).
+    async fn pace(&self) {
+        let now = self.workers_in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most_workers_at_once.fetch_max(now, Ordering::SeqCst);
+        self.worker_started.notify_waiters();
+        if now < 2 {
+            let another = self.worker_started.notified();
+            tokio::pin!(another);
+            another.as_mut().enable();
+            if self.workers_in_flight.load(Ordering::SeqCst) < 2 {
+                let _ = tokio::time::timeout(std::time::Duration::from_millis(500), another).await;
+            }
+        }
+        self.workers_in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 #[async_trait]
 impl LlmProvider for Tree {
     async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, LlmError> {
         let me = request.agent.as_ref().map(AgentId::as_str).unwrap_or("");
+        if self.paced && me.starts_with('w') {
+            self.pace().await;
+        }
         let text = last_user_text(&request.messages);
         let mut response = match me {
             "chief" if text.contains("have ended") || text.contains("task #") => {
@@ -160,6 +194,60 @@ pub async fn a_fanned_out_request_spends_at_most_its_token_limit(stores: Stores)
     // Told once: once everything the request caused has ended, no second reply came.
     let more = h.replies_now();
     assert!(more.is_empty(), "told more than once: {more:?}");
+}
+
+/// A call that would fit but for another open reservation of its request waits for that one to
+/// settle, then runs. The limit is what the tree spends (measured on a run without limits: the
+/// calls' prompts are the same) plus a margin for the estimates, which count more than the model
+/// reports: room for every call made one after another, not for two workers at once (a
+/// reservation takes up to 4,096 output tokens of the room left). Without the limit the three
+/// workers' calls run together; with it they run one at a time, and the user gets the answer.
+pub async fn a_call_kept_out_by_an_open_reservation_waits_for_it(stores: Stores) {
+    let free = Arc::new(Tree::paced());
+    let mut m = OrgHarness::builder(TREE)
+        .stores(Stores::memory())
+        .llm(free.clone())
+        .build()
+        .await;
+    m.org.start_all().await.unwrap();
+    m.org
+        .deliver("chief", InboundMessage::new("portal", "u1", "launch plan"))
+        .await
+        .unwrap();
+    assert_eq!(m.reply().await.content, "The launch plan is ready.");
+    assert!(
+        free.most_workers_at_once.load(Ordering::SeqCst) >= 2,
+        "without limits the workers' calls run together"
+    );
+    let limit = free.reported.load(Ordering::SeqCst) + 600;
+
+    let llm = Arc::new(Tree::paced());
+    let mut h = OrgHarness::builder(limited(&format!("total_tokens = {limit}")))
+        .stores(stores)
+        .llm(llm.clone())
+        .build()
+        .await;
+    h.org.start_all().await.unwrap();
+    let request = h
+        .org
+        .deliver("chief", InboundMessage::new("portal", "u1", "launch plan"))
+        .await
+        .unwrap();
+    let reply = h.reply().await;
+    assert_eq!(reply.content, "The launch plan is ready.", "{reply:?}");
+    h.wait_quiet().await;
+    assert_eq!(llm.calls.load(Ordering::SeqCst), 7, "every call was made");
+    assert_eq!(
+        llm.most_workers_at_once.load(Ordering::SeqCst),
+        1,
+        "the workers' calls waited for each other's settlement"
+    );
+    let entry = h.org.request_spend(&request).await.unwrap().unwrap();
+    let reported = llm.reported.load(Ordering::SeqCst);
+    assert_eq!(entry.settled.total_tokens, reported);
+    assert!(reported <= limit, "spent {reported} under {limit}");
+    assert!(entry.reached.is_none(), "{entry:?}");
+    assert!(entry.reserved.is_empty(), "{:?}", entry.reserved);
 }
 
 /// Without a limit the same tree runs to its answer, and nothing is written to the ledger.
