@@ -403,6 +403,7 @@ on_every_backend!(governance #[tokio::test(flavor = "multi_thread", worker_threa
     open_tasks_of_a_stopped_request_fail_at_once,
     a_cost_limit_binds_with_the_price_table,
     a_call_kept_out_by_an_open_reservation_waits_for_it,
+    a_claim_to_tell_left_by_a_crash_is_told_again,
     period_limits_roll_with_the_clock,
     an_agents_own_period_limits_bind_it_alone,
     period_limits_set_at_run_time_hold_across_a_restart,

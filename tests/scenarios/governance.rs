@@ -250,6 +250,56 @@ pub async fn a_call_kept_out_by_an_open_reservation_waits_for_it(stores: Stores)
     assert!(entry.reserved.is_empty(), "{:?}", entry.reserved);
 }
 
+/// The failure that tells a request's user claims the telling in the request's record, then sends
+/// the reply: a process killed in between leaves the claim without the reply. The claim names its
+/// teller (the message the failure answers): run again after the restart, the same failure tells
+/// again; a failure answering another message does not. The claims are made here as the run that
+/// crashed would have made them, before the refused turn runs.
+pub async fn a_claim_to_tell_left_by_a_crash_is_told_again(stores: Stores) {
+    // A limit no call fits: the chief's first turn is refused.
+    let config = limited("total_tokens = 1");
+    for mine in [true, false] {
+        let llm = Arc::new(Tree::default());
+        let mut h = OrgHarness::builder(config.clone())
+            .stores(stores.clone())
+            .llm(llm.clone())
+            .build()
+            .await;
+        let request = h
+            .org
+            .deliver("chief", InboundMessage::new("portal", "u1", "launch plan"))
+            .await
+            .unwrap();
+        let teller = if mine {
+            request.as_str()
+        } else {
+            "another-message"
+        };
+        let ledger = RequestLedger::new(stores.records.clone());
+        assert!(
+            ledger
+                .tell_once(&request, teller, spacebot::Timestamp(1))
+                .await
+                .unwrap()
+        );
+        h.org
+            .start_agent(&AgentId::parse("chief").unwrap())
+            .await
+            .unwrap();
+        if mine {
+            let reply = h.reply().await;
+            assert_eq!(reply.kind, ReplyKind::Failure, "{reply:?}");
+            assert!(reply.content.contains("total tokens"), "{}", reply.content);
+            assert_eq!(reply.in_reply_to, vec![request.clone()]);
+        }
+        h.wait_quiet().await;
+        let more = h.replies_now();
+        assert!(more.is_empty(), "told by another failure: {more:?}");
+        assert_eq!(llm.calls.load(Ordering::SeqCst), 0, "no call fits");
+        h.org.shutdown().await.unwrap();
+    }
+}
+
 /// Without a limit the same tree runs to its answer, and nothing is written to the ledger.
 pub async fn without_limits_the_tree_runs_and_nothing_is_recorded(stores: Stores) {
     let llm = Arc::new(Tree::default());
