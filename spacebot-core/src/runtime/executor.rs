@@ -243,7 +243,7 @@ pub(crate) mod tests {
     fn loops_run_and_a_panic_ends_only_its_own_loop() {
         let rt = runtime();
         rt.block_on(async {
-            let loops = LoopExecutor::new(Arc::new(TokioSpawner::current()), 2);
+            let loops = LoopExecutor::new(Arc::new(TokioSpawner::current()), 1);
             loops.spawn(Box::pin(async { panic!("boom") }));
             let (tx, rx) = oneshot::channel();
             loops.spawn(Box::pin(async move {
