@@ -108,15 +108,9 @@ async fn attempt(
     let next = latest + 1;
     // Waits for a concurrent insert of the same version or effect key to end; if it committed,
     // this one inserts nothing (and the transaction stays usable).
-    // Inserted only while no version at or past it is stored: with replacing writes a version
-    // number can be free again below the latest (its row replaced), and a writer that read an
-    // old latest must not fill it.
     let inserted = sqlx::query(
         "INSERT INTO records (namespace, key, version, value, author, written_at, effect_key) \
-         SELECT $1, $2, $3, $4, $5, $6, $7 \
-         WHERE NOT EXISTS (SELECT 1 FROM records \
-                           WHERE namespace = $1 AND key = $2 AND version >= $3) \
-         ON CONFLICT DO NOTHING",
+         VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING",
     )
     .bind(&write.namespace)
     .bind(write.key.as_bytes())
@@ -153,12 +147,12 @@ async fn attempt(
 /// [`RecordStore`] on the `records` table. Get one from [`PgStores::records`].
 ///
 /// A write reads the effect key and the key's latest version, then inserts the next version with
-/// `ON CONFLICT DO NOTHING`, only while no version at or past it is stored: the primary key
-/// `(namespace, key, version)` and the unique index of effect keys let exactly one of racing
-/// writers (from any processes) insert; a writer that inserted nothing reads again in a new
-/// transaction, and so ends `AlreadyApplied`, `Conflict`, or (with `Expect::Any`) written as the
-/// next version. A replacing write deletes the version it follows in the same transaction (the
-/// guard keeps a writer that read an older latest from filling the freed number).
+/// `ON CONFLICT DO NOTHING`. Writers of one key, from any processes, take turns on a
+/// transaction-scoped advisory lock of the key (a replacing write deletes the version it follows
+/// in the same transaction, freeing its number: a writer that read the key before must not fill
+/// it); writers of one effect key on different keys are decided by the unique index of effect
+/// keys, one inserting; a writer that inserted nothing reads again in a new transaction, and so
+/// ends `AlreadyApplied`, `Conflict`, or (with `Expect::Any`) written as the next version.
 #[derive(Debug, Clone)]
 pub struct PgRecordStore(pub(crate) PgStores);
 

@@ -42,10 +42,16 @@ pub struct LedgerEntry {
     /// When the request's first turn began (wall time is counted from it).
     pub started_at: Timestamp,
     /// What its settled model and tool calls spent.
-    #[serde(with = "compact", skip_serializing_if = "compact::is_zero")]
+    #[serde(
+        serialize_with = "compact::serialize",
+        skip_serializing_if = "compact::is_zero"
+    )]
     pub settled: Spend,
     /// Open reservations, by call key: counted until settled (a kill leaves them counted).
-    #[serde(with = "compact::map", skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(
+        serialize_with = "compact::map",
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
     pub reserved: BTreeMap<String, Spend>,
     /// The limit that refused a call, once one did.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -64,7 +70,7 @@ pub struct LedgerEntry {
 mod compact {
     use std::collections::BTreeMap;
 
-    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use serde::{Serialize, Serializer};
 
     use crate::limits::{Money, Spend};
 
@@ -114,26 +120,12 @@ mod compact {
         Out::from(spend).serialize(s)
     }
 
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Spend, D::Error> {
-        Spend::deserialize(d)
-    }
-
     /// A map of spends, each compact.
-    pub(super) mod map {
-        use super::*;
-
-        pub(in crate::limits::ledger) fn serialize<S: Serializer>(
-            map: &BTreeMap<String, Spend>,
-            s: S,
-        ) -> Result<S::Ok, S::Error> {
-            s.collect_map(map.iter().map(|(k, v)| (k, Out::from(v))))
-        }
-
-        pub(in crate::limits::ledger) fn deserialize<'de, D: Deserializer<'de>>(
-            d: D,
-        ) -> Result<BTreeMap<String, Spend>, D::Error> {
-            BTreeMap::deserialize(d)
-        }
+    pub(super) fn map<S: Serializer>(
+        map: &BTreeMap<String, Spend>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        s.collect_map(map.iter().map(|(k, v)| (k, Out::from(v))))
     }
 }
 
