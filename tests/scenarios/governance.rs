@@ -138,6 +138,27 @@ impl LlmProvider for Tree {
     }
 }
 
+/// An organization of `config` on `stores` and `llm`, every agent started, with the user's
+/// request (the chief asked for the launch plan) delivered: the harness and the request's id.
+async fn launched(
+    config: impl Into<String>,
+    stores: Stores,
+    llm: Arc<dyn LlmProvider>,
+) -> (OrgHarness, spacebot::EnvelopeId) {
+    let h = OrgHarness::builder(config)
+        .stores(stores)
+        .llm(llm)
+        .build()
+        .await;
+    h.org.start_all().await.unwrap();
+    let request = h
+        .org
+        .deliver("chief", InboundMessage::new("portal", "u1", "launch plan"))
+        .await
+        .unwrap();
+    (h, request)
+}
+
 fn limited(limits: &str) -> String {
     format!("[settings.limits]\n{limits}\n{TREE}")
 }
@@ -148,17 +169,8 @@ fn limited(limits: &str) -> String {
 /// gets exactly one failure reply naming it and what was spent.
 pub async fn a_fanned_out_request_spends_at_most_its_token_limit(stores: Stores) {
     let llm = Arc::new(Tree::default());
-    let mut h = OrgHarness::builder(limited("total_tokens = 5000"))
-        .stores(stores.clone())
-        .llm(llm.clone())
-        .build()
-        .await;
-    h.org.start_all().await.unwrap();
-    let request = h
-        .org
-        .deliver("chief", InboundMessage::new("portal", "u1", "launch plan"))
-        .await
-        .unwrap();
+    let (mut h, request) =
+        launched(limited("total_tokens = 5000"), stores.clone(), llm.clone()).await;
     let reply = h.reply().await;
     assert_eq!(reply.kind, ReplyKind::Failure, "{reply:?}");
     assert!(
@@ -222,17 +234,12 @@ pub async fn a_call_kept_out_by_an_open_reservation_waits_for_it(stores: Stores)
     let limit = free.reported.load(Ordering::SeqCst) + 600;
 
     let llm = Arc::new(Tree::paced());
-    let mut h = OrgHarness::builder(limited(&format!("total_tokens = {limit}")))
-        .stores(stores)
-        .llm(llm.clone())
-        .build()
-        .await;
-    h.org.start_all().await.unwrap();
-    let request = h
-        .org
-        .deliver("chief", InboundMessage::new("portal", "u1", "launch plan"))
-        .await
-        .unwrap();
+    let (mut h, request) = launched(
+        limited(&format!("total_tokens = {limit}")),
+        stores,
+        llm.clone(),
+    )
+    .await;
     let reply = h.reply().await;
     assert_eq!(reply.content, "The launch plan is ready.", "{reply:?}");
     h.wait_quiet().await;
@@ -303,17 +310,7 @@ pub async fn a_claim_to_tell_left_by_a_crash_is_told_again(stores: Stores) {
 /// Without a limit the same tree runs to its answer, and nothing is written to the ledger.
 pub async fn without_limits_the_tree_runs_and_nothing_is_recorded(stores: Stores) {
     let llm = Arc::new(Tree::default());
-    let mut h = OrgHarness::builder(TREE)
-        .stores(stores.clone())
-        .llm(llm.clone())
-        .build()
-        .await;
-    h.org.start_all().await.unwrap();
-    let request = h
-        .org
-        .deliver("chief", InboundMessage::new("portal", "u1", "launch plan"))
-        .await
-        .unwrap();
+    let (mut h, request) = launched(TREE, stores.clone(), llm.clone()).await;
     let reply = h.reply().await;
     assert_eq!(reply.content, "The launch plan is ready.");
     assert_eq!(llm.calls.load(Ordering::SeqCst), 7);
@@ -530,17 +527,7 @@ pub async fn a_cost_limit_binds_with_the_price_table(stores: Stores) {
     let config = format!(
         "[settings.limits]\ncost = 0.004\n[settings.prices.default]\ninput_per_million = 1.0\noutput_per_million = 2.0\n{TREE}"
     );
-    let mut h = OrgHarness::builder(config)
-        .stores(stores.clone())
-        .llm(llm.clone())
-        .build()
-        .await;
-    h.org.start_all().await.unwrap();
-    let request = h
-        .org
-        .deliver("chief", InboundMessage::new("portal", "u1", "launch plan"))
-        .await
-        .unwrap();
+    let (mut h, request) = launched(config, stores.clone(), llm.clone()).await;
     let reply = h.reply().await;
     assert_eq!(reply.kind, ReplyKind::Failure, "{reply:?}");
     assert!(reply.content.contains("cost"), "{}", reply.content);
