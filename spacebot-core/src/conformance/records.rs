@@ -883,7 +883,7 @@ pub async fn record_store_invalid_input(store: &dyn RecordStore) -> Result<(), C
 }
 
 /// A durable store keeps every acknowledged record, version, history and effect key across a
-/// reopen: `open` must open the **same** store each time (the same directory or database), fresh
+/// reopen, and a replaced version stays replaced: `open` must open the **same** store each time (the same directory or database), fresh
 /// and empty the first time. Each opened store is released before the next is opened. A store in
 /// memory passes by returning the same store each time.
 ///
@@ -915,10 +915,36 @@ where
         .effect_key("turn-2/call-1");
     let v2 = written(&*store, w2.clone()).await?;
     let o1 = written(&*store, put(OTHER_NS, "kept", json!("other"), 3)).await?;
+    // A key written replacing: one version left before the reopen.
+    written(&*store, put(NS, "count", json!(1), 1).replacing()).await?;
+    let c2 = written(
+        &*store,
+        put(NS, "count", json!(2), 2)
+            .expect(Expect::Version(1))
+            .replacing(),
+    )
+    .await?;
     store.release().await;
     drop(store);
 
     let store = ok!(open());
+    ensure_eq!(
+        ok!(store.history(NS, "count")),
+        vec![c2.clone()],
+        "a replaced version stays gone after a reopen"
+    );
+    let c3 = written(
+        &*store,
+        put(NS, "count", json!(3), 3)
+            .expect(Expect::Version(2))
+            .replacing(),
+    )
+    .await?;
+    ensure_eq!(
+        (c3.version, ok!(store.history(NS, "count"))),
+        (3, vec![c3.clone()]),
+        "replacing writes count on after a reopen"
+    );
     ensure_eq!(
         ok!(store.get(NS, "kept")),
         Some(v2.clone()),
