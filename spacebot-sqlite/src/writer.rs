@@ -12,12 +12,19 @@
 //! owns the connection: a caller's operation is one message to that thread and one answer back,
 //! whatever the number of its statements. The connection is opened and migrated before the thread
 //! starts, and nothing else writes through it.
+//!
+//! Under deferred syncing ([`Syncing::Deferred`]) a deferred operation that finds the writer idle
+//! (nothing queued, no batch running) runs as a batch of one on its caller's thread instead,
+//! without the hand-off: such a commit is not synced, so it costs no `fsync` there. Whatever syncs
+//! stays on the thread (immediate operations, a commit due to sync, the delayed sync), and so do
+//! checkpoints: a write-ahead-log hook replaces SQLite's automatic checkpoint on the writer
+//! connection, and the thread checkpoints once a commit leaves the log at [`CHECKPOINT_PAGES`].
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
@@ -83,6 +90,9 @@ where
 
 enum Message {
     Run(Job),
+    /// A deferred commit was made off the thread: its sync is now due at some time (the thread
+    /// waits for it).
+    Wake,
     /// Finish what is queued before this, then close the connection, stop and acknowledge.
     Close(oneshot::Sender<()>),
 }
@@ -104,6 +114,10 @@ pub struct WriteStats {
     /// How many of `commits` were on the disk at the last sync (all of them when every commit
     /// syncs; none without syncs).
     pub synced: u64,
+    /// Checkpoints the writer thread ran (copying the write-ahead log into the database) under
+    /// deferred syncing, where it runs them instead of SQLite's automatic checkpoint; SQLite's
+    /// own automatic checkpoints (the other settings) are not counted.
+    pub checkpoints: u64,
 }
 
 #[derive(Debug, Default)]
@@ -112,6 +126,7 @@ struct Counters {
     operations: AtomicU64,
     syncs: AtomicU64,
     synced: AtomicU64,
+    checkpoints: AtomicU64,
 }
 
 /// When the writer's commits reach the disk.
@@ -141,6 +156,15 @@ pub(crate) struct Writer {
     queue: mpsc::Sender<Message>,
     counters: Arc<Counters>,
     location: Location,
+    /// What runs batches, shared with the thread.
+    state: Arc<Mutex<State>>,
+    /// Operations sent to the thread and not taken yet.
+    queued: Arc<AtomicUsize>,
+    /// Whether the thread holds, or is about to take, the state for a batch, a sync or a
+    /// checkpoint (otherwise it holds it a moment at most).
+    busy: Arc<AtomicBool>,
+    /// Whether a deferred write may run on its caller's thread ([`Syncing::Deferred`]).
+    inline: bool,
 }
 
 /// A connection shared by the writer thread and, for an in-memory database, its reads.
@@ -163,17 +187,32 @@ impl Writer {
     ) -> Result<Self, StoreError> {
         let (queue, receiver) = mpsc::channel();
         let counters = Arc::new(Counters::default());
-        let task = Task {
+        let inline = matches!(syncing, Syncing::Deferred { .. });
+        if inline {
+            // Commits run on callers' threads too: SQLite's automatic checkpoint (copying the
+            // log into the database and syncing both, milliseconds) would run there. The hook
+            // replaces it; the thread checkpoints instead.
+            lock(&conn).wal_hook(Some(note_wal_pages));
+        }
+        let state = Arc::new(Mutex::new(State {
             conn: Some(conn),
             location: location.clone(),
-            max_batch: max_batch.max(1),
-            receiver,
             counters: counters.clone(),
             pending: VecDeque::new(),
             syncing,
             full: true,
             unsynced: None,
             sync_failed: false,
+            checkpoint_due: false,
+        }));
+        let queued = Arc::new(AtomicUsize::new(0));
+        let busy = Arc::new(AtomicBool::new(false));
+        let task = Task {
+            state: state.clone(),
+            max_batch: max_batch.max(1),
+            receiver,
+            queued: queued.clone(),
+            busy: busy.clone(),
         };
         std::thread::Builder::new()
             .name("spacebot-sqlite-writer".into())
@@ -189,6 +228,10 @@ impl Writer {
             queue,
             counters,
             location,
+            state,
+            queued,
+            busy,
+            inline,
         })
     }
 
@@ -208,15 +251,65 @@ impl Writer {
             return Err(damage);
         }
         let (reply, answered) = oneshot::channel::<Result<T, StoreError>>();
+        let immediate = durability::current() == Durability::Immediate;
         let job: Job = Box::new(Op {
             op,
             reply,
-            immediate: durability::current() == Durability::Immediate,
+            immediate,
         });
-        self.queue
-            .send(Message::Run(job))
-            .map_err(|_| self.stopped())?;
+        let job = if immediate || !self.inline {
+            Some(job)
+        } else {
+            self.run_here(job)
+        };
+        if let Some(job) = job {
+            self.queued.fetch_add(1, Ordering::AcqRel);
+            if self.queue.send(Message::Run(job)).is_err() {
+                self.queued.fetch_sub(1, Ordering::AcqRel);
+                return Err(self.stopped());
+            }
+        }
         answered.await.map_err(|_| self.stopped())?
+    }
+
+    /// Runs a deferred `job` as a batch of its own on the calling thread when the writer is idle
+    /// (nothing queued, no batch running, not closed): no hand-off to the thread and back. Gives
+    /// the job back otherwise.
+    fn run_here(&self, job: Job) -> Option<Job> {
+        if self.queued.load(Ordering::Acquire) != 0 {
+            return Some(job);
+        }
+        // The thread looking at the state between two messages holds it for a moment: worth a
+        // short wait. Work of its own (or another caller's write) is not.
+        let mut spins = 0;
+        let mut state = loop {
+            match self.state.try_lock() {
+                Ok(state) => break state,
+                Err(TryLockError::Poisoned(p)) => break p.into_inner(),
+                Err(TryLockError::WouldBlock)
+                    if spins < SPINS && !self.busy.load(Ordering::Acquire) =>
+                {
+                    spins += 1;
+                    std::hint::spin_loop();
+                }
+                Err(TryLockError::WouldBlock) => return Some(job),
+            }
+        };
+        // A commit that syncs (a failed sync to make good, or deferred commits past their delay)
+        // is the thread's: an `fsync` does not run on a caller's thread.
+        if !state.pending.is_empty() || state.conn.is_none() || state.sync_now() {
+            return Some(job);
+        }
+        let armed = state.unsynced.is_some();
+        let answers = state.run_batch(vec![job]);
+        let wake = (!armed && state.unsynced.is_some()) || state.checkpoint_due;
+        drop(state);
+        answers.send();
+        if wake {
+            // The thread waits for the sync now due (it may have stopped: then nothing is due).
+            let _ = self.queue.send(Message::Wake);
+        }
+        None
     }
 
     /// Finishes the operations queued so far, closes the connection and stops the thread; later
@@ -236,6 +329,7 @@ impl Writer {
             operations: self.counters.operations.load(Ordering::Relaxed),
             syncs: self.counters.syncs.load(Ordering::Relaxed),
             synced: self.counters.synced.load(Ordering::Relaxed),
+            checkpoints: self.counters.checkpoints.load(Ordering::Relaxed),
         }
     }
 
@@ -249,6 +343,26 @@ impl Writer {
             source: None,
         }
     }
+}
+
+/// How many times a deferred write tries for the state while the thread holds it for a moment,
+/// before it queues instead.
+const SPINS: u32 = 1000;
+
+/// The write-ahead log's size, in pages, at which the writer checkpoints it: SQLite's default for
+/// its automatic checkpoint.
+const CHECKPOINT_PAGES: i32 = 1000;
+
+thread_local! {
+    /// The write-ahead log's pages after the last commit on this thread ([`note_wal_pages`]).
+    static WAL_PAGES: std::cell::Cell<Option<i32>> = const { std::cell::Cell::new(None) };
+}
+
+/// The writer connection's write-ahead log hook (in place of SQLite's automatic checkpoint):
+/// notes the log's size for [`State::committed`], read on the same thread once the commit returns.
+fn note_wal_pages(_: &rusqlite::hooks::Wal, pages: std::ffi::c_int) -> rusqlite::Result<()> {
+    WAL_PAGES.set(Some(pages));
+    Ok(())
 }
 
 /// A copy of a batch's error for each of its operations (`StoreError` is not `Clone`).
@@ -268,11 +382,19 @@ fn replicate(e: &StoreError) -> StoreError {
 
 /// The writer thread.
 struct Task {
+    state: Arc<Mutex<State>>,
+    max_batch: usize,
+    receiver: mpsc::Receiver<Message>,
+    queued: Arc<AtomicUsize>,
+    busy: Arc<AtomicBool>,
+}
+
+/// What runs batches: the connection and the commits' syncing, used by the writer thread and by
+/// deferred writes run on their callers' threads, one at a time.
+struct State {
     /// `None` once closed.
     conn: Option<Shared>,
     location: Location,
-    max_batch: usize,
-    receiver: mpsc::Receiver<Message>,
     counters: Arc<Counters>,
     /// Operations taken from the queue but not run yet (after a batch broke off).
     pending: VecDeque<Job>,
@@ -284,21 +406,52 @@ struct Task {
     unsynced: Option<Instant>,
     /// Under [`Syncing::Deferred`]: the last delayed sync failed; the next commit syncs.
     sync_failed: bool,
+    /// Under [`Syncing::Deferred`]: the write-ahead log has reached [`CHECKPOINT_PAGES`]; the
+    /// thread checkpoints it.
+    checkpoint_due: bool,
 }
 
 impl Task {
-    fn serve(mut self) {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs a checkpoint a commit made due.
+    fn checkpoint_if_due(&self) {
+        let mut state = self.state();
+        if state.checkpoint_due {
+            self.busy.store(true, Ordering::Release);
+            state.checkpoint();
+            drop(state);
+            self.busy.store(false, Ordering::Release);
+        }
+    }
+
+    /// An operation taken from the queue.
+    fn taken(&self, job: Job) -> Job {
+        self.queued.fetch_sub(1, Ordering::AcqRel);
+        job
+    }
+
+    fn serve(self) {
         let mut closing = None;
         loop {
-            if self.pending.is_empty() {
-                let received = match self.sync_due() {
+            self.checkpoint_if_due();
+            let (idle, due) = {
+                let state = self.state();
+                (state.pending.is_empty(), state.sync_due())
+            };
+            if idle {
+                let received = match due {
                     Some(due) => match self
                         .receiver
                         .recv_timeout(due.saturating_duration_since(Instant::now()))
                     {
                         Ok(message) => Ok(message),
                         Err(RecvTimeoutError::Timeout) => {
-                            self.sync();
+                            self.busy.store(true, Ordering::Release);
+                            self.state().sync();
+                            self.busy.store(false, Ordering::Release);
                             continue;
                         }
                         Err(RecvTimeoutError::Disconnected) => Err(()),
@@ -306,7 +459,11 @@ impl Task {
                     None => self.receiver.recv().map_err(|_| ()),
                 };
                 match received {
-                    Ok(Message::Run(job)) => self.pending.push_back(job),
+                    Ok(Message::Run(job)) => {
+                        let job = self.taken(job);
+                        self.state().pending.push_back(job);
+                    }
+                    Ok(Message::Wake) => continue,
                     Ok(Message::Close(done)) => {
                         closing = Some(done);
                         break;
@@ -314,14 +471,17 @@ impl Task {
                     Err(()) => break,
                 }
             }
+            self.busy.store(true, Ordering::Release);
+            let mut state = self.state();
             let mut batch: Vec<Job> = Vec::new();
             while batch.len() < self.max_batch {
-                if let Some(job) = self.pending.pop_front() {
+                if let Some(job) = state.pending.pop_front() {
                     batch.push(job);
                     continue;
                 }
                 match self.receiver.try_recv() {
-                    Ok(Message::Run(job)) => batch.push(job),
+                    Ok(Message::Run(job)) => batch.push(self.taken(job)),
+                    Ok(Message::Wake) => {}
                     Ok(Message::Close(done)) => {
                         closing = Some(done);
                         break;
@@ -329,21 +489,27 @@ impl Task {
                     Err(_) => break,
                 }
             }
-            self.run_batch(batch);
+            let answers = state.run_batch(batch);
             if closing.is_some() {
+                answers.send();
                 // Operations requeued by a broken last batch still run before stopping.
-                while !self.pending.is_empty() {
-                    let batch: Vec<Job> = self.pending.drain(..).collect();
-                    self.run_batch(batch);
+                while !state.pending.is_empty() {
+                    let batch: Vec<Job> = state.pending.drain(..).collect();
+                    state.run_batch(batch).send();
                 }
                 break;
             }
+            drop(state);
+            self.busy.store(false, Ordering::Release);
+            answers.send();
         }
+        let mut state = self.state();
         // Deferred commits are on the disk before the stores say they are closed.
-        self.sync();
+        state.sync();
         // The connection closes before the acknowledgement: whoever waits for the close (to
         // release the directory's lock) never meets the file still being closed.
-        drop(self.conn.take());
+        drop(state.conn.take());
+        drop(state);
         // Operations sent after the close are dropped: their callers get an error.
         let mut acknowledgements = Vec::new();
         while let Ok(message) = self.receiver.try_recv() {
@@ -356,40 +522,56 @@ impl Task {
             let _ = done.send(());
         }
     }
+}
 
+impl std::fmt::Debug for State {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("State")
+            .field("location", &self.location)
+            .field("pending", &self.pending.len())
+            .field("unsynced", &self.unsynced)
+            .finish_non_exhaustive()
+    }
+}
+
+impl State {
     /// Runs `batch` in one transaction and answers each operation once it is committed.
     ///
     /// The transaction is begun, committed and rolled back with plain statements: SQLite rolls a
     /// transaction back by itself on some errors (a full disk, an I/O error, an interrupted
     /// statement), and a `ROLLBACK` statement is harmless when nothing is open.
-    fn run_batch(&mut self, batch: Vec<Job>) {
+    ///
+    /// The callers are answered by the returned [`Answers`], sent once the state is unlocked: a
+    /// caller woken by its answer then finds the writer free.
+    fn run_batch(&mut self, batch: Vec<Job>) -> Answers {
         if batch.is_empty() {
-            return;
+            return Answers::NONE;
         }
         // A database that has shown damage is not written to again.
         if let Some(damage) = self.location.damage() {
-            return answer_all(batch, &damage);
+            answer_all(batch, &damage);
+            return Answers::NONE;
         }
         let Some(shared) = self.conn.clone() else {
-            return;
+            return Answers::NONE;
         };
         let conn = lock(&shared);
         if !conn.is_autocommit() {
             // A transaction left open (an operation that panicked) is ended first.
             rollback(&conn);
         }
-        self.run_batch_on(&conn, batch);
+        self.run_batch_on(&conn, batch)
     }
 
-    /// [`run_batch`](Self::run_batch) on `conn`; says whether the batch committed.
-    fn run_batch_on(&mut self, conn: &Connection, mut batch: Vec<Job>) -> bool {
+    /// [`run_batch`](Self::run_batch) on `conn`.
+    fn run_batch_on(&mut self, conn: &Connection, mut batch: Vec<Job>) -> Answers {
         let location = self.location.clone();
         let fail = |doing: &str, e| db_error(&location, doing, e);
         let syncs = match self.choose_sync(conn, &batch) {
             Ok(syncs) => syncs,
             Err(e) => {
                 answer_all(batch, &fail("setting the commit's synchronous mode", e));
-                return false;
+                return Answers::NONE;
             }
         };
         let changes = conn.total_changes();
@@ -397,12 +579,12 @@ impl Task {
             // A transaction left open is ended, so the next batch can begin; this one fails.
             rollback(conn);
             answer_all(batch, &fail("starting a transaction", e));
-            return false;
+            return Answers::NONE;
         }
         let mut answers: Vec<Answer> = Vec::with_capacity(batch.len());
         if batch.len() == 1 {
             let Some(job) = batch.pop() else {
-                return true;
+                return Answers::NONE;
             };
             let (ok, answer) = job.run(conn);
             let outcome = match self.location.damage() {
@@ -421,8 +603,10 @@ impl Task {
             if outcome.is_ok() {
                 self.committed(conn, 1, syncs, ok, changes);
             }
-            answer(outcome.as_ref().map(|_| ()));
-            return outcome.is_ok();
+            return Answers {
+                answers: vec![answer],
+                outcome,
+            };
         }
         let mut jobs = batch.into_iter();
         let mut broken = None;
@@ -482,10 +666,7 @@ impl Task {
                 "group commit"
             );
         }
-        for answer in answers {
-            answer(outcome.as_ref().map(|_| ()));
-        }
-        outcome.is_ok()
+        Answers { answers, outcome }
     }
 
     /// After a batch of `operations` committed: counts it and, when it was to sync (`syncs`) but
@@ -504,6 +685,36 @@ impl Task {
         self.count(operations, syncs && wrote);
         if syncs && !wrote {
             self.sync();
+        }
+        if WAL_PAGES
+            .take()
+            .is_some_and(|pages| pages >= CHECKPOINT_PAGES)
+        {
+            self.checkpoint_due = true;
+        }
+    }
+
+    /// Whether the next commit must sync (`FULL`) whatever it carries: a delayed sync failed, or
+    /// deferred commits have waited their delay.
+    fn sync_now(&self) -> bool {
+        matches!(self.syncing, Syncing::Deferred { .. })
+            && (self.sync_failed || self.sync_due().is_some_and(|due| due <= Instant::now()))
+    }
+
+    /// Copies the write-ahead log into the database as far as no reader holds it back (a passive
+    /// checkpoint: SQLite syncs the log first, then the database), so that the log starts over.
+    /// A failure is logged; the next commit past [`CHECKPOINT_PAGES`] tries again.
+    fn checkpoint(&mut self) {
+        self.checkpoint_due = false;
+        let Some(shared) = self.conn.clone() else {
+            return;
+        };
+        let conn = lock(&shared);
+        match conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+            Ok(()) => {
+                self.counters.checkpoints.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => tracing::warn!(location = %self.location, "checkpoint failed: {e}"),
         }
     }
 
@@ -529,11 +740,7 @@ impl Task {
     fn choose_sync(&mut self, conn: &Connection, batch: &[Job]) -> Result<bool, rusqlite::Error> {
         let full = match &self.syncing {
             Syncing::Setting { counted } => return Ok(*counted),
-            Syncing::Deferred { .. } => {
-                self.sync_failed
-                    || batch.iter().any(|job| job.immediate())
-                    || self.sync_due().is_some_and(|due| due <= Instant::now())
-            }
+            Syncing::Deferred { .. } => self.sync_now() || batch.iter().any(|job| job.immediate()),
         };
         if full != self.full {
             conn.execute_batch(if full {
@@ -616,6 +823,28 @@ fn control(conn: &Connection, sql: &str) -> Result<(), rusqlite::Error> {
 fn rollback(conn: &Connection) {
     if let Err(e) = conn.execute_batch("ROLLBACK") {
         tracing::trace!(error = %e, "rollback after a failure");
+    }
+}
+
+/// The answers of a batch's callers and the batch's fate, to send once the writer's state is
+/// unlocked.
+#[must_use = "the batch's callers wait for their answers"]
+struct Answers {
+    answers: Vec<Answer>,
+    outcome: Result<(), StoreError>,
+}
+
+impl Answers {
+    /// Nothing to answer (the callers were answered, or their answers dropped, already).
+    const NONE: Answers = Answers {
+        answers: Vec::new(),
+        outcome: Ok(()),
+    };
+
+    fn send(self) {
+        for answer in self.answers {
+            answer(self.outcome.as_ref().map(|_| ()));
+        }
     }
 }
 
@@ -706,6 +935,108 @@ mod tests {
         });
         running.await.unwrap();
         (hold, holder)
+    }
+
+    /// The organization layout's instance database at `dir`, with deferred syncing (the
+    /// defaults) after `delay`.
+    async fn deferred_db(dir: &std::path::Path, delay: Duration) -> Db {
+        let options = SqliteOptions::default().sync_delay(delay);
+        Db::open(Some(&dir.join("instance.db")), DbKind::Instance, &options)
+            .await
+            .unwrap()
+    }
+
+    /// The thread a write ran on.
+    async fn writer_of(writes: &Writer, scope: Durability) -> std::thread::ThreadId {
+        durability::scope(
+            scope,
+            writes.run(|_| Ok::<_, StoreError>(std::thread::current().id())),
+        )
+        .await
+        .unwrap()
+    }
+
+    /// Under deferred syncing, a deferred write finding the writer idle runs on its caller's
+    /// thread (no hand-off to the writer thread and back), committed and synced later as any
+    /// deferred write; an immediate write, and a deferred one while the writer is busy, run on
+    /// the writer thread.
+    #[tokio::test]
+    async fn a_deferred_write_runs_on_its_callers_thread_when_the_writer_is_idle() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = deferred_db(dir.path(), Duration::from_millis(20)).await;
+        let here = std::thread::current().id();
+        let writer = writer_of(&db.writes, Durability::Immediate).await;
+        assert_ne!(writer, here);
+        let before = db.writes.stats();
+        // On a loaded machine the thread may be descheduled while it looks at the state between
+        // two messages: the write then queues. One of a few finds the writer idle.
+        let mut tries = 1;
+        while writer_of(&db.writes, Durability::Deferred).await != here {
+            assert!(tries < 20, "no deferred write ran on its caller's thread");
+            tries += 1;
+        }
+        let written = db.writes.stats();
+        assert_eq!(written.commits, before.commits + tries, "{written:?}");
+        assert!(written.synced < written.commits, "{written:?}");
+        // Its sync, due 20 ms later, is the writer thread's.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while db.writes.stats().synced < written.commits {
+            assert!(
+                Instant::now() < deadline,
+                "never synced: {:?}",
+                db.writes.stats()
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        assert_eq!(db.writes.stats().syncs, written.syncs + 1);
+        // Busy: the deferred write waits for the thread like any other.
+        let (hold, holder) = hold_writer(&db).await;
+        let (ran_on, ()) = tokio::join!(writer_of(&db.writes, Durability::Deferred), async move {
+            drop(hold)
+        });
+        holder.await.unwrap().unwrap();
+        assert_eq!(ran_on, writer);
+        db.close().await;
+        // Closed: refused, not run here.
+        let refused = durability::scope(
+            Durability::Deferred,
+            db.writes.run(|_| Ok::<_, StoreError>(())),
+        )
+        .await;
+        assert!(refused.is_err(), "{refused:?}");
+    }
+
+    /// Commits made on callers' threads do not run SQLite's automatic checkpoint there: once the
+    /// log reaches its size, the writer thread checkpoints it, and the log starts over instead
+    /// of growing with every write.
+    #[tokio::test]
+    async fn the_writer_thread_checkpoints_the_log_of_commits_made_elsewhere() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = deferred_db(dir.path(), Duration::from_secs(3600)).await;
+        let wal = crate::db::wal_path(&dir.path().join("instance.db"));
+        let here = std::thread::current().id();
+        let before = db.writes.stats();
+        let mut here_too = 0;
+        // 64 KiB a write, 24 MiB in all: six times the log's checkpoint size.
+        for i in 0..384 {
+            let key = format!("{i:04}{}", "x".repeat(64 * 1024));
+            let ran_on = durability::scope(
+                Durability::Deferred,
+                db.writes.run(move |conn| {
+                    insert(conn, &key)?;
+                    Ok(std::thread::current().id())
+                }),
+            )
+            .await
+            .unwrap();
+            here_too += usize::from(ran_on == here);
+        }
+        assert!(here_too > 0, "no write ran on the caller's thread");
+        let after = db.writes.stats();
+        assert!(after.checkpoints > before.checkpoints, "{after:?}");
+        let size = std::fs::metadata(&wal).unwrap().len();
+        assert!(size < 12 * 1024 * 1024, "the log grew to {size} bytes");
+        db.close().await;
     }
 
     /// An operation that wrote and then failed is rolled back to its savepoint alone: the

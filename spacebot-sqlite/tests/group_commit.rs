@@ -44,6 +44,7 @@ fn since(after: WriteStats, before: WriteStats) -> WriteStats {
         operations: after.operations - before.operations,
         syncs: after.syncs - before.syncs,
         synced: after.synced - before.synced,
+        checkpoints: after.checkpoints - before.checkpoints,
     }
 }
 
@@ -96,6 +97,7 @@ async fn commit_each_commits_every_operation() {
             operations: 16,
             syncs: 16,
             synced: 16,
+            checkpoints: 0,
         }
     );
     stores.close().await;
