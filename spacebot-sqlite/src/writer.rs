@@ -14,8 +14,9 @@
 //! starts, and nothing else writes through it.
 //!
 //! Under deferred syncing ([`Syncing::Deferred`]) a deferred operation that finds the writer idle
-//! (nothing queued, no batch running) runs as a batch of one on its caller's thread instead,
-//! without the hand-off: such a commit is not synced, so it costs no `fsync` there. Whatever syncs
+//! (nothing queued, no batch running) runs on its caller's thread instead, without the hand-off,
+//! in one batch with the deferred writes issued while it yields once (a [`Gathering`]): such a
+//! commit is not synced, so it costs no `fsync` there. Whatever syncs
 //! stays on the thread (immediate operations, a commit due to sync, the delayed sync), and so do
 //! checkpoints: a write-ahead-log hook replaces SQLite's automatic checkpoint on the writer
 //! connection, and the thread checkpoints once a commit leaves the log at [`CHECKPOINT_PAGES`].
@@ -165,6 +166,54 @@ pub(crate) struct Writer {
     busy: Arc<AtomicBool>,
     /// Whether a deferred write may run on its caller's thread ([`Syncing::Deferred`]).
     inline: bool,
+    /// Deferred writes gathered to run together on a caller's thread.
+    gathering: Arc<Mutex<Gathering>>,
+    /// The most operations one transaction carries.
+    max_batch: usize,
+}
+
+/// Deferred writes gathered for a batch on a caller's thread: the first to come leads (it
+/// yields once, so that writes issued beside it, by its own future or by other tasks, join it),
+/// the others wait for the leader's batch.
+#[derive(Default)]
+struct Gathering {
+    jobs: Vec<Job>,
+    led: bool,
+}
+
+/// The leader of a [`Gathering`]: dropped before it ran the batch (its future dropped while it
+/// yielded), it hands the gathered writes to the thread, so no caller is left waiting.
+struct Leader<'a> {
+    writer: &'a Writer,
+    done: bool,
+}
+
+impl std::fmt::Debug for Gathering {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gathering")
+            .field("jobs", &self.jobs.len())
+            .field("led", &self.led)
+            .finish()
+    }
+}
+
+impl Leader<'_> {
+    /// The writes gathered; the next deferred write leads a new gathering.
+    fn take(&mut self) -> Vec<Job> {
+        self.done = true;
+        let mut gathering = self.writer.gathering();
+        gathering.led = false;
+        std::mem::take(&mut gathering.jobs)
+    }
+}
+
+impl Drop for Leader<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            let jobs = self.take();
+            self.writer.send_all(jobs);
+        }
+    }
 }
 
 /// A connection shared by the writer thread and, for an in-memory database, its reads.
@@ -232,6 +281,8 @@ impl Writer {
             queued,
             busy,
             inline,
+            gathering: Arc::default(),
+            max_batch: max_batch.max(1),
         })
     }
 
@@ -257,27 +308,66 @@ impl Writer {
             reply,
             immediate,
         });
-        let job = if immediate || !self.inline {
-            Some(job)
+        if immediate
+            || !self.inline
+            || self.queued.load(Ordering::Acquire) != 0
+            || self.busy.load(Ordering::Acquire)
+        {
+            self.send(job)?;
         } else {
-            self.run_here(job)
-        };
-        if let Some(job) = job {
-            self.queued.fetch_add(1, Ordering::AcqRel);
-            if self.queue.send(Message::Run(job)).is_err() {
-                self.queued.fetch_sub(1, Ordering::AcqRel);
-                return Err(self.stopped());
+            let leads = {
+                let mut gathering = self.gathering();
+                gathering.jobs.push(job);
+                !std::mem::replace(&mut gathering.led, true)
+            };
+            if leads {
+                let mut leader = Leader {
+                    writer: self,
+                    done: false,
+                };
+                // Writes issued beside this one (a `join`, other tasks) join the batch.
+                tokio::task::yield_now().await;
+                let jobs = leader.take();
+                for batch in chunks(jobs, self.max_batch) {
+                    if let Some(jobs) = self.run_here(batch) {
+                        self.send_all(jobs);
+                    }
+                }
             }
         }
         answered.await.map_err(|_| self.stopped())?
     }
 
-    /// Runs a deferred `job` as a batch of its own on the calling thread when the writer is idle
-    /// (nothing queued, no batch running, not closed): no hand-off to the thread and back. Gives
-    /// the job back otherwise.
-    fn run_here(&self, job: Job) -> Option<Job> {
+    fn gathering(&self) -> MutexGuard<'_, Gathering> {
+        self.gathering
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Sends `job` to the thread.
+    fn send(&self, job: Job) -> Result<(), StoreError> {
+        self.queued.fetch_add(1, Ordering::AcqRel);
+        if self.queue.send(Message::Run(job)).is_err() {
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+            return Err(self.stopped());
+        }
+        Ok(())
+    }
+
+    /// Sends `jobs` to the thread, in order; a job the stopped thread cannot take is dropped,
+    /// and its caller told the writer stopped.
+    fn send_all(&self, jobs: Vec<Job>) {
+        for job in jobs {
+            let _ = self.send(job);
+        }
+    }
+
+    /// Runs deferred `jobs` as one batch on the calling thread when the writer is idle (nothing
+    /// queued, no batch running, not closed): no hand-off to the thread and back. Gives the jobs
+    /// back otherwise.
+    fn run_here(&self, jobs: Vec<Job>) -> Option<Vec<Job>> {
         if self.queued.load(Ordering::Acquire) != 0 {
-            return Some(job);
+            return Some(jobs);
         }
         // The thread looking at the state between two messages holds it for a moment: worth a
         // short wait. Work of its own (or another caller's write) is not.
@@ -292,16 +382,16 @@ impl Writer {
                     spins += 1;
                     std::hint::spin_loop();
                 }
-                Err(TryLockError::WouldBlock) => return Some(job),
+                Err(TryLockError::WouldBlock) => return Some(jobs),
             }
         };
         // A commit that syncs (a failed sync to make good, or deferred commits past their delay)
         // is the thread's: an `fsync` does not run on a caller's thread.
         if !state.pending.is_empty() || state.conn.is_none() || state.sync_now() {
-            return Some(job);
+            return Some(jobs);
         }
         let armed = state.unsynced.is_some();
-        let answers = state.run_batch(vec![job]);
+        let answers = state.run_batch(jobs);
         let wake = (!armed && state.unsynced.is_some()) || state.checkpoint_due;
         drop(state);
         answers.send();
@@ -848,6 +938,17 @@ impl Answers {
     }
 }
 
+/// `jobs` in batches of at most `max` (at least one), in order.
+fn chunks(mut jobs: Vec<Job>, max: usize) -> Vec<Vec<Job>> {
+    let mut batches = Vec::with_capacity(jobs.len().div_ceil(max.max(1)));
+    while jobs.len() > max.max(1) {
+        let rest = jobs.split_off(max.max(1));
+        batches.push(std::mem::replace(&mut jobs, rest));
+    }
+    batches.push(jobs);
+    batches
+}
+
 /// Fails every operation of `batch` with `e` without running it.
 fn answer_all(batch: Vec<Job>, e: &StoreError) {
     for job in batch {
@@ -1004,6 +1105,51 @@ mod tests {
         )
         .await;
         assert!(refused.is_err(), "{refused:?}");
+    }
+
+    /// Deferred writes sent together (a `join`) while the writer is idle share one commit on
+    /// the caller's thread, as they would on the writer thread; a leader dropped before it runs
+    /// the batch hands it to the thread, so the others are still answered.
+    #[tokio::test]
+    async fn deferred_writes_sent_together_share_one_commit_on_the_callers_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = deferred_db(dir.path(), Duration::from_secs(3600)).await;
+        let here = std::thread::current().id();
+        let writer = writer_of(&db.writes, Durability::Immediate).await;
+        let before = db.writes.stats();
+        let (a, b, c) = tokio::join!(
+            writer_of(&db.writes, Durability::Deferred),
+            writer_of(&db.writes, Durability::Deferred),
+            writer_of(&db.writes, Durability::Deferred),
+        );
+        let after = db.writes.stats();
+        // On a loaded machine the thread may hold the state a moment too long: then all three
+        // went to it, still together.
+        assert!(
+            a == b && b == c && (a == here || a == writer),
+            "{a:?} {b:?} {c:?}"
+        );
+        assert_eq!(
+            (
+                after.commits - before.commits,
+                after.operations - before.operations
+            ),
+            (1, 3),
+            "{after:?}"
+        );
+        // The leader (the first write) dropped while it gathers: the second is answered anyway.
+        let mut leader = Box::pin(writer_of(&db.writes, Durability::Deferred));
+        let polled = futures::poll!(leader.as_mut());
+        assert!(polled.is_pending());
+        let mut follower = Box::pin(writer_of(&db.writes, Durability::Deferred));
+        let polled = futures::poll!(follower.as_mut());
+        assert!(polled.is_pending());
+        drop(leader);
+        let ran_on = tokio::time::timeout(Duration::from_secs(10), follower)
+            .await
+            .expect("the follower of a dropped leader was never answered");
+        assert_eq!(ran_on, writer);
+        db.close().await;
     }
 
     /// Commits made on callers' threads do not run SQLite's automatic checkpoint there: once the
