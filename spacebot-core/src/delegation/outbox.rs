@@ -217,20 +217,27 @@ async fn deliver_notice_in_span(
     // Passive records in both link channels, each written once per notice: the record and its
     // key in one commit (a crash cannot keep the key and lose the record), checked first (the
     // outbox flushes of one agent are serialized, so no second delivery of the notice races).
-    for (owner, peer) in [(target, delegator), (delegator, target)] {
+    // The two sides are independent (each keyed): written at once, the stores commit them
+    // together where they share a database.
+    let side = |owner: &AgentId, peer: &AgentId| {
         let key = format!("record:{}", notice.key);
-        let done = org
-            .stores()
-            .deliveries
-            .is_applied(owner, &key)
-            .await
-            .map_err(|e| e.to_string())?;
-        if !done {
+        let (owner, peer) = (owner.clone(), peer.clone());
+        let record_text = record_text.clone();
+        async move {
+            let done = org
+                .stores()
+                .deliveries
+                .is_applied(&owner, &key)
+                .await
+                .map_err(|e| e.to_string())?;
+            if done {
+                return Ok::<(), String>(());
+            }
             let mut record = NewRecord::new(
-                ChannelId::link(owner, peer),
+                ChannelId::link(&owner, &peer),
                 RecordKind::System,
                 "system",
-                record_text.clone(),
+                record_text,
                 now,
             );
             record.metadata.insert(
@@ -244,11 +251,15 @@ async fn deliver_notice_in_span(
             };
             org.stores()
                 .deliveries
-                .commit(owner, &commit, now)
+                .commit_owned(&owner, commit, now)
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(|(e, _)| e.to_string())
         }
-    }
+    };
+    let (worker_side, delegator_side) =
+        futures::future::join(side(target, delegator), side(delegator, target)).await;
+    worker_side?;
+    delegator_side?;
     if let Some(parent) = &notice.parent_task {
         // Multi-hop: the delegator was working on a task; mark the child ended on it. Applying
         // it twice changes nothing.
