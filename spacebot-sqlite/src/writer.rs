@@ -313,6 +313,11 @@ impl Writer {
             || self.queued.load(Ordering::Acquire) != 0
             || self.busy.load(Ordering::Acquire)
         {
+            // Writes gathered before this one go first: the thread runs them in the order they
+            // were issued (their leader then finds nothing left to run).
+            if self.inline {
+                self.hand_over_gathered();
+            }
             self.send(job)?;
         } else {
             let leads = {
@@ -342,6 +347,12 @@ impl Writer {
         self.gathering
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Sends the writes gathered so far to the thread, in order.
+    fn hand_over_gathered(&self) {
+        let gathered = std::mem::take(&mut self.gathering().jobs);
+        self.send_all(gathered);
     }
 
     /// Sends `job` to the thread.
@@ -405,6 +416,8 @@ impl Writer {
     /// Finishes the operations queued so far, closes the connection and stops the thread; later
     /// calls fail.
     pub(crate) async fn close(&self) {
+        // Writes issued before the close are run before it.
+        self.hand_over_gathered();
         let (done, closed) = oneshot::channel();
         if self.queue.send(Message::Close(done)).is_ok() {
             // The thread dropping the acknowledgement means it stopped anyway.
@@ -1150,6 +1163,43 @@ mod tests {
             .expect("the follower of a dropped leader was never answered");
         assert_eq!(ran_on, writer);
         db.close().await;
+    }
+
+    /// A write that goes to the thread (here an immediate one) does not overtake deferred writes
+    /// issued before it and still gathering: the thread runs them first, in order.
+    #[tokio::test]
+    async fn a_write_sent_to_the_thread_does_not_overtake_the_writes_gathered_before_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = deferred_db(dir.path(), Duration::from_secs(3600)).await;
+        let deferred = durability::scope(
+            Durability::Deferred,
+            insert_key(&db.writes, "deferred first", false),
+        );
+        let immediate = db.writes.run(|conn| {
+            insert(conn, "immediate second")?;
+            conn.query_row(
+                "SELECT count(*) FROM applied_keys WHERE key = 'deferred first'",
+                [],
+                |row| row.get::<_, i64>(0),
+            )
+            .map_err(|e| db_error("test", "reading", e))
+        });
+        let (first, seen) = tokio::join!(deferred, immediate);
+        first.unwrap();
+        assert_eq!(
+            seen.unwrap(),
+            1,
+            "the immediate write ran before the deferred one"
+        );
+        assert_eq!(keys(&db).await, ["deferred first", "immediate second"]);
+        // Closing runs what is gathered first as well.
+        let mut late = Box::pin(durability::scope(
+            Durability::Deferred,
+            insert_key(&db.writes, "late", false),
+        ));
+        assert!(futures::poll!(late.as_mut()).is_pending());
+        db.close().await;
+        late.await.unwrap();
     }
 
     /// Commits made on callers' threads do not run SQLite's automatic checkpoint there: once the
