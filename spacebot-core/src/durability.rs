@@ -36,6 +36,10 @@
 //! # });
 //! ```
 //!
+//! Writes issued together (the futures of a `join`) can say so with [`together`]: a backend that
+//! runs a write on its caller's thread (SQLite under deferred syncing) then holds the first a
+//! moment, one yield, so that the others join its commit; outside it, a write runs at once.
+//!
 //! [`deliver`]: crate::Organization::deliver
 
 use std::cell::Cell;
@@ -58,6 +62,7 @@ pub enum Durability {
 
 thread_local! {
     static CURRENT: Cell<Durability> = const { Cell::new(Durability::Immediate) };
+    static TOGETHER: Cell<bool> = const { Cell::new(false) };
 }
 
 /// The durability of writes issued now, on this thread: that of the innermost [`scope`] being
@@ -108,9 +113,90 @@ impl<F: Future> Future for Scoped<F> {
     }
 }
 
+/// Whether writes issued now, on this thread, are issued together with others: inside a
+/// [`together`] future being polled.
+pub fn is_together() -> bool {
+    TOGETHER.with(Cell::get)
+}
+
+/// Runs `future`, whose writes are issued together (for example the futures of a `join`): a
+/// backend may hold the first of them a moment, one yield, so that the others join its commit.
+/// Outside it, [`is_together`] is `false`. Set on every poll of `future`, as [`scope`].
+///
+/// ```
+/// use spacebot_core::durability;
+/// # futures::executor::block_on(async {
+/// let (a, b) = durability::together(futures::future::join(
+///     async { durability::is_together() },
+///     async { durability::is_together() },
+/// ))
+/// .await;
+/// assert!(a && b && !durability::is_together());
+/// # });
+/// ```
+pub fn together<F: Future>(future: F) -> Together<F> {
+    Together {
+        future: Box::pin(future),
+    }
+}
+
+/// A future whose writes are issued together ([`together`]).
+#[must_use = "futures do nothing unless polled"]
+pub struct Together<F> {
+    future: Pin<Box<F>>,
+}
+
+impl<F> std::fmt::Debug for Together<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Together").finish_non_exhaustive()
+    }
+}
+
+/// Restores the outer value of [`is_together`] when a poll ends, also by a panic.
+struct RestoreTogether(bool);
+
+impl Drop for RestoreTogether {
+    fn drop(&mut self) {
+        TOGETHER.with(|c| c.set(self.0));
+    }
+}
+
+impl<F: Future> Future for Together<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let _restore = RestoreTogether(TOGETHER.with(|c| c.replace(true)));
+        self.future.as_mut().poll(cx)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `together` holds across polls and is restored after each, also by a panic; a future
+    /// polled outside it does not inherit it.
+    #[test]
+    fn together_holds_while_its_future_is_polled() {
+        futures::executor::block_on(async {
+            let mut made = None;
+            let seen = together(async {
+                let before = is_together();
+                futures::future::ready(()).await;
+                made = Some(async { is_together() });
+                before
+            })
+            .await;
+            assert!(seen);
+            assert!(!is_together());
+            assert!(!made.expect("made inside").await);
+        });
+        let caught = std::panic::catch_unwind(|| {
+            futures::executor::block_on(together(async { panic!("on purpose") }))
+        });
+        assert!(caught.is_err());
+        assert!(!is_together());
+    }
 
     #[test]
     fn a_scope_holds_across_awaits_and_nests() {

@@ -15,8 +15,9 @@
 //!
 //! Under deferred syncing ([`Syncing::Deferred`]) a deferred operation that finds the writer idle
 //! (nothing queued, no batch running) runs on its caller's thread instead, without the hand-off,
-//! in one batch with the deferred writes issued while it yields once (a [`Gathering`]): such a
-//! commit is not synced, so it costs no `fsync` there. Whatever syncs
+//! in one batch with the writes issued beside it (a [`Gathering`]; it yields once for them when
+//! issued [`together`](durability::together)): such a commit is not synced, so it costs no
+//! `fsync` there. Whatever syncs
 //! stays on the thread (immediate operations, a commit due to sync, the delayed sync), and so do
 //! checkpoints: a write-ahead-log hook replaces SQLite's automatic checkpoint on the writer
 //! connection, and the thread checkpoints once a commit leaves the log at [`CHECKPOINT_PAGES`].
@@ -172,9 +173,9 @@ pub(crate) struct Writer {
     max_batch: usize,
 }
 
-/// Deferred writes gathered for a batch on a caller's thread: the first to come leads (it
-/// yields once, so that writes issued beside it, by its own future or by other tasks, join it),
-/// the others wait for the leader's batch.
+/// Deferred writes gathered for a batch on a caller's thread: the first to come leads (issued
+/// [`together`](durability::together) with others, it yields once so that they join it; writes
+/// of other tasks arriving meanwhile join too), the others wait for the leader's batch.
 #[derive(Default)]
 struct Gathering {
     jobs: Vec<Job>,
@@ -303,6 +304,7 @@ impl Writer {
         }
         let (reply, answered) = oneshot::channel::<Result<T, StoreError>>();
         let immediate = durability::current() == Durability::Immediate;
+        let together = durability::is_together();
         let job: Job = Box::new(Op {
             op,
             reply,
@@ -330,8 +332,10 @@ impl Writer {
                     writer: self,
                     done: false,
                 };
-                // Writes issued beside this one (a `join`, other tasks) join the batch.
-                tokio::task::yield_now().await;
+                // Writes issued beside this one (a `join` marked `together`) join the batch.
+                if together {
+                    tokio::task::yield_now().await;
+                }
                 let jobs = leader.take();
                 for batch in chunks(jobs, self.max_batch) {
                     if let Some(jobs) = self.run_here(batch) {
@@ -1081,6 +1085,18 @@ mod tests {
         let here = std::thread::current().id();
         let writer = writer_of(&db.writes, Durability::Immediate).await;
         assert_ne!(writer, here);
+        // Not issued `together`, a deferred write does not wait for company: it is done at its
+        // first poll (here on this thread, or sent to the thread and not answered yet).
+        let mut lone = Box::pin(durability::scope(
+            Durability::Deferred,
+            db.writes
+                .run(|_| Ok::<_, StoreError>(std::thread::current().id())),
+        ));
+        if let std::task::Poll::Ready(ran_on) = futures::poll!(lone.as_mut()) {
+            assert_eq!(ran_on.unwrap(), here);
+        } else {
+            assert_ne!(lone.await.unwrap(), here, "pending, yet it ran here");
+        }
         let before = db.writes.stats();
         // On a loaded machine the thread may be descheduled while it looks at the state between
         // two messages: the write then queues. One of a few finds the writer idle.
@@ -1120,8 +1136,8 @@ mod tests {
         assert!(refused.is_err(), "{refused:?}");
     }
 
-    /// Deferred writes sent together (a `join`) while the writer is idle share one commit on
-    /// the caller's thread, as they would on the writer thread; a leader dropped before it runs
+    /// Deferred writes sent together (a `join` marked `together`) while the writer is idle share
+    /// one commit on the caller's thread, as they would on the writer thread; a leader dropped before it runs
     /// the batch hands it to the thread, so the others are still answered.
     #[tokio::test]
     async fn deferred_writes_sent_together_share_one_commit_on_the_callers_thread() {
@@ -1130,11 +1146,14 @@ mod tests {
         let here = std::thread::current().id();
         let writer = writer_of(&db.writes, Durability::Immediate).await;
         let before = db.writes.stats();
-        let (a, b, c) = tokio::join!(
-            writer_of(&db.writes, Durability::Deferred),
-            writer_of(&db.writes, Durability::Deferred),
-            writer_of(&db.writes, Durability::Deferred),
-        );
+        let (a, b, c) = durability::together(async {
+            tokio::join!(
+                writer_of(&db.writes, Durability::Deferred),
+                writer_of(&db.writes, Durability::Deferred),
+                writer_of(&db.writes, Durability::Deferred),
+            )
+        })
+        .await;
         let after = db.writes.stats();
         // On a loaded machine the thread may hold the state a moment too long: then all three
         // went to it, still together.
@@ -1151,7 +1170,10 @@ mod tests {
             "{after:?}"
         );
         // The leader (the first write) dropped while it gathers: the second is answered anyway.
-        let mut leader = Box::pin(writer_of(&db.writes, Durability::Deferred));
+        let mut leader = Box::pin(durability::together(writer_of(
+            &db.writes,
+            Durability::Deferred,
+        )));
         let polled = futures::poll!(leader.as_mut());
         assert!(polled.is_pending());
         let mut follower = Box::pin(writer_of(&db.writes, Durability::Deferred));
@@ -1171,10 +1193,10 @@ mod tests {
     async fn a_write_sent_to_the_thread_does_not_overtake_the_writes_gathered_before_it() {
         let dir = tempfile::tempdir().unwrap();
         let db = deferred_db(dir.path(), Duration::from_secs(3600)).await;
-        let deferred = durability::scope(
+        let deferred = durability::together(durability::scope(
             Durability::Deferred,
             insert_key(&db.writes, "deferred first", false),
-        );
+        ));
         let immediate = db.writes.run(|conn| {
             insert(conn, "immediate second")?;
             conn.query_row(
@@ -1193,10 +1215,10 @@ mod tests {
         );
         assert_eq!(keys(&db).await, ["deferred first", "immediate second"]);
         // Closing runs what is gathered first as well.
-        let mut late = Box::pin(durability::scope(
+        let mut late = Box::pin(durability::together(durability::scope(
             Durability::Deferred,
             insert_key(&db.writes, "late", false),
-        ));
+        )));
         assert!(futures::poll!(late.as_mut()).is_pending());
         db.close().await;
         late.await.unwrap();

@@ -256,8 +256,11 @@ async fn deliver_notice_in_span(
                 .map_err(|(e, _)| e.to_string())
         }
     };
-    let (worker_side, delegator_side) =
-        futures::future::join(side(target, delegator), side(delegator, target)).await;
+    let (worker_side, delegator_side) = crate::durability::together(futures::future::join(
+        side(target, delegator),
+        side(delegator, target),
+    ))
+    .await;
     worker_side?;
     delegator_side?;
     if let Some(parent) = &notice.parent_task {

@@ -506,7 +506,8 @@ impl RequestLedger {
             .map(|r| EnvelopeId::new(r.clone()))
             .collect();
         let mut first = Ok(());
-        for done in futures::future::join_all(requests.iter().map(|r| self.flush(r, now))).await {
+        let flushes = futures::future::join_all(requests.iter().map(|r| self.flush(r, now)));
+        for done in crate::durability::together(flushes).await {
             if first.is_ok() {
                 first = done;
             }

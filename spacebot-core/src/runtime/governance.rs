@@ -187,10 +187,10 @@ impl Host {
             // reservation (the stores group writes sent together into one commit), not each
             // by a write of its own.
             let ledger = self.ledger();
-            let (reserved, flushed) = futures::future::join(
+            let (reserved, flushed) = crate::durability::together(futures::future::join(
                 ledger.reserve(request, key, &granted, &self.settings.limits, now),
                 ledger.flush_others(request, now),
-            )
+            ))
             .await;
             if let Err(e) = flushed {
                 tracing::warn!("model calls' settlements were not stored yet: {e}");

@@ -432,10 +432,10 @@ impl<'a> Turn<'a> {
         // The records gathered so far (under limits, the turn's input before its first call)
         // are written beside the call's reservation: sent together, the stores group the two
         // writes into one commit, and the history shows them before the model is asked.
-        let (reservation, ()) = futures::future::join(
+        let (reservation, ()) = crate::durability::together(futures::future::join(
             self.reserve(&mut request, sent),
             log.flush_records(self.host, &self.me),
-        )
+        ))
         .await;
         let reservation = reservation?;
         let (host, agent, me) = (self.host, self.agent, &self.me);
