@@ -152,6 +152,34 @@ impl<F> std::fmt::Debug for Together<F> {
     }
 }
 
+/// Runs `future` with its writes issued [`together`] while `count` (of the callers writing now,
+/// this one included) is above one: others are likely to write beside it.
+pub(crate) fn together_while_many<F: Future>(
+    count: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    future: F,
+) -> Company<F> {
+    Company {
+        count,
+        future: Box::pin(future),
+    }
+}
+
+/// A future whose writes are issued together while others write ([`together_while_many`]).
+pub(crate) struct Company<F> {
+    count: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    future: Pin<Box<F>>,
+}
+
+impl<F: Future> Future for Company<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let many = self.count.load(std::sync::atomic::Ordering::Acquire) > 1;
+        let _restore = RestoreTogether(TOGETHER.with(|c| c.replace(c.get() || many)));
+        self.future.as_mut().poll(cx)
+    }
+}
+
 /// Restores the outer value of [`is_together`] when a poll ends, also by a panic.
 struct RestoreTogether(bool);
 
@@ -173,6 +201,41 @@ impl<F: Future> Future for Together<F> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `together_while_many` issues writes together while the count is above one, decided at
+    /// each poll, and keeps an outer `together`.
+    #[test]
+    fn together_while_many_follows_the_count() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let count = Arc::new(AtomicUsize::new(1));
+        futures::executor::block_on(async {
+            let counter = count.clone();
+            let seen = together_while_many(count.clone(), async move {
+                let alone = is_together();
+                counter.store(2, Ordering::Release);
+                // A yield: the next poll sees the new count.
+                let mut yielded = false;
+                futures::future::poll_fn(|cx| {
+                    if yielded {
+                        Poll::Ready(())
+                    } else {
+                        yielded = true;
+                        cx.waker().wake_by_ref();
+                        Poll::Pending
+                    }
+                })
+                .await;
+                (alone, is_together())
+            })
+            .await;
+            assert_eq!(seen, (false, true));
+            assert!(!is_together());
+            count.store(1, Ordering::Release);
+            let outer = together(together_while_many(count.clone(), async { is_together() }));
+            assert!(outer.await);
+        });
+    }
 
     /// `together` holds across polls and is restored after each, also by a panic; a future
     /// polled outside it does not inherit it.

@@ -293,6 +293,7 @@ impl OrganizationBuilder {
                 operator_periods: Mutex::new(Vec::new()),
                 handing_over: Mutex::new(HashSet::new()),
                 idle_waiters: std::sync::atomic::AtomicUsize::new(0),
+                handling: Arc::default(),
                 behaviours,
                 usage: Mutex::new(HashMap::new()),
                 caches: crate::org::RenderCache::default(),

@@ -27,6 +27,22 @@ use crate::runtime::turn::*;
 
 pub(crate) use crate::runtime::turn::TurnOutcome;
 
+/// One agent loop counted in [`Host::handling`] while it lives.
+struct Handling(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Handling {
+    fn count(count: &Arc<std::sync::atomic::AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::AcqRel);
+        Self(count.clone())
+    }
+}
+
+impl Drop for Handling {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// The loop of one agent: take an envelope, run a turn, repeat until the queue closes.
 ///
 /// What it awaits besides the queue is boxed, so an idle agent's loop holds a small future instead
@@ -40,18 +56,23 @@ pub(crate) async fn run_loop(org: Arc<Host>, agent: Arc<AgentRuntime>) {
             break;
         };
         agent.busy.store(true, Ordering::Release);
+        // Counted while it handles the envelope (also if the loop is dropped meanwhile): with
+        // other agents handling theirs, the writes of each are issued together.
+        let handling = Handling::count(&org.handling);
+        let many = |future| crate::durability::together_while_many(org.handling.clone(), future);
         if envelope.kind.wakes_model() {
             let span = crate::telemetry::invoke_agent(agent.id(), &agent.spec.name, &envelope);
             let started = std::time::Instant::now();
-            Box::pin(process(&org, &agent, envelope))
+            many(Box::pin(process(&org, &agent, envelope)))
                 .instrument(span)
                 .await;
             if let Some(hook) = crate::telemetry::hook() {
                 hook.turn_ended(agent.id(), started.elapsed());
             }
         } else {
-            Box::pin(process(&org, &agent, envelope)).await;
+            many(Box::pin(process(&org, &agent, envelope))).await;
         }
+        drop(handling);
         agent.busy.store(false, Ordering::Release);
         if agent.queue.is_empty() {
             org.emit(org.event(agent.id(), EventKind::AgentIdle));

@@ -179,6 +179,8 @@ impl Host {
         // Registered once a call finds the request busy, then tried again before waiting: a
         // settlement in between wakes it (most calls never wait, and register nothing).
         let mut settled: Option<oneshot::Receiver<()>> = None;
+        // Whether the last refusal found no reservation of this host open.
+        let mut none_open_before = false;
         loop {
             let now = self.clock.now();
             let mut granted = call;
@@ -225,14 +227,17 @@ impl Host {
                 periods.release(scope, key, now).await?;
             }
             self.ledger().release(request, key, now).await?;
+            // Room held by no reservation of this host, found twice in a row (a settlement that
+            // closed the last one between the refusal and this look has freed its room: the
+            // next try, at once, counts it).
+            let none_open = self.hosting.is_none() && lock(&self.reserving).is_empty();
+            let abandoned = none_open && none_open_before;
+            none_open_before = none_open;
             match refusal {
                 Refusal::Reached(reached) => return Ok(Err(reached)),
                 // In one process, room held by no reservation of this host's was left by a run
                 // that crashed before settling: it stays counted, and nothing will free it.
-                Refusal::Busy(over)
-                    if rounds >= BUSY_ROUNDS
-                        || (self.hosting.is_none() && lock(&self.reserving).is_empty()) =>
-                {
+                Refusal::Busy(over) if rounds >= BUSY_ROUNDS || abandoned => {
                     let spent = self
                         .ledger()
                         .get(request)

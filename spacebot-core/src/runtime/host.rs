@@ -244,6 +244,9 @@ pub(crate) struct Host {
     /// Callers of `wait_idle` waiting now: while there are any, every worker round that leaves its
     /// agent settled says so with an `AgentIdle` event (not only the rounds a ring started).
     pub(crate) idle_waiters: AtomicUsize,
+    /// Agent loops handling an envelope now: while more than one is, their writes are issued
+    /// [`together`](crate::durability::together) (a store may then gather them into one commit).
+    pub(crate) handling: Arc<AtomicUsize>,
     /// The behaviours plugged into the host, in order.
     pub(crate) behaviours: Vec<Arc<dyn Behaviour>>,
     /// Tokens each agent's turns spent since the organization was built.
