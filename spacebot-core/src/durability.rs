@@ -136,19 +136,8 @@ pub fn is_together() -> bool {
 /// ```
 pub fn together<F: Future>(future: F) -> Together<F> {
     Together {
+        while_many: None,
         future: Box::pin(future),
-    }
-}
-
-/// A future whose writes are issued together ([`together`]).
-#[must_use = "futures do nothing unless polled"]
-pub struct Together<F> {
-    future: Pin<Box<F>>,
-}
-
-impl<F> std::fmt::Debug for Together<F> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Together").finish_non_exhaustive()
     }
 }
 
@@ -157,26 +146,24 @@ impl<F> std::fmt::Debug for Together<F> {
 pub(crate) fn together_while_many<F: Future>(
     count: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     future: F,
-) -> Company<F> {
-    Company {
-        count,
+) -> Together<F> {
+    Together {
+        while_many: Some(count),
         future: Box::pin(future),
     }
 }
 
-/// A future whose writes are issued together while others write ([`together_while_many`]).
-pub(crate) struct Company<F> {
-    count: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+/// A future whose writes are issued together ([`together`]).
+#[must_use = "futures do nothing unless polled"]
+pub struct Together<F> {
+    /// `None`: always; else while the count is above one ([`together_while_many`]).
+    while_many: Option<std::sync::Arc<std::sync::atomic::AtomicUsize>>,
     future: Pin<Box<F>>,
 }
 
-impl<F: Future> Future for Company<F> {
-    type Output = F::Output;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let many = self.count.load(std::sync::atomic::Ordering::Acquire) > 1;
-        let _restore = RestoreTogether(TOGETHER.with(|c| c.replace(c.get() || many)));
-        self.future.as_mut().poll(cx)
+impl<F> std::fmt::Debug for Together<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Together").finish_non_exhaustive()
     }
 }
 
@@ -193,7 +180,12 @@ impl<F: Future> Future for Together<F> {
     type Output = F::Output;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let _restore = RestoreTogether(TOGETHER.with(|c| c.replace(true)));
+        let now = self
+            .while_many
+            .as_ref()
+            .is_none_or(|count| count.load(std::sync::atomic::Ordering::Acquire) > 1);
+        // An outer `together` holds inside.
+        let _restore = RestoreTogether(TOGETHER.with(|c| c.replace(c.get() || now)));
         self.future.as_mut().poll(cx)
     }
 }
@@ -201,6 +193,21 @@ impl<F: Future> Future for Together<F> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Pending once (waking itself), then ready: the next poll is a new one.
+    async fn yield_once() {
+        let mut yielded = false;
+        futures::future::poll_fn(|cx| {
+            if yielded {
+                Poll::Ready(())
+            } else {
+                yielded = true;
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+        })
+        .await;
+    }
 
     /// `together_while_many` issues writes together while the count is above one, decided at
     /// each poll, and keeps an outer `together`.
@@ -214,18 +221,8 @@ mod tests {
             let seen = together_while_many(count.clone(), async move {
                 let alone = is_together();
                 counter.store(2, Ordering::Release);
-                // A yield: the next poll sees the new count.
-                let mut yielded = false;
-                futures::future::poll_fn(|cx| {
-                    if yielded {
-                        Poll::Ready(())
-                    } else {
-                        yielded = true;
-                        cx.waker().wake_by_ref();
-                        Poll::Pending
-                    }
-                })
-                .await;
+                // The next poll sees the new count.
+                yield_once().await;
                 (alone, is_together())
             })
             .await;
@@ -267,18 +264,8 @@ mod tests {
             let seen = scope(Durability::Deferred, async {
                 let before = current();
                 futures::future::ready(()).await;
-                // A yield: the scope is set again on the next poll.
-                let mut yielded = false;
-                futures::future::poll_fn(|cx| {
-                    if yielded {
-                        Poll::Ready(())
-                    } else {
-                        yielded = true;
-                        cx.waker().wake_by_ref();
-                        Poll::Pending
-                    }
-                })
-                .await;
+                // The scope is set again on the next poll.
+                yield_once().await;
                 let after = current();
                 let inner = scope(Durability::Immediate, async { current() }).await;
                 (before, after, inner, current())

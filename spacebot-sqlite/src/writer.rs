@@ -1187,6 +1187,38 @@ mod tests {
         db.close().await;
     }
 
+    /// A deferred write of another task, issued while a leader gathers, joins its commit (group
+    /// commit across tasks on the caller's thread).
+    #[tokio::test]
+    async fn a_write_of_another_task_joins_a_gathering_leader() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = deferred_db(dir.path(), Duration::from_secs(3600)).await;
+        let here = std::thread::current().id();
+        let before = db.writes.stats();
+        let mut leader = Box::pin(durability::together(writer_of(
+            &db.writes,
+            Durability::Deferred,
+        )));
+        assert!(futures::poll!(leader.as_mut()).is_pending());
+        let writes = db.writes.clone();
+        let other = tokio::spawn(async move { writer_of(&writes, Durability::Deferred).await });
+        // The leader's task lets the others run before it goes on, as its yield does.
+        tokio::task::yield_now().await;
+        let (led, joined) = tokio::join!(leader, other);
+        // One commit, on this thread (the test's runtime has one): not handed to the writer.
+        assert_eq!((led, joined.unwrap()), (here, here));
+        let after = db.writes.stats();
+        assert_eq!(
+            (
+                after.commits - before.commits,
+                after.operations - before.operations
+            ),
+            (1, 2),
+            "{after:?}"
+        );
+        db.close().await;
+    }
+
     /// A write that goes to the thread (here an immediate one) does not overtake deferred writes
     /// issued before it and still gathering: the thread runs them first, in order.
     #[tokio::test]
