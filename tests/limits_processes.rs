@@ -1,5 +1,6 @@
 //! A request's limits bind across processes: two processes on one PostgreSQL schema spend from one
-//! request at once, and together never pass its limit.
+//! request at once, and together never pass its limit; a call kept out only by another process's
+//! open reservation waits for it to settle, then is made.
 //!
 //! The chief and worker `w1` run in this process, worker `w2` in a second one (this test binary
 //! again, hosting only `w2` through the placement). The chief delegates to both workers in one
@@ -342,6 +343,284 @@ async fn two_processes_spending_from_one_request_never_pass_its_limit() {
     );
     let more = h.replies_now();
     assert!(more.is_empty(), "told more than once: {more:?}");
+    h.org.shutdown().await.unwrap();
+    drop(h);
+    pg.close().await;
+}
+
+/// Set in the second process of the wait test: the run directory (`w2-waits`, `w2-called`, `stop`,
+/// `calls`).
+const WAIT_CHILD_DIR: &str = "SPACEBOT_LIMITS_WAIT_CHILD_DIR";
+
+/// The request's token limit in the wait test: the first call of a worker reserves all that is
+/// left (its worst case: a prompt estimate of about 1,600 tokens, the tools' definitions most of
+/// it, and the output the limit leaves, under the 4,096 a call may answer), so the other worker's
+/// call fits only once that one settles (each call spends `INPUT + OUTPUT`, far less).
+const WAIT_TOKENS: u64 = 5_000;
+
+/// The wait test's model: the chief delegates to both workers at once and answers when told a
+/// task ended; a worker answers at once. In the second process `w2` leaves `w2-called` when asked.
+fn answering_model() -> FnLlm {
+    FnLlm::new(|request| {
+        let me = request.agent.as_ref().map(AgentId::as_str).unwrap_or("");
+        let mut response = match me {
+            "chief" if last_user_text(&request.messages).contains("task #") => {
+                ChatResponse::text("a worker is done")
+            }
+            "chief" => ChatResponse::tool_calls(
+                ["w1", "w2"]
+                    .iter()
+                    .map(|w| {
+                        tool_call(
+                            "send_agent_message",
+                            json!({"target": w, "message": format!("Work on part {w}.")}),
+                        )
+                    })
+                    .collect(),
+            ),
+            _ => {
+                if let Ok(dir) = std::env::var(WAIT_CHILD_DIR) {
+                    let _ = std::fs::write(std::path::Path::new(&dir).join("w2-called"), b"");
+                }
+                ChatResponse::text(format!("part {me} done"))
+            }
+        };
+        response.usage = Some(Usage {
+            prompt_tokens: INPUT,
+            completion_tokens: OUTPUT,
+            total_tokens: INPUT + OUTPUT,
+        });
+        Ok(response)
+    })
+}
+
+/// This process's model in the wait test: `w1`'s call (its reservation already stored) leaves
+/// `w1-calling` and waits, without blocking a thread, until `release` appears.
+#[derive(Debug)]
+struct HeldUntilReleased {
+    inner: FnLlm,
+    dir: std::path::PathBuf,
+}
+
+#[async_trait::async_trait]
+impl LlmProvider for HeldUntilReleased {
+    async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, LlmError> {
+        if request.agent.as_ref().is_some_and(|a| a.as_str() == "w1") {
+            std::fs::write(self.dir.join("w1-calling"), b"").unwrap();
+            let release = self.dir.join("release");
+            tokio::time::timeout(Duration::from_secs(60), async {
+                while !release.exists() {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            })
+            .await
+            .expect("the test released w1's call within 60 s");
+        }
+        self.inner.complete(request).await
+    }
+}
+
+/// The second process of the wait test: hosts `w2`, leaves `w2-waits` (the request and the limit
+/// its call waits on) once an event says `w2`'s call waits, and once `stop` appears writes how many
+/// model calls it made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the second process of the limits wait test (run by it with SPACEBOT_LIMITS_WAIT_CHILD_DIR set)"]
+async fn limits_wait_child() {
+    let Ok(dir) = std::env::var(WAIT_CHILD_DIR) else {
+        return;
+    };
+    let dir = std::path::PathBuf::from(dir);
+    let url = std::env::var("DATABASE_URL").unwrap();
+    let pg = PgOptions::new()
+        .schema(std::env::var(CHILD_SCHEMA).unwrap())
+        .max_connections(4)
+        .connect(&url)
+        .await
+        .unwrap();
+    let llm = answering_model();
+    let h = placed(&pg, "b", &["w2"], Arc::new(llm.clone())).await;
+    h.org.start_all().await.unwrap();
+    h.wait_until("w2's call waits for budget", || {
+        let events = h.events.events();
+        async move {
+            events
+                .iter()
+                .any(|e| e.agent.as_str() == "w2" && matches!(e.kind, EventKind::LimitWait { .. }))
+        }
+    })
+    .await;
+    let said = h
+        .events
+        .events()
+        .into_iter()
+        .find_map(|e| match e.kind {
+            EventKind::LimitWait { request, over } => Some(format!(
+                "{request} {}",
+                serde_json::to_value(over.limit).unwrap().as_str().unwrap()
+            )),
+            _ => None,
+        })
+        .unwrap();
+    std::fs::write(dir.join("w2-waits"), said).unwrap();
+    h.wait_until("the first process is done", || {
+        let stop = dir.join("stop");
+        async move { stop.exists() }
+    })
+    .await;
+    h.wait_quiet().await;
+    h.org.shutdown().await.unwrap();
+    drop(h);
+    pg.close().await;
+    std::fs::write(dir.join("calls"), llm.requests().len().to_string()).unwrap();
+}
+
+/// A call kept out only by an open reservation another process made waits for it across
+/// processes, then is made: `w1`'s call in this process reserves all the request has left and is
+/// held; `w2`, started in a second process only then, finds the request busy and waits (an event
+/// says so); once `w1`'s call is released and settled, `w2`'s call is made. Nothing is refused,
+/// the request ends with the workers' answers, and the ledger settles exactly the calls both
+/// processes made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(spacebot_pg),
+    ignore = "no PostgreSQL here: set DATABASE_URL or install the server (initdb, pg_ctl); see README"
+)]
+async fn a_call_waits_for_a_reservation_of_another_process_to_settle() {
+    let Some(url) = spacebot::testing::external::database_url() else {
+        return;
+    };
+    let pg = PgOptions::new()
+        .max_connections(4)
+        .temporary(&url)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let llm = answering_model();
+    let held = HeldUntilReleased {
+        inner: llm.clone(),
+        dir: dir.path().to_owned(),
+    };
+    let mut h = placed(&pg, "a", &["chief", "w1"], Arc::new(held)).await;
+    h.org.start_all().await.unwrap();
+    let request = h
+        .org
+        .deliver(
+            "chief",
+            InboundMessage::new("portal", "u1", "Split the work.").with_limits(Limits {
+                total_tokens: Some(WAIT_TOKENS),
+                ..Limits::NONE
+            }),
+        )
+        .await
+        .unwrap();
+    h.wait_until("w1's call is made, its reservation stored", || {
+        let calling = dir.path().join("w1-calling");
+        async move { calling.exists() }
+    })
+    .await;
+    let held_back = h.org.request_spend(&request).await.unwrap().unwrap();
+    assert_eq!(
+        held_back.committed().total_tokens,
+        WAIT_TOKENS,
+        "w1's call reserved all the request had left: {held_back:?}"
+    );
+
+    // Only now the second process starts, and w2 (its task queued in the shared stores) with it.
+    let stderr = std::fs::File::create(dir.path().join("child.stderr")).unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "limits_wait_child",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--quiet",
+        ])
+        .env(WAIT_CHILD_DIR, dir.path())
+        .env("DATABASE_URL", &url)
+        .env(CHILD_SCHEMA, pg.schema().unwrap())
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .unwrap();
+    struct Reap<'a>(&'a mut Child);
+    impl Drop for Reap<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let child = Reap(&mut child);
+    h.wait_until("w2's call waits in the second process", || {
+        let waits = dir.path().join("w2-waits");
+        async move { waits.exists() }
+    })
+    .await;
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("w2-waits")).unwrap(),
+        format!("{request} total_tokens"),
+        "w2's call waits on this request's token limit"
+    );
+    assert!(
+        !dir.path().join("w2-called").exists(),
+        "w2's model is not asked while w1's reservation holds the budget"
+    );
+
+    std::fs::write(dir.path().join("release"), b"").unwrap();
+    let reply = h.reply().await;
+    assert_eq!(reply.kind, ReplyKind::Answer, "{reply:?}");
+    h.wait_until("w2's call is made in the second process", || {
+        let called = dir.path().join("w2-called");
+        async move { called.exists() }
+    })
+    .await;
+    let stores = pg.stores();
+    h.wait_until("nothing waits in the shared stores", || {
+        let stores = stores.clone();
+        async move { shared_stores::nothing_waits(&stores, &["chief", "w1", "w2"]).await }
+    })
+    .await;
+    std::fs::write(dir.path().join("stop"), b"").unwrap();
+    h.wait_until("the second process exits", || {
+        let calls = dir.path().join("calls");
+        async move { calls.exists() }
+    })
+    .await;
+    let status = child.0.wait().unwrap();
+    assert!(
+        status.success(),
+        "the second process failed: {}",
+        std::fs::read_to_string(dir.path().join("child.stderr")).unwrap_or_default()
+    );
+    drop(child);
+    h.wait_quiet().await;
+
+    let ours = llm.requests().len() as u64;
+    let theirs: u64 = std::fs::read_to_string(dir.path().join("calls"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(theirs, 1, "w2 made its one call in the second process");
+    let entry = h.org.request_spend(&request).await.unwrap().unwrap();
+    assert_eq!(entry.settled.model_calls, ours + theirs, "{entry:?}");
+    assert_eq!(
+        entry.settled.total_tokens,
+        (ours + theirs) * u64::from(INPUT + OUTPUT),
+        "exact token sums"
+    );
+    assert!(entry.reserved.is_empty(), "{:?}", entry.reserved);
+    assert_eq!(entry.reached, None, "no call was refused: {entry:?}");
+    assert!(
+        !h.events
+            .events()
+            .iter()
+            .any(|e| matches!(e.kind, EventKind::LimitReached { .. })),
+        "nothing reached a limit"
+    );
+    let more = h.replies_now();
+    assert!(
+        more.iter().all(|r| r.kind == ReplyKind::Answer),
+        "no failure reply: {more:?}"
+    );
     h.org.shutdown().await.unwrap();
     drop(h);
     pg.close().await;

@@ -187,6 +187,16 @@ pub enum EventKind {
         /// What the request had spent.
         spent: crate::limits::Spend,
     },
+    /// A model call waits for budget: it would fit the request's limits but for the request's
+    /// other open reservations (calls under way on other agents, or in other processes), and
+    /// waits for them to settle (see [`crate::limits`]). Said once a call, when it starts
+    /// waiting; a [`LimitReached`](Self::LimitReached) follows if it is refused in the end.
+    LimitWait {
+        /// The request (the cause of the exchange).
+        request: crate::ids::EnvelopeId,
+        /// The limit the open reservations keep the call out of, and what it would reach.
+        over: crate::limits::Over,
+    },
     /// A turn was cancelled.
     TurnCancelled,
     /// A model call of a turn ended; the event's `usage` is what the provider reported.

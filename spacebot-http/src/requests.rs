@@ -48,7 +48,8 @@ pub struct RequestNodeView {
     pub agent: String,
     /// What it is, in a few words (`turn`, `retrigger`, the tool's name, the task's title...).
     pub label: String,
-    /// `running`, `ok`, `failed`, `refused`, or a task's status (`ready`, `in_progress`, `done`...).
+    /// `running`, `ok`, `failed`, `refused`, `waiting` (a model call waiting for budget held by
+    /// the request's other open calls), or a task's status (`ready`, `in_progress`, `done`...).
     pub status: String,
     /// The task it belongs to (or is), `{agent}#{number}`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -451,6 +452,24 @@ fn apply(tree: &mut Tree, e: &Event, task: Option<String>) {
                     "limit",
                     format!("limit reached: {limit} {} of {}", over.value, over.max),
                     "failed",
+                ),
+            );
+        }
+        EventKind::LimitWait { over, .. } => {
+            let limit = serde_json::to_value(over.limit)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default();
+            leaf(
+                tree,
+                base(
+                    e,
+                    "limit",
+                    format!(
+                        "waits for budget: {limit} {} of {} with the open reservations",
+                        over.value, over.max
+                    ),
+                    "waiting",
                 ),
             );
         }

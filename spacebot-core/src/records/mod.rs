@@ -379,6 +379,11 @@ impl RecordWrite {
     /// [`StoreError::Invalid`] naming the field.
     pub fn check(&self) -> Result<(), StoreError> {
         self.check_fields()?;
+        // Most values are far below the limit: a bound on their length, walked without writing
+        // them, settles it; only a value whose bound passes the limit is written out and counted.
+        if json_len_bound(&self.value, MAX_VALUE_LEN).is_some() {
+            return Ok(());
+        }
         let mut counter = LenCounter(0);
         serde_json::to_writer(&mut counter, &self.value).map_err(|e| unencodable(&e))?;
         self.check_len(counter.0)
@@ -426,6 +431,44 @@ fn unencodable(e: &serde_json::Error) -> StoreError {
         "record value",
         format!("cannot be written as JSON: {e}"),
     ))
+}
+
+/// An upper bound of `value`'s length as JSON text, or `None` once it passes `limit` (the walk
+/// stops there). A string counts six bytes a byte (the longest escape, `\u001f`) and its quotes,
+/// a number 25 (the longest a `u64`, `i64` or `f64` is written), every separator its byte.
+fn json_len_bound(value: &serde_json::Value, limit: usize) -> Option<usize> {
+    use serde_json::Value;
+    fn text(s: &str) -> usize {
+        s.len().saturating_mul(6).saturating_add(2)
+    }
+    let len = match value {
+        Value::Null | Value::Bool(_) => 5,
+        Value::Number(_) => 25,
+        Value::String(s) => text(s),
+        Value::Array(items) => {
+            let mut len = 2 + items.len();
+            for item in items {
+                len = len.checked_add(json_len_bound(item, limit)?)?;
+                if len > limit {
+                    return None;
+                }
+            }
+            len
+        }
+        Value::Object(map) => {
+            let mut len = 2 + 2 * map.len();
+            for (key, item) in map {
+                len = len
+                    .checked_add(text(key))?
+                    .checked_add(json_len_bound(item, limit)?)?;
+                if len > limit {
+                    return None;
+                }
+            }
+            len
+        }
+    };
+    (len <= limit).then_some(len)
 }
 
 /// Counts the bytes written to it.
@@ -695,4 +738,48 @@ pub fn check_list_prefix(prefix: &str) -> Result<(), StoreError> {
 pub fn check_address(namespace: &str, key: &str) -> Result<(), StoreError> {
     check_namespace(namespace)?;
     check_key(key)
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+    use serde_json::{Map, Value};
+
+    use super::json_len_bound;
+
+    /// Any JSON value: text with escapes and characters outside ASCII, numbers of every kind.
+    fn value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<u64>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>().prop_map(Value::from),
+            ".{0,12}".prop_map(Value::String),
+            "[\\x00-\\x1f\"\\\\]{0,8}".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 64, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                prop::collection::vec((".{0,6}", inner), 0..6)
+                    .prop_map(|fields| Value::Object(fields.into_iter().collect::<Map<_, _>>())),
+            ]
+        })
+    }
+
+    proptest! {
+        /// The bound is never below the value's length as JSON text, and it gives up (`None`)
+        /// exactly when it would pass the limit.
+        #[test]
+        fn the_bound_of_a_value_is_never_below_its_json_length(v in value(), limit in 0usize..400) {
+            let len = serde_json::to_string(&v).unwrap().len();
+            match json_len_bound(&v, usize::MAX) {
+                Some(bound) => {
+                    prop_assert!(bound >= len, "bound {bound} under {len} for {v}");
+                    prop_assert_eq!(json_len_bound(&v, limit), (bound <= limit).then_some(bound));
+                }
+                None => prop_assert!(false, "no bound without a limit for {}", v),
+            }
+        }
+    }
 }

@@ -250,8 +250,20 @@ impl Host {
                         scope: Scope::Request,
                     }));
                 }
-                Refusal::Busy(_) => {
+                Refusal::Busy(over) => {
                     if let Some(waiter) = settled.take() {
+                        if rounds == 0 {
+                            // Said once a call, before its first wait.
+                            let mut event = self.event(
+                                agent,
+                                EventKind::LimitWait {
+                                    request: request.clone(),
+                                    over,
+                                },
+                            );
+                            event.request = Some(request.clone());
+                            self.emit(event);
+                        }
                         rounds += 1;
                         let poll = self.clock.sleep(BUSY_POLL);
                         futures::future::select(waiter, poll).await;
@@ -564,6 +576,7 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(first.map(|s| s.total_tokens), Some(600));
+        let mut events = org.subscribe();
         let waiting = tokio::spawn({
             let (host, request, b) = (host.clone(), request.clone(), b.clone());
             async move { host.reserve_call(&b, &request, "b:1", call).await }
@@ -577,6 +590,20 @@ mod tests {
         .await
         .expect("the second call never waited for the first's settlement");
         assert!(!waiting.is_finished());
+        // An event says it waits, for which request and limit, on which agent.
+        let said = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                let event = events.recv().await.unwrap();
+                if let EventKind::LimitWait { request: r, over } = &event.kind {
+                    break (event.agent.clone(), r.clone(), *over);
+                }
+            }
+        })
+        .await
+        .expect("no event said the call waits");
+        assert_eq!(said.0, b);
+        assert_eq!(said.1, request);
+        assert_eq!(said.2.limit, crate::limits::Limit::TotalTokens);
         let spent = one_call_of_100_tokens();
         host.settle_call(&a, &request, "a:1", spent).await.unwrap();
         let second = tokio::time::timeout(Duration::from_secs(10), waiting)
