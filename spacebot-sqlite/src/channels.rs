@@ -95,6 +95,10 @@ pub(crate) const HISTORY_TEXTS_SQL: &str = "SELECT seq, NULL, kind, author, cont
 #[derive(Debug, Clone)]
 pub struct SqliteChannelStore(pub(crate) SqliteStores);
 
+/// The most records a history read may ask for and still run on the calling thread (a turn's
+/// page of its channel, `spacebot_core::context::HISTORY_PAGE`).
+const SHORT_PAGE: i64 = 64;
+
 impl SqliteChannelStore {
     /// The most recent `limit` records of `agent`'s `channel` (all of them for `None`), oldest
     /// first, read with `sql` ([`HISTORY_SQL`] or [`HISTORY_TEXTS_SQL`]) and decoded by `decode`.
@@ -115,7 +119,7 @@ impl SqliteChannelStore {
             db.location.clone(),
             db.key.clone(),
         );
-        db.read("reading a channel history", move |conn| {
+        let read = move |conn: &rusqlite::Connection| {
             query::all(
                 conn,
                 &location,
@@ -124,8 +128,14 @@ impl SqliteChannelStore {
                 params![&*key, channel, limit],
                 |row| decode(&location, &agent, row),
             )
-        })
-        .await
+        };
+        // A page (a turn's read of its channel's newest records) is a short read on the calling
+        // thread when a reader connection is idle; a longer read goes to a blocking thread.
+        if (0..=SHORT_PAGE).contains(&limit) {
+            db.read_short("reading a channel history", read).await
+        } else {
+            db.read("reading a channel history", read).await
+        }
     }
 }
 
@@ -314,5 +324,60 @@ mod tests {
             .unwrap();
         assert_eq!(reprepared, 0, "the history statement was prepared again");
         assert!(plan.contains("channel_records_channel"), "{plan}");
+    }
+
+    /// The thread the rows of a history read were last decoded on.
+    static SEEN_ON: std::sync::Mutex<Option<std::thread::ThreadId>> = std::sync::Mutex::new(None);
+
+    /// [`decode`], noting the thread it runs on in [`SEEN_ON`].
+    fn decode_noting_thread(
+        location: &Location,
+        agent: &AgentId,
+        row: &Row<'_>,
+    ) -> Result<ChannelRecord, StoreError> {
+        *SEEN_ON.lock().unwrap() = Some(std::thread::current().id());
+        decode(location, agent, row)
+    }
+
+    /// A turn's page of its channel (at most 64 records) is read on the calling thread when a
+    /// reader connection is idle; a longer read (the whole channel) on a blocking thread.
+    #[tokio::test]
+    async fn a_page_of_history_is_read_on_the_calling_thread() {
+        let stores = SqliteStores::temporary().await.unwrap();
+        let agent = AgentId::parse("w").unwrap();
+        let channel = ChannelId::portal(&agent);
+        for i in 0..3 {
+            stores
+                .channels()
+                .append(
+                    &agent,
+                    NewRecord::new(
+                        channel.clone(),
+                        spacebot_core::RecordKind::User,
+                        "u",
+                        format!("m{i}"),
+                        Timestamp(i),
+                    ),
+                )
+                .await
+                .unwrap();
+        }
+        let store = stores.channels();
+        let here = std::thread::current().id();
+        // The first read opens a reader connection (on a blocking thread): after it, one is idle.
+        let read =
+            |limit| store.read_history(&agent, &channel, limit, HISTORY_SQL, decode_noting_thread);
+        assert_eq!(read(None).await.unwrap().len(), 3);
+        for (limit, on_caller) in [
+            (Some(SHORT_PAGE as usize), true),
+            (None, false),
+            (Some(2), true),
+        ] {
+            *SEEN_ON.lock().unwrap() = None;
+            let rows = read(limit).await.unwrap();
+            assert!(!rows.is_empty());
+            let seen = SEEN_ON.lock().unwrap().expect("rows decoded");
+            assert_eq!(seen == here, on_caller, "a read of {limit:?} records");
+        }
     }
 }

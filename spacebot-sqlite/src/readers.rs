@@ -2,9 +2,10 @@
 //!
 //! A read is one synchronous closure run on a connection from a blocking thread of the runtime
 //! (`spawn_blocking`): one hand-off there and one answer back, whatever the number of its
-//! statements. A short read (a row looked up by its key: an applied key, a task, the outbox)
-//! runs on the calling thread instead when an idle connection is at hand (`run_short`). A read of several statements that must see one snapshot opens a transaction in its
-//! closure; a connection given back with a transaction still open (a closure that returned early)
+//! statements. A short read (a row or a few looked up by key: an applied key, a task, the outbox,
+//! a record, whether a task is ready or a lease expired; or a turn's page of its channel) runs on
+//! the calling thread instead when an idle connection is at hand (`run_short`). A read of several
+//! statements that must see one snapshot opens a transaction in its closure; a connection given back with a transaction still open (a closure that returned early)
 //! has it rolled back first, so the next read never sees an old snapshot.
 
 use std::path::PathBuf;

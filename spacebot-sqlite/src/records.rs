@@ -75,11 +75,14 @@ fn one(
 }
 
 impl SqliteStores {
+    /// Runs a read of records; `short` (a lookup of one key's latest or given version, by the
+    /// primary key) runs on the calling thread when a reader connection is idle.
     async fn query_records(
         &self,
         sql: String,
         binds: &[&str],
         version: Option<i64>,
+        short: bool,
     ) -> Result<Vec<Record>, StoreError> {
         let db = self.instance();
         let mut values: Vec<Value> = binds
@@ -90,7 +93,7 @@ impl SqliteStores {
             values.push(Value::Integer(v));
         }
         let location = db.location.clone();
-        db.read("reading records", move |conn| {
+        let read = move |conn: &rusqlite::Connection| {
             query::all(
                 conn,
                 &location,
@@ -99,8 +102,12 @@ impl SqliteStores {
                 params_from_iter(values),
                 |row| decode(&location, row),
             )
-        })
-        .await
+        };
+        if short {
+            db.read_short("reading a record", read).await
+        } else {
+            db.read("reading records", read).await
+        }
     }
 }
 
@@ -123,7 +130,7 @@ impl RecordStore for SqliteRecordStore {
         check_address(namespace, key)?;
         Ok(self
             .0
-            .query_records(LATEST.to_owned(), &[namespace, key], None)
+            .query_records(LATEST.to_owned(), &[namespace, key], None, true)
             .await?
             .pop())
     }
@@ -146,6 +153,7 @@ impl RecordStore for SqliteRecordStore {
                 ),
                 &[namespace, key],
                 Some(version),
+                true,
             )
             .await?
             .pop())
@@ -273,6 +281,7 @@ impl RecordStore for SqliteRecordStore {
                 ),
                 &[namespace, prefix],
                 None,
+                false,
             )
             .await
     }
@@ -287,6 +296,7 @@ impl RecordStore for SqliteRecordStore {
                 ),
                 &[namespace, key],
                 None,
+                false,
             )
             .await
     }

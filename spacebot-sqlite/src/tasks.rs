@@ -540,7 +540,8 @@ async fn exists(
     what: &'static str,
 ) -> Result<bool, StoreError> {
     let (location, owner) = (db.location.clone(), db.key.clone());
-    db.read(what, move |conn| {
+    // One indexed row looked up: on the calling thread when a reader connection is idle.
+    db.read_short(what, move |conn| {
         let found = match bind {
             Some(value) => {
                 query::first(conn, &location, what, sql, params![&*owner, value], |_| {
