@@ -33,6 +33,8 @@
 //!   block (`SPACEBOT_BENCH_BLOCKS` blocks, 9 by default, of `SPACEBOT_BENCH_BLOCK` round trips,
 //!   200); count the `fsync`s themselves with
 //!   `strace -c -f -e trace=fsync,fdatasync` around a filtered run. With
+//!   `SPACEBOT_BENCH_ONE_CORE=1` every group runs on Tokio's `current_thread` runtime (the CPU
+//!   of a round trip on one core) instead of two worker threads. With
 //!   `SPACEBOT_BENCH_STATEMENTS=1` the SQL statements sqlx runs (PostgreSQL's) are
 //!   counted too (statements per round trip); `=top` lists them by kind;
 //! - `durable_store_persist/{backend}/64_concurrent`: the stores alone, 64 concurrent
@@ -354,7 +356,15 @@ fn configure(group: &mut BenchmarkGroup<'_, WallTime>) {
     group.measurement_time(Duration::from_secs(5));
 }
 
+/// Two worker threads, or with `SPACEBOT_BENCH_ONE_CORE=1` Tokio's `current_thread` runtime (the
+/// organization's work on one thread: the CPU a round trip costs on one core).
 fn runtime() -> Runtime {
+    if std::env::var("SPACEBOT_BENCH_ONE_CORE").as_deref() == Ok("1") {
+        return tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+    }
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -136,7 +136,10 @@ impl Db {
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     {
-        self.reader.run_short(&self.location, doing, read).await
+        match self.writes.read_if_idle(doing, read) {
+            Ok(result) => result,
+            Err(read) => self.reader.run_short(&self.location, doing, read).await,
+        }
     }
 }
 

@@ -377,6 +377,60 @@ impl Writer {
         }
     }
 
+    /// Runs `read` on the writer's connection, on the calling thread, when the writer is idle
+    /// under deferred syncing (nothing queued, no batch running, no transaction open) and its
+    /// state is free at once: that connection's cache holds the pages the last commits wrote,
+    /// where a reader connection would read them again from the log (its cache is dropped at
+    /// every commit it did not make). Gives `read` back otherwise.
+    pub(crate) fn read_if_idle<T, F>(
+        &self,
+        doing: &'static str,
+        read: F,
+    ) -> Result<Result<T, StoreError>, F>
+    where
+        F: FnOnce(&Connection) -> Result<T, StoreError>,
+    {
+        if !self.inline
+            || self.queued.load(Ordering::Acquire) != 0
+            || self.busy.load(Ordering::Acquire)
+        {
+            return Err(read);
+        }
+        let state = match self.state.try_lock() {
+            Ok(state) => state,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return Err(read),
+        };
+        if !state.pending.is_empty() {
+            return Err(read);
+        }
+        let Some(shared) = state.conn.as_ref() else {
+            return Err(read);
+        };
+        let conn = lock(shared);
+        if !conn.is_autocommit() {
+            return Err(read);
+        }
+        // A read that panics fails as one on a reader connection does, not the caller's task.
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| read(&conn)))
+            .unwrap_or_else(|_| {
+                Err(StoreError::Backend {
+                    backend: BACKEND,
+                    message: format!(
+                        "{doing} in {}: the read did not finish: it panicked",
+                        self.location
+                    ),
+                    source: None,
+                })
+            });
+        // A read that opened a transaction and returned early must not leave it open: the next
+        // batch's `BEGIN IMMEDIATE` would fail.
+        if !conn.is_autocommit() {
+            let _ = conn.execute_batch("ROLLBACK");
+        }
+        Ok(result)
+    }
+
     /// Runs deferred `jobs` as one batch on the calling thread when the writer is idle (nothing
     /// queued, no batch running, not closed): no hand-off to the thread and back. Gives the jobs
     /// back otherwise.
@@ -1478,5 +1532,93 @@ mod tests {
             );
             db.close().await;
         }
+    }
+
+    /// The keys the writer's connection reads, when the writer lets it.
+    fn keys_on_writer(writes: &Writer) -> Option<Vec<String>> {
+        let read = |conn: &Connection| {
+            let mut statement = conn
+                .prepare("SELECT key FROM applied_keys ORDER BY key")
+                .map_err(|e| db_error("test", "reading", e))?;
+            statement
+                .query_map([], |row| row.get(0))
+                .and_then(Iterator::collect)
+                .map_err(|e| db_error("test", "reading", e))
+        };
+        writes
+            .read_if_idle("reading keys", read)
+            .ok()
+            .map(Result::unwrap)
+    }
+
+    /// [`keys_on_writer`] once the writer is idle (the thread takes its state a moment to arm
+    /// or run a delayed sync), within 10 s.
+    async fn keys_when_idle(writes: &Writer) -> Vec<String> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(keys) = keys_on_writer(writes) {
+                return keys;
+            }
+            assert!(Instant::now() < deadline, "the writer was never idle");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// Under deferred syncing a short read runs on the writer's connection when the writer is
+    /// idle, and sees every commit; not while a batch runs, nor while the writer thread holds
+    /// its state; a read that leaves a transaction open has it rolled back, so the next write
+    /// begins its own.
+    #[tokio::test]
+    async fn a_short_read_runs_on_the_idle_writers_connection() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = deferred_db(dir.path(), Duration::from_millis(20)).await;
+        durability::scope(Durability::Deferred, insert_key(&db.writes, "k1", false))
+            .await
+            .unwrap();
+        assert_eq!(keys_when_idle(&db.writes).await, vec!["k1".to_string()]);
+
+        // A batch running on the thread: the read goes elsewhere.
+        let (hold, holder) = hold_writer(&db).await;
+        assert_eq!(keys_on_writer(&db.writes), None);
+        drop(hold);
+        holder.await.unwrap().unwrap();
+
+        // A read that opens a transaction and returns with it open.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let open_one = |conn: &Connection| {
+            conn.execute_batch("BEGIN; SELECT count(*) FROM applied_keys;")
+                .map_err(|e| db_error("test", "reading", e))
+        };
+        while db
+            .writes
+            .read_if_idle("leaving a transaction open", open_one)
+            .is_err()
+        {
+            assert!(Instant::now() < deadline, "the writer was never idle");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // Rolled back: the next read finds no transaction open (it would see an old snapshot).
+        assert_eq!(keys_when_idle(&db.writes).await, vec!["k1".to_string()]);
+        durability::scope(Durability::Deferred, insert_key(&db.writes, "k2", false))
+            .await
+            .unwrap();
+        assert_eq!(
+            keys_when_idle(&db.writes).await,
+            vec!["k1".to_string(), "k2".to_string()]
+        );
+        assert_eq!(keys(&db).await, vec!["k1".to_string(), "k2".to_string()]);
+        db.close().await;
+        assert_eq!(keys_on_writer(&db.writes), None, "closed");
+    }
+
+    /// Without deferred syncing (every commit synced on the thread) reads keep to the readers.
+    #[tokio::test]
+    async fn a_short_read_keeps_to_the_readers_when_every_commit_syncs() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = deferred_db(dir.path(), Duration::ZERO).await;
+        insert_key(&db.writes, "k1", false).await.unwrap();
+        assert_eq!(keys_on_writer(&db.writes), None);
+        assert_eq!(keys(&db).await, vec!["k1".to_string()]);
+        db.close().await;
     }
 }
