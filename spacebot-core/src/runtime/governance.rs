@@ -710,4 +710,140 @@ mod tests {
             .unwrap();
         assert_eq!(stored("r3").await, (100, 0));
     }
+
+    /// A record store that holds the `hold`-th read of one request's ledger record until told to
+    /// go on (saying when it is reached).
+    #[derive(Debug)]
+    struct HoldARead {
+        inner: Arc<dyn crate::records::RecordStore>,
+        key: String,
+        hold: usize,
+        reads: std::sync::atomic::AtomicUsize,
+        reached: std::sync::Mutex<Option<oneshot::Sender<()>>>,
+        go: std::sync::Mutex<Option<oneshot::Receiver<()>>>,
+    }
+
+    #[async_trait::async_trait]
+    impl crate::records::RecordStore for HoldARead {
+        async fn get(
+            &self,
+            namespace: &str,
+            key: &str,
+        ) -> Result<Option<crate::records::Record>, StoreError> {
+            if namespace == crate::limits::NAMESPACE
+                && key == self.key
+                && self.reads.fetch_add(1, Ordering::SeqCst) + 1 == self.hold
+            {
+                let reached = lock(&self.reached).take();
+                let go = lock(&self.go).take();
+                if let (Some(reached), Some(go)) = (reached, go) {
+                    let _ = reached.send(());
+                    let _ = go.await;
+                }
+            }
+            self.inner.get(namespace, key).await
+        }
+        async fn version(
+            &self,
+            namespace: &str,
+            key: &str,
+            version: u64,
+        ) -> Result<Option<crate::records::Record>, StoreError> {
+            self.inner.version(namespace, key, version).await
+        }
+        async fn write(
+            &self,
+            write: RecordWrite,
+        ) -> Result<crate::records::WriteOutcome, StoreError> {
+            self.inner.write(write).await
+        }
+        async fn list(
+            &self,
+            namespace: &str,
+            prefix: &str,
+        ) -> Result<Vec<crate::records::Record>, StoreError> {
+            self.inner.list(namespace, prefix).await
+        }
+        async fn history(
+            &self,
+            namespace: &str,
+            key: &str,
+        ) -> Result<Vec<crate::records::Record>, StoreError> {
+            self.inner.history(namespace, key).await
+        }
+    }
+
+    /// In one process, the last open reservation of this host settling between a call's refusal
+    /// and its look at what is open leaves no reservation of the host open: the room is not a
+    /// crashed run's, and the call, tried once more, counts the settlement and is made. (Its
+    /// release of the refused reservation reads the record; the settlement is made while that
+    /// read is held, so the look comes after it, every time.)
+    #[tokio::test]
+    async fn a_settlement_between_a_refusal_and_its_look_lets_the_call_through() {
+        let config = OrgConfig::from_toml_str(
+            "[settings.limits]\ntotal_tokens = 1000\n[[agents]]\nid = \"a\"\n[[agents]]\nid = \"b\"\n",
+        )
+        .unwrap();
+        let request = EnvelopeId::new("req-race");
+        let (reached, at_read) = oneshot::channel();
+        let (go, hold) = oneshot::channel();
+        let stores = Stores::memory();
+        let records = Arc::new(HoldARead {
+            inner: stores.records.clone(),
+            key: request.as_str().to_owned(),
+            // The refused call reads the record once (its refusal decided on the record), then
+            // again when it releases what it did not reserve: that second read is held.
+            hold: 2,
+            reads: Default::default(),
+            reached: std::sync::Mutex::new(Some(reached)),
+            go: std::sync::Mutex::new(Some(hold)),
+        });
+        let org = Organization::builder(config)
+            .stores(Stores { records, ..stores })
+            .llm(Arc::new(FnLlm::new(|_| Ok(ChatResponse::text("ok")))))
+            .clock(Arc::new(ManualClock::new(1_000_000)))
+            .build()
+            .await
+            .unwrap();
+        let host = org.inner.clone();
+        let (a, b) = (AgentId::parse("a").unwrap(), AgentId::parse("b").unwrap());
+        let call = CallEstimate {
+            input: 400,
+            max_output: 200,
+            price: None,
+        };
+        // 600 of 1,000 reserved by this host: a call of 600 is kept out until it settles.
+        let first = host
+            .reserve_call(&a, &request, "a:1", call)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(first.map(|s| s.total_tokens), Some(600));
+        let second = tokio::spawn({
+            let (host, request, b) = (host.clone(), request.clone(), b.clone());
+            async move { host.reserve_call(&b, &request, "b:1", call).await }
+        });
+        tokio::time::timeout(Duration::from_secs(10), at_read)
+            .await
+            .expect("the refused call never released its reservation")
+            .unwrap();
+        // Refused, and between the refusal and its look at what is open: the last open
+        // reservation of the host settles.
+        host.settle_call(&a, &request, "a:1", one_call_of_100_tokens())
+            .await
+            .unwrap();
+        assert!(lock(&host.reserving).is_empty());
+        go.send(()).unwrap();
+        let granted = tokio::time::timeout(Duration::from_secs(10), second)
+            .await
+            .expect("the call did not end")
+            .unwrap()
+            .unwrap()
+            .expect("the call was refused as if the room were a crashed run's");
+        assert_eq!(granted.map(|s| s.total_tokens), Some(600));
+        let entry = org.request_spend(&request).await.unwrap().unwrap();
+        assert_eq!(entry.settled.total_tokens, 100);
+        assert_eq!(entry.committed().total_tokens, 700);
+        org.shutdown().await.unwrap();
+    }
 }
