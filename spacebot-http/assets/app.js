@@ -679,7 +679,7 @@
 
   // ---- requests ----
   const STEP_KINDS = new Set(["turn_started", "model_called", "tool_called", "task_created", "task_claimed", "task_completed",
-    "task_failed", "steered", "refused", "limit_reached", "round_limit_reached"]);
+    "task_failed", "steered", "refused", "limit_wait", "limit_reached", "round_limit_reached"]);
 
   function stepText(e) {
     const k = e.kind;
@@ -688,6 +688,7 @@
       case "model_called": return e.agent + ": model call" + (k.tool_calls ? " → tools" : "") + (e.usage ? " · " + e.usage.total_tokens + " tokens" : "");
       case "tool_called": return e.agent + ": " + k.tool + (k.ok ? "" : " (failed)");
       case "refused": return e.agent + ": refused " + k.action + " → " + k.target + ": " + k.reason;
+      case "limit_wait": return e.agent + ": waits for budget (" + k.over.limit + " " + k.over.value + " of " + k.over.max + " with the open calls)";
       default: return describe(e);
     }
   }

@@ -381,7 +381,7 @@ impl RecordWrite {
         self.check_fields()?;
         // Most values are far below the limit: a bound on their length, walked without writing
         // them, settles it; only a value whose bound passes the limit is written out and counted.
-        if json_len_bound(&self.value, MAX_VALUE_LEN).is_some() {
+        if !arbitrary_precision() && json_len_bound(&self.value, MAX_VALUE_LEN).is_some() {
             return Ok(());
         }
         let mut counter = LenCounter(0);
@@ -431,6 +431,14 @@ fn unencodable(e: &serde_json::Error) -> StoreError {
         "record value",
         format!("cannot be written as JSON: {e}"),
     ))
+}
+
+/// Whether serde_json keeps numbers as their text (its `arbitrary_precision` feature, which any
+/// crate of the build may turn on): a number's length is then not bounded, and
+/// [`json_len_bound`] does not apply. Found once, by whether a number past `f64`'s range parses.
+fn arbitrary_precision() -> bool {
+    static ARBITRARY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ARBITRARY.get_or_init(|| serde_json::from_str::<serde_json::Number>("1e400").is_ok())
 }
 
 /// An upper bound of `value`'s length as JSON text, or `None` once it passes `limit` (the walk
@@ -745,7 +753,7 @@ mod tests {
     use proptest::prelude::*;
     use serde_json::{Map, Value};
 
-    use super::json_len_bound;
+    use super::{arbitrary_precision, json_len_bound};
 
     /// Any JSON value: text with escapes and characters outside ASCII, numbers of every kind.
     fn value() -> impl Strategy<Value = Value> {
@@ -765,6 +773,12 @@ mod tests {
                     .prop_map(|fields| Value::Object(fields.into_iter().collect::<Map<_, _>>())),
             ]
         })
+    }
+
+    /// This build keeps numbers as numbers (the bound applies).
+    #[test]
+    fn numbers_are_not_kept_as_text() {
+        assert!(!arbitrary_precision());
     }
 
     proptest! {
