@@ -574,3 +574,54 @@ fn apply(tree: &mut Tree, e: &Event, task: Option<String>) {
         _ => {}
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use spacebot_core::limits::{Limit, Over};
+    use spacebot_core::{AgentId, EnvelopeId, Timestamp};
+
+    use super::*;
+
+    /// A model call waiting for budget shows in its request's tree, under the turn that makes
+    /// it, as a `limit` node with status `waiting`, naming the limit.
+    #[test]
+    fn a_call_waiting_for_budget_is_a_waiting_limit_node() {
+        let requests = Requests::new(8);
+        let request = EnvelopeId::new("req-1");
+        let agent = AgentId::parse("w1").unwrap();
+        let at = |ms, kind| {
+            let mut e = Event::new(Timestamp(ms), agent.clone(), kind);
+            e.request = Some(request.clone());
+            e
+        };
+        requests.observe(&at(1, EventKind::TurnStarted));
+        let over = Over {
+            limit: Limit::TotalTokens,
+            max: 5000,
+            value: 6200,
+        };
+        requests.observe(&at(
+            2,
+            EventKind::LimitWait {
+                request: request.clone(),
+                over,
+            },
+        ));
+        let (_, nodes) = requests.tree(request.as_str()).unwrap();
+        let waiting = nodes
+            .iter()
+            .find(|n| n.kind == "limit")
+            .expect("a limit node");
+        assert_eq!(waiting.status, "waiting");
+        assert_eq!(waiting.agent, "w1");
+        assert!(
+            waiting.label.contains("total_tokens 6200 of 5000"),
+            "{}",
+            waiting.label
+        );
+        let turn = nodes.iter().find(|n| n.kind == "turn").unwrap();
+        assert_eq!(waiting.parent, Some(turn.id));
+    }
+}
