@@ -162,26 +162,75 @@ async fn placed(
     h
 }
 
-/// The second process: hosts `w2` until `stop` appears in the run directory, then writes how many
-/// model calls it made.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "the second process of the two-process limits test (run by it with SPACEBOT_LIMITS_CHILD_DIR set)"]
-async fn limits_child() {
-    let Ok(dir) = std::env::var(CHILD_DIR) else {
-        return;
-    };
-    let dir = std::path::PathBuf::from(dir);
+/// The second process of a test: this test binary again, running the ignored test `test` with
+/// `dir_var` naming the run directory and the schema both processes share; its standard error
+/// goes to `child.stderr` there. Killed and reaped when dropped.
+struct Second(Child);
+
+impl Second {
+    fn start(test: &str, dir_var: &str, dir: &std::path::Path, url: &str, pg: &PgStores) -> Self {
+        let stderr = std::fs::File::create(dir.join("child.stderr")).unwrap();
+        let child = Command::new(std::env::current_exe().unwrap())
+            .args([test, "--exact", "--ignored", "--nocapture", "--quiet"])
+            .env(dir_var, dir)
+            .env("DATABASE_URL", url)
+            .env(CHILD_SCHEMA, pg.schema().unwrap())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .unwrap();
+        Self(child)
+    }
+
+    /// Once nothing waits in the shared stores, tells the second process to stop (`stop` in
+    /// `dir`), waits for it to exit successfully and answers how many model calls it made.
+    async fn stop(mut self, h: &OrgHarness, pg: &PgStores, dir: &std::path::Path) -> u64 {
+        let stores = pg.stores();
+        h.wait_until("nothing waits in the shared stores", || {
+            let stores = stores.clone();
+            async move { shared_stores::nothing_waits(&stores, &["chief", "w1", "w2"]).await }
+        })
+        .await;
+        std::fs::write(dir.join("stop"), b"").unwrap();
+        h.wait_until("the second process exits", || {
+            let calls = dir.join("calls");
+            async move { calls.exists() }
+        })
+        .await;
+        let status = self.0.wait().unwrap();
+        assert!(
+            status.success(),
+            "the second process failed: {}",
+            std::fs::read_to_string(dir.join("child.stderr")).unwrap_or_default()
+        );
+        std::fs::read_to_string(dir.join("calls"))
+            .unwrap()
+            .parse()
+            .unwrap()
+    }
+}
+
+impl Drop for Second {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// In the second process: the shared schema, from the environment the first process set.
+async fn second_stores() -> PgStores {
     let url = std::env::var("DATABASE_URL").unwrap();
-    let pg = PgOptions::new()
+    PgOptions::new()
         .schema(std::env::var(CHILD_SCHEMA).unwrap())
         .max_connections(4)
         .connect(&url)
         .await
-        .unwrap();
-    let llm = model();
-    let h = placed(&pg, "b", &["w2"], Arc::new(llm.clone())).await;
-    h.org.start_all().await.unwrap();
-    std::fs::write(dir.join("started"), b"").unwrap();
+        .unwrap()
+}
+
+/// In the second process: runs until `stop` appears in `dir`, then shuts down and writes how many
+/// model calls `llm` was asked (`calls`).
+async fn second_until_stopped(h: OrgHarness, pg: PgStores, llm: &FnLlm, dir: &std::path::Path) {
     h.wait_until("the first process is done", || {
         let stop = dir.join("stop");
         async move { stop.exists() }
@@ -192,6 +241,23 @@ async fn limits_child() {
     drop(h);
     pg.close().await;
     std::fs::write(dir.join("calls"), llm.requests().len().to_string()).unwrap();
+}
+
+/// The second process: hosts `w2` until `stop` appears in the run directory, then writes how many
+/// model calls it made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the second process of the two-process limits test (run by it with SPACEBOT_LIMITS_CHILD_DIR set)"]
+async fn limits_child() {
+    let Ok(dir) = std::env::var(CHILD_DIR) else {
+        return;
+    };
+    let dir = std::path::PathBuf::from(dir);
+    let pg = second_stores().await;
+    let llm = model();
+    let h = placed(&pg, "b", &["w2"], Arc::new(llm.clone())).await;
+    h.org.start_all().await.unwrap();
+    std::fs::write(dir.join("started"), b"").unwrap();
+    second_until_stopped(h, pg, &llm, &dir).await;
 }
 
 /// Two processes spend from one request at once: the model calls made in both, together, stay
@@ -213,30 +279,7 @@ async fn two_processes_spending_from_one_request_never_pass_its_limit() {
         .await
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let stderr = std::fs::File::create(dir.path().join("child.stderr")).unwrap();
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "limits_child",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--quiet",
-        ])
-        .env(CHILD_DIR, dir.path())
-        .env("DATABASE_URL", &url)
-        .env(CHILD_SCHEMA, pg.schema().unwrap())
-        .stdout(Stdio::null())
-        .stderr(stderr)
-        .spawn()
-        .unwrap();
-    struct Reap<'a>(&'a mut Child);
-    impl Drop for Reap<'_> {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let child = Reap(&mut child);
+    let second = Second::start("limits_child", CHILD_DIR, dir.path(), &url, &pg);
     let llm = model();
     let first_after_other = FirstAfterOther {
         inner: llm.clone(),
@@ -269,32 +312,9 @@ async fn two_processes_spending_from_one_request_never_pass_its_limit() {
         reply.content
     );
 
-    let stores = pg.stores();
-    h.wait_until("nothing waits in the shared stores", || {
-        let stores = stores.clone();
-        async move { shared_stores::nothing_waits(&stores, &["chief", "w1", "w2"]).await }
-    })
-    .await;
-    std::fs::write(dir.path().join("stop"), b"").unwrap();
-    h.wait_until("the second process exits", || {
-        let calls = dir.path().join("calls");
-        async move { calls.exists() }
-    })
-    .await;
-    let status = child.0.wait().unwrap();
-    assert!(
-        status.success(),
-        "the second process failed: {}",
-        std::fs::read_to_string(dir.path().join("child.stderr")).unwrap_or_default()
-    );
-    drop(child);
+    let theirs = second.stop(&h, &pg, dir.path()).await;
     h.wait_quiet().await;
-
     let ours = llm.requests().len() as u64;
-    let theirs: u64 = std::fs::read_to_string(dir.path().join("calls"))
-        .unwrap()
-        .parse()
-        .unwrap();
     // This process's view: the settlements it made behind count; the other process stored its
     // own before it exited.
     let entry = h
@@ -430,13 +450,7 @@ async fn limits_wait_child() {
         return;
     };
     let dir = std::path::PathBuf::from(dir);
-    let url = std::env::var("DATABASE_URL").unwrap();
-    let pg = PgOptions::new()
-        .schema(std::env::var(CHILD_SCHEMA).unwrap())
-        .max_connections(4)
-        .connect(&url)
-        .await
-        .unwrap();
+    let pg = second_stores().await;
     let llm = answering_model();
     let h = placed(&pg, "b", &["w2"], Arc::new(llm.clone())).await;
     h.org.start_all().await.unwrap();
@@ -462,16 +476,7 @@ async fn limits_wait_child() {
         })
         .unwrap();
     std::fs::write(dir.join("w2-waits"), said).unwrap();
-    h.wait_until("the first process is done", || {
-        let stop = dir.join("stop");
-        async move { stop.exists() }
-    })
-    .await;
-    h.wait_quiet().await;
-    h.org.shutdown().await.unwrap();
-    drop(h);
-    pg.close().await;
-    std::fs::write(dir.join("calls"), llm.requests().len().to_string()).unwrap();
+    second_until_stopped(h, pg, &llm, &dir).await;
 }
 
 /// A call kept out only by an open reservation another process made waits for it across
@@ -526,30 +531,7 @@ async fn a_call_waits_for_a_reservation_of_another_process_to_settle() {
     );
 
     // Only now the second process starts, and w2 (its task queued in the shared stores) with it.
-    let stderr = std::fs::File::create(dir.path().join("child.stderr")).unwrap();
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "limits_wait_child",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--quiet",
-        ])
-        .env(WAIT_CHILD_DIR, dir.path())
-        .env("DATABASE_URL", &url)
-        .env(CHILD_SCHEMA, pg.schema().unwrap())
-        .stdout(Stdio::null())
-        .stderr(stderr)
-        .spawn()
-        .unwrap();
-    struct Reap<'a>(&'a mut Child);
-    impl Drop for Reap<'_> {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let child = Reap(&mut child);
+    let second = Second::start("limits_wait_child", WAIT_CHILD_DIR, dir.path(), &url, &pg);
     h.wait_until("w2's call waits in the second process", || {
         let waits = dir.path().join("w2-waits");
         async move { waits.exists() }
@@ -573,32 +555,9 @@ async fn a_call_waits_for_a_reservation_of_another_process_to_settle() {
         async move { called.exists() }
     })
     .await;
-    let stores = pg.stores();
-    h.wait_until("nothing waits in the shared stores", || {
-        let stores = stores.clone();
-        async move { shared_stores::nothing_waits(&stores, &["chief", "w1", "w2"]).await }
-    })
-    .await;
-    std::fs::write(dir.path().join("stop"), b"").unwrap();
-    h.wait_until("the second process exits", || {
-        let calls = dir.path().join("calls");
-        async move { calls.exists() }
-    })
-    .await;
-    let status = child.0.wait().unwrap();
-    assert!(
-        status.success(),
-        "the second process failed: {}",
-        std::fs::read_to_string(dir.path().join("child.stderr")).unwrap_or_default()
-    );
-    drop(child);
+    let theirs = second.stop(&h, &pg, dir.path()).await;
     h.wait_quiet().await;
-
     let ours = llm.requests().len() as u64;
-    let theirs: u64 = std::fs::read_to_string(dir.path().join("calls"))
-        .unwrap()
-        .parse()
-        .unwrap();
     assert_eq!(theirs, 1, "w2 made its one call in the second process");
     let entry = h.org.request_spend(&request).await.unwrap().unwrap();
     assert_eq!(entry.settled.model_calls, ours + theirs, "{entry:?}");

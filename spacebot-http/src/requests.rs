@@ -305,6 +305,14 @@ fn base(e: &Event, kind: &str, label: String, status: &str) -> RequestNodeView {
     }
 }
 
+/// A limit's name as the API writes it (`total_tokens`, `model_calls`...).
+fn limit_name(limit: spacebot_core::limits::Limit) -> String {
+    serde_json::to_value(limit)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
 fn apply(tree: &mut Tree, e: &Event, task: Option<String>) {
     let agent = e.agent.to_string();
     let turn = tree.open_turn.get(&agent).copied();
@@ -441,10 +449,7 @@ fn apply(tree: &mut Tree, e: &Event, task: Option<String>) {
             );
         }
         EventKind::LimitReached { over, .. } => {
-            let limit = serde_json::to_value(over.limit)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_owned))
-                .unwrap_or_default();
+            let limit = limit_name(over.limit);
             leaf(
                 tree,
                 base(
@@ -456,10 +461,7 @@ fn apply(tree: &mut Tree, e: &Event, task: Option<String>) {
             );
         }
         EventKind::LimitWait { over, .. } => {
-            let limit = serde_json::to_value(over.limit)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_owned))
-                .unwrap_or_default();
+            let limit = limit_name(over.limit);
             leaf(
                 tree,
                 base(

@@ -271,19 +271,15 @@ mod tests {
     use super::*;
     use rusqlite::StatementStatus;
 
-    /// A history read does not make SQLite prepare its statement again (a `LIMIT ?` did, on every
-    /// read), and it is served by the index in the order it sorts.
-    #[tokio::test]
-    async fn a_history_read_keeps_its_prepared_statement() {
-        let stores = SqliteStores::in_memory().await.unwrap();
-        let agent = AgentId::parse("w").unwrap();
-        for i in 0..5 {
+    /// Appends `n` user records (`m0`, `m1`...) to `agent`'s portal channel.
+    async fn append_users(stores: &SqliteStores, agent: &AgentId, n: i64) {
+        for i in 0..n {
             stores
                 .channels()
                 .append(
-                    &agent,
+                    agent,
                     NewRecord::new(
-                        ChannelId::portal(&agent),
+                        ChannelId::portal(agent),
                         spacebot_core::RecordKind::User,
                         "u",
                         format!("m{i}"),
@@ -293,6 +289,15 @@ mod tests {
                 .await
                 .unwrap();
         }
+    }
+
+    /// A history read does not make SQLite prepare its statement again (a `LIMIT ?` did, on every
+    /// read), and it is served by the index in the order it sorts.
+    #[tokio::test]
+    async fn a_history_read_keeps_its_prepared_statement() {
+        let stores = SqliteStores::in_memory().await.unwrap();
+        let agent = AgentId::parse("w").unwrap();
+        append_users(&stores, &agent, 5).await;
         let db = stores.agent(&agent).await.unwrap();
         let (key, location) = (db.key.clone(), db.location.clone());
         let channel = ChannelId::portal(&agent).as_str().to_string();
@@ -346,22 +351,7 @@ mod tests {
         let stores = SqliteStores::temporary().await.unwrap();
         let agent = AgentId::parse("w").unwrap();
         let channel = ChannelId::portal(&agent);
-        for i in 0..3 {
-            stores
-                .channels()
-                .append(
-                    &agent,
-                    NewRecord::new(
-                        channel.clone(),
-                        spacebot_core::RecordKind::User,
-                        "u",
-                        format!("m{i}"),
-                        Timestamp(i),
-                    ),
-                )
-                .await
-                .unwrap();
-        }
+        append_users(&stores, &agent, 3).await;
         let store = stores.channels();
         let here = std::thread::current().id();
         // The first read opens a reader connection (on a blocking thread): after it, one is idle.

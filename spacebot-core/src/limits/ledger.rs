@@ -978,72 +978,34 @@ mod tests {
         });
     }
 
-    /// A record store whose next read, once armed, lets `ledger` flush right after the record
-    /// was read: what a background flush finishing between a read and its use looks like.
-    #[derive(Debug)]
-    struct FlushAfterRead {
-        inner: Arc<dyn RecordStore>,
-        ledger: std::sync::OnceLock<RequestLedger>,
-        armed: std::sync::atomic::AtomicBool,
-    }
-
-    #[async_trait::async_trait]
-    impl RecordStore for FlushAfterRead {
-        async fn get(
-            &self,
-            namespace: &str,
-            key: &str,
-        ) -> Result<Option<crate::records::Record>, StoreError> {
-            let read = self.inner.get(namespace, key).await;
-            if self.armed.swap(false, std::sync::atomic::Ordering::SeqCst)
-                && let Some(ledger) = self.ledger.get()
-            {
-                ledger.flush_all(Timestamp(9)).await.unwrap();
-            }
-            read
-        }
-        async fn version(
-            &self,
-            namespace: &str,
-            key: &str,
-            version: u64,
-        ) -> Result<Option<crate::records::Record>, StoreError> {
-            self.inner.version(namespace, key, version).await
-        }
-        async fn write(
-            &self,
-            write: RecordWrite,
-        ) -> Result<crate::records::WriteOutcome, StoreError> {
-            self.inner.write(write).await
-        }
-        async fn list(
-            &self,
-            namespace: &str,
-            prefix: &str,
-        ) -> Result<Vec<crate::records::Record>, StoreError> {
-            self.inner.list(namespace, prefix).await
-        }
-        async fn history(
-            &self,
-            namespace: &str,
-            key: &str,
-        ) -> Result<Vec<crate::records::Record>, StoreError> {
-            self.inner.history(namespace, key).await
-        }
-    }
-
     /// A flush that stores a settlement between `get`'s read of the record and its use: the
     /// entry still shows the call settled (the pending settlements are taken before the read).
     #[test]
     fn a_flush_between_a_read_and_its_use_never_shows_the_reservation_again() {
         futures::executor::block_on(async {
-            let store = Arc::new(FlushAfterRead {
+            // The next read, once armed, lets the ledger flush right after the record was read:
+            // what a background flush finishing between a read and its use looks like.
+            let ledger: Arc<std::sync::OnceLock<RequestLedger>> = Arc::default();
+            let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let store = Arc::new(crate::records::testkit::AfterGet {
                 inner: Stores::memory().records.clone(),
-                ledger: std::sync::OnceLock::new(),
-                armed: std::sync::atomic::AtomicBool::new(false),
+                after: Box::new({
+                    let (ledger, armed) = (ledger.clone(), armed.clone());
+                    move |_, _| {
+                        let flush = armed
+                            .swap(false, std::sync::atomic::Ordering::SeqCst)
+                            .then(|| ledger.get().cloned())
+                            .flatten();
+                        Box::pin(async move {
+                            if let Some(ledger) = flush {
+                                ledger.flush_all(Timestamp(9)).await.unwrap();
+                            }
+                        })
+                    }
+                }),
             });
             let l = RequestLedger::new(store.clone());
-            store.ledger.set(l.clone()).unwrap();
+            ledger.set(l.clone()).unwrap();
             let r = EnvelopeId::new("req-7");
             let limits = Limits {
                 total_tokens: Some(100),
@@ -1054,7 +1016,7 @@ mod tests {
                 .unwrap()
                 .unwrap();
             l.settle_behind(&r, "c1", tokens(20));
-            store.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+            armed.store(true, std::sync::atomic::Ordering::SeqCst);
             let entry = l.get(&r).await.unwrap().unwrap();
             assert_eq!(
                 (entry.settled.total_tokens, entry.reserved.len()),
@@ -1062,7 +1024,7 @@ mod tests {
                 "{entry:?}"
             );
             assert!(
-                !store.armed.load(std::sync::atomic::Ordering::SeqCst),
+                !armed.load(std::sync::atomic::Ordering::SeqCst),
                 "the flush ran"
             );
         });

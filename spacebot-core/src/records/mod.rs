@@ -748,6 +748,60 @@ pub fn check_address(namespace: &str, key: &str) -> Result<(), StoreError> {
     check_key(key)
 }
 
+/// Record stores for the crate's tests.
+#[cfg(test)]
+pub(crate) mod testkit {
+    use std::sync::Arc;
+
+    use async_trait::async_trait;
+    use futures::future::BoxFuture;
+
+    use super::{Record, RecordStore, RecordWrite, WriteOutcome};
+    use crate::error::StoreError;
+
+    /// What [`AfterGet`] runs after a read: given the namespace and key read.
+    pub(crate) type Hook = Box<dyn Fn(&str, &str) -> BoxFuture<'static, ()> + Send + Sync>;
+
+    /// A record store over `inner` that runs `after` once each `get` has read its record and
+    /// before it answers: what another writer acting between a read and its use looks like.
+    pub(crate) struct AfterGet {
+        pub(crate) inner: Arc<dyn RecordStore>,
+        pub(crate) after: Hook,
+    }
+
+    impl std::fmt::Debug for AfterGet {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("AfterGet").finish_non_exhaustive()
+        }
+    }
+
+    #[async_trait]
+    impl RecordStore for AfterGet {
+        async fn get(&self, namespace: &str, key: &str) -> Result<Option<Record>, StoreError> {
+            let read = self.inner.get(namespace, key).await;
+            (self.after)(namespace, key).await;
+            read
+        }
+        async fn version(
+            &self,
+            namespace: &str,
+            key: &str,
+            version: u64,
+        ) -> Result<Option<Record>, StoreError> {
+            self.inner.version(namespace, key, version).await
+        }
+        async fn write(&self, write: RecordWrite) -> Result<WriteOutcome, StoreError> {
+            self.inner.write(write).await
+        }
+        async fn list(&self, namespace: &str, prefix: &str) -> Result<Vec<Record>, StoreError> {
+            self.inner.list(namespace, prefix).await
+        }
+        async fn history(&self, namespace: &str, key: &str) -> Result<Vec<Record>, StoreError> {
+            self.inner.history(namespace, key).await
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;

@@ -545,37 +545,48 @@ mod tests {
         }
     }
 
-    /// A call kept out only by another call's open reservation waits for it, and the
-    /// settlement in this process wakes it at once: the clock is manual and never moves, so
-    /// the 250 ms poll never fires and only the wake-up can let it through.
-    #[tokio::test]
-    async fn a_settlement_wakes_a_call_waiting_for_room() {
+    /// A call of 600 tokens at most (400 in, 200 out).
+    const CALL_OF_600: CallEstimate = CallEstimate {
+        input: 400,
+        max_output: 200,
+        price: None,
+    };
+
+    /// An organization of agents `a` and `b` on `stores` under a request limit of 1,000 tokens
+    /// (a manual clock that never moves), with `a`'s call `a:1` of `request` reserved: 600 of
+    /// the 1,000, so another such call fits only once it settles.
+    async fn with_a_call_reserved(stores: Stores, request: &EnvelopeId) -> Organization {
         let config = OrgConfig::from_toml_str(
             "[settings.limits]\ntotal_tokens = 1000\n[[agents]]\nid = \"a\"\n[[agents]]\nid = \"b\"\n",
         )
         .unwrap();
         let org = Organization::builder(config)
-            .stores(Stores::memory())
+            .stores(stores)
             .llm(Arc::new(FnLlm::new(|_| Ok(ChatResponse::text("ok")))))
             .clock(Arc::new(ManualClock::new(1_000_000)))
             .build()
             .await
             .unwrap();
-        let host = org.inner.clone();
-        let (a, b) = (AgentId::parse("a").unwrap(), AgentId::parse("b").unwrap());
-        let request = EnvelopeId::new("req-wake");
-        let call = CallEstimate {
-            input: 400,
-            max_output: 200,
-            price: None,
-        };
-        // 600 of 1,000 reserved: another call of 600 fits only once this one settles.
-        let first = host
-            .reserve_call(&a, &request, "a:1", call)
+        let first = org
+            .inner
+            .reserve_call(&AgentId::parse("a").unwrap(), request, "a:1", CALL_OF_600)
             .await
             .unwrap()
             .unwrap();
         assert_eq!(first.map(|s| s.total_tokens), Some(600));
+        org
+    }
+
+    /// A call kept out only by another call's open reservation waits for it, and the
+    /// settlement in this process wakes it at once: the clock is manual and never moves, so
+    /// the 250 ms poll never fires and only the wake-up can let it through.
+    #[tokio::test]
+    async fn a_settlement_wakes_a_call_waiting_for_room() {
+        let request = EnvelopeId::new("req-wake");
+        let org = with_a_call_reserved(Stores::memory(), &request).await;
+        let host = org.inner.clone();
+        let (a, b) = (AgentId::parse("a").unwrap(), AgentId::parse("b").unwrap());
+        let call = CALL_OF_600;
         let mut events = org.subscribe();
         let waiting = tokio::spawn({
             let (host, request, b) = (host.clone(), request.clone(), b.clone());
@@ -711,68 +722,6 @@ mod tests {
         assert_eq!(stored("r3").await, (100, 0));
     }
 
-    /// A record store that holds the `hold`-th read of one request's ledger record until told to
-    /// go on (saying when it is reached).
-    #[derive(Debug)]
-    struct HoldARead {
-        inner: Arc<dyn crate::records::RecordStore>,
-        key: String,
-        hold: usize,
-        reads: std::sync::atomic::AtomicUsize,
-        reached: std::sync::Mutex<Option<oneshot::Sender<()>>>,
-        go: std::sync::Mutex<Option<oneshot::Receiver<()>>>,
-    }
-
-    #[async_trait::async_trait]
-    impl crate::records::RecordStore for HoldARead {
-        async fn get(
-            &self,
-            namespace: &str,
-            key: &str,
-        ) -> Result<Option<crate::records::Record>, StoreError> {
-            if namespace == crate::limits::NAMESPACE
-                && key == self.key
-                && self.reads.fetch_add(1, Ordering::SeqCst) + 1 == self.hold
-            {
-                let reached = lock(&self.reached).take();
-                let go = lock(&self.go).take();
-                if let (Some(reached), Some(go)) = (reached, go) {
-                    let _ = reached.send(());
-                    let _ = go.await;
-                }
-            }
-            self.inner.get(namespace, key).await
-        }
-        async fn version(
-            &self,
-            namespace: &str,
-            key: &str,
-            version: u64,
-        ) -> Result<Option<crate::records::Record>, StoreError> {
-            self.inner.version(namespace, key, version).await
-        }
-        async fn write(
-            &self,
-            write: RecordWrite,
-        ) -> Result<crate::records::WriteOutcome, StoreError> {
-            self.inner.write(write).await
-        }
-        async fn list(
-            &self,
-            namespace: &str,
-            prefix: &str,
-        ) -> Result<Vec<crate::records::Record>, StoreError> {
-            self.inner.list(namespace, prefix).await
-        }
-        async fn history(
-            &self,
-            namespace: &str,
-            key: &str,
-        ) -> Result<Vec<crate::records::Record>, StoreError> {
-            self.inner.history(namespace, key).await
-        }
-    }
-
     /// In one process, the last open reservation of this host settling between a call's refusal
     /// and its look at what is open leaves no reservation of the host open: the room is not a
     /// crashed run's, and the call, tried once more, counts the settlement and is made. (Its
@@ -780,45 +729,36 @@ mod tests {
     /// read is held, so the look comes after it, every time.)
     #[tokio::test]
     async fn a_settlement_between_a_refusal_and_its_look_lets_the_call_through() {
-        let config = OrgConfig::from_toml_str(
-            "[settings.limits]\ntotal_tokens = 1000\n[[agents]]\nid = \"a\"\n[[agents]]\nid = \"b\"\n",
-        )
-        .unwrap();
         let request = EnvelopeId::new("req-race");
         let (reached, at_read) = oneshot::channel();
         let (go, hold) = oneshot::channel();
         let stores = Stores::memory();
-        let records = Arc::new(HoldARead {
+        // The refused call reads the record once (its refusal decided on the record), then
+        // again when it releases what it did not reserve: that second read is held, once read,
+        // until the test lets it go.
+        let reads = std::sync::atomic::AtomicUsize::new(0);
+        let held = std::sync::Mutex::new(Some((reached, hold)));
+        let key = request.as_str().to_owned();
+        let records = Arc::new(crate::records::testkit::AfterGet {
             inner: stores.records.clone(),
-            key: request.as_str().to_owned(),
-            // The refused call reads the record once (its refusal decided on the record), then
-            // again when it releases what it did not reserve: that second read is held.
-            hold: 2,
-            reads: Default::default(),
-            reached: std::sync::Mutex::new(Some(reached)),
-            go: std::sync::Mutex::new(Some(hold)),
+            after: Box::new(move |namespace, read| {
+                let this = namespace == crate::limits::NAMESPACE
+                    && read == key
+                    && reads.fetch_add(1, Ordering::SeqCst) + 1 == 2;
+                let held = if this { lock(&held).take() } else { None };
+                Box::pin(async move {
+                    if let Some((reached, go)) = held {
+                        let _ = reached.send(());
+                        let _ = go.await;
+                    }
+                })
+            }),
         });
-        let org = Organization::builder(config)
-            .stores(Stores { records, ..stores })
-            .llm(Arc::new(FnLlm::new(|_| Ok(ChatResponse::text("ok")))))
-            .clock(Arc::new(ManualClock::new(1_000_000)))
-            .build()
-            .await
-            .unwrap();
+        // 600 of 1,000 reserved by this host: a call of 600 is kept out until it settles.
+        let org = with_a_call_reserved(Stores { records, ..stores }, &request).await;
         let host = org.inner.clone();
         let (a, b) = (AgentId::parse("a").unwrap(), AgentId::parse("b").unwrap());
-        let call = CallEstimate {
-            input: 400,
-            max_output: 200,
-            price: None,
-        };
-        // 600 of 1,000 reserved by this host: a call of 600 is kept out until it settles.
-        let first = host
-            .reserve_call(&a, &request, "a:1", call)
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(first.map(|s| s.total_tokens), Some(600));
+        let call = CALL_OF_600;
         let second = tokio::spawn({
             let (host, request, b) = (host.clone(), request.clone(), b.clone());
             async move { host.reserve_call(&b, &request, "b:1", call).await }
