@@ -5,8 +5,11 @@ use rusqlite::{Row, params};
 use spacebot_core::channel::{ChannelRecord, HistoryText, NewRecord};
 use spacebot_core::{AgentId, ChannelId, ChannelStore, RecordKind, StoreError, Timestamp};
 
+use std::sync::PoisonError;
+
 use crate::SqliteStores;
 use crate::error::{Location, corrupt, db_error, encode_error};
+use crate::history_cache;
 use crate::query;
 
 /// Decodes a row of [`HISTORY_SQL`] (columns by position: `seq, channel_id, kind, author,
@@ -59,6 +62,17 @@ fn decode_text(
     ))
 }
 
+/// A row of [`HISTORY_TEXTS_SQL`] or [`NEWER_TEXTS_SQL`] as a [`HistoryText`].
+fn decode_history_text(location: &Location, row: &Row<'_>) -> Result<HistoryText, StoreError> {
+    let (seq, kind, author, content) = decode_text(location, row)?;
+    Ok(HistoryText {
+        seq,
+        kind,
+        author: author.into(),
+        content: content.into(),
+    })
+}
+
 /// The number the agent's next channel record gets.
 const NEXT_SEQ_SQL: &str = "SELECT coalesce(max(seq), 0) + 1 FROM channel_records WHERE agent = ?1";
 
@@ -90,6 +104,11 @@ pub(crate) const HISTORY_TEXTS_SQL: &str = "SELECT seq, NULL, kind, author, cont
      SELECT seq, kind, author, content FROM channel_records \
      WHERE agent = ?1 AND channel_id = ?2 ORDER BY seq DESC LIMIT ?3 + 0 \
  ) ORDER BY seq ASC";
+
+/// The records of a channel after number `?3`, oldest first, at most `?4` (the columns of
+/// [`HISTORY_TEXTS_SQL`]): what [`HistoryCache`](crate::history_cache::HistoryCache) lacks.
+const NEWER_TEXTS_SQL: &str = "SELECT seq, NULL, kind, author, content FROM channel_records \
+     WHERE agent = ?1 AND channel_id = ?2 AND seq > ?3 ORDER BY seq LIMIT ?4 + 0";
 
 /// [`ChannelStore`] on the agents' databases. Get one from [`SqliteStores::channels`].
 #[derive(Debug, Clone)]
@@ -136,6 +155,67 @@ impl SqliteChannelStore {
         } else {
             db.read("reading a channel history", read).await
         }
+    }
+}
+
+impl SqliteChannelStore {
+    /// The newest `limit` (at most [`history_cache::PAGE`]) records' texts of `agent`'s
+    /// `channel`: from the database's [`HistoryCache`](crate::history_cache::HistoryCache) and the
+    /// rows appended after what it holds, or (a channel it does not hold, or one that grew by more
+    /// than a page since) the channel's newest page, kept for the next read.
+    async fn page_texts(
+        &self,
+        agent: &AgentId,
+        channel: &ChannelId,
+        limit: usize,
+    ) -> Result<Vec<HistoryText>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let db = self.0.agent(agent).await?;
+        let cache = || db.history.lock().unwrap_or_else(PoisonError::into_inner);
+        let kept = cache().newest(&db.key, channel.as_str());
+        if let Some(after) = kept {
+            let (name, location, key) = (
+                channel.as_str().to_string(),
+                db.location.clone(),
+                db.key.clone(),
+            );
+            let newer = db
+                .read_short("reading a channel history", move |conn| {
+                    query::all(
+                        conn,
+                        &location,
+                        "reading a channel history",
+                        NEWER_TEXTS_SQL,
+                        params![
+                            &*key,
+                            name,
+                            i64::try_from(after).unwrap_or(i64::MAX),
+                            (history_cache::PAGE + 1) as i64
+                        ],
+                        |row| decode_history_text(&location, row),
+                    )
+                })
+                .await?;
+            if newer.len() <= history_cache::PAGE
+                && let Some(answer) = cache().extend(&db.key, channel.as_str(), after, newer, limit)
+            {
+                return Ok(answer);
+            }
+        }
+        let page = self
+            .read_history(
+                agent,
+                channel,
+                Some(history_cache::PAGE),
+                HISTORY_TEXTS_SQL,
+                |location, _, row| decode_history_text(location, row),
+            )
+            .await?;
+        cache().fill(&db.key, channel.as_str(), &page);
+        let skip = page.len().saturating_sub(limit);
+        Ok(page.into_iter().skip(skip).collect())
     }
 }
 
@@ -206,22 +286,21 @@ impl ChannelStore for SqliteChannelStore {
         channel: &ChannelId,
         limit: Option<usize>,
     ) -> Result<Vec<HistoryText>, StoreError> {
-        self.read_history(
-            agent,
-            channel,
-            limit,
-            HISTORY_TEXTS_SQL,
-            |location, _, row| {
-                let (seq, kind, author, content) = decode_text(location, row)?;
-                Ok(HistoryText {
-                    seq,
-                    kind,
-                    author: author.into(),
-                    content: content.into(),
-                })
-            },
-        )
-        .await
+        match limit {
+            Some(limit) if limit <= history_cache::PAGE => {
+                self.page_texts(agent, channel, limit).await
+            }
+            _ => {
+                self.read_history(
+                    agent,
+                    channel,
+                    limit,
+                    HISTORY_TEXTS_SQL,
+                    |location, _, row| decode_history_text(location, row),
+                )
+                .await
+            }
+        }
     }
 
     async fn ensure_channel(&self, agent: &AgentId, channel: &ChannelId) -> Result<(), StoreError> {

@@ -22,6 +22,7 @@ macro_rules! __channel_store_tests {
                 channel_store_ensure_channel_and_channels,
                 channel_store_concurrent_appends,
                 channel_store_round_trip,
+                channel_store_history_texts_as_it_grows,
             ]
         );
     };
@@ -294,5 +295,75 @@ pub async fn channel_store_round_trip(store: &dyn ChannelStore) -> Result<(), Co
         vec![channel],
         "the channel id round-trips"
     );
+    Ok(())
+}
+
+/// `history_texts` read again and again while channels grow (by one record, by none, by more
+/// than a page at once; on two channels of one agent and a channel of the same name of another;
+/// appends racing the reads) answers what `history` answers, for every limit.
+pub async fn channel_store_history_texts_as_it_grows(
+    store: &dyn ChannelStore,
+) -> Result<(), ConformanceError> {
+    let (a, b) = (agent("alpha")?, agent("beta")?);
+    ensure_empty(store, &[&a, &b]).await?;
+    let (one, two) = (ChannelId::new("portal:one"), ChannelId::new("portal:two"));
+    let read = [(&a, &one), (&a, &two), (&b, &one)];
+    let texts = |records: Vec<ChannelRecord>| -> Vec<crate::channel::HistoryText> {
+        records
+            .into_iter()
+            .map(|r| crate::channel::HistoryText {
+                seq: r.seq,
+                kind: r.record.kind,
+                author: r.record.author,
+                content: r.record.content,
+            })
+            .collect()
+    };
+    let mut n = 0i64;
+    // How many records each step appends, to which of the three channels in turn.
+    for (step, grow) in [1usize, 0, 2, 3, 70, 1, 65, 64, 5, 0, 1, 130, 1]
+        .into_iter()
+        .enumerate()
+    {
+        let appends = (0..grow).map(|i| {
+            n += 1;
+            let (who, channel) = read[(step + i) % read.len()];
+            let record = record(channel, &format!("{step}.{i}"), n);
+            async move { store.append(who, record).await }
+        });
+        let appends: Vec<_> = appends.collect();
+        // The first read of each step races the step's appends.
+        let (appended, raced) =
+            futures::join!(join_all(appends), store.history_texts(&a, &one, Some(64)));
+        for done in appended {
+            ok!(async { done });
+        }
+        // What it answers is the channel's newest page as it stood at some moment: every
+        // record up to its newest, the last 64 of them.
+        let raced = ok!(async { raced });
+        if let Some(last) = raced.last() {
+            let upto: Vec<_> = texts(ok!(store.history(&a, &one, None)))
+                .into_iter()
+                .filter(|t| t.seq <= last.seq)
+                .collect();
+            ensure_eq!(
+                raced,
+                upto[upto.len().saturating_sub(64)..].to_vec(),
+                "step {step}: history_texts racing appends answers a page as it stood"
+            );
+        }
+        for (who, channel) in read {
+            for limit in [Some(1), Some(3), Some(64), Some(65), None] {
+                let expected = texts(ok!(store.history(who, channel, limit)));
+                let got = ok!(store.history_texts(who, channel, limit));
+                ensure_eq!(
+                    got,
+                    expected,
+                    "step {step}: history_texts of {who}'s {channel} with limit {limit:?} after \
+                     {n} appends"
+                );
+            }
+        }
+    }
     Ok(())
 }
