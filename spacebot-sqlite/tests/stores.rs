@@ -1230,3 +1230,85 @@ async fn migration_histories_are_those_sqlx_wrote() {
         assert_eq!(migration_history(&new_path).await, history, "{dir}");
     }
 }
+
+/// A turn's page (`history_texts` with a limit of at most 64, which a cache of the newest
+/// records serves) stays what `history` says while records arrive by appends and turn commits,
+/// through a clone of the handle, after a reopen of the directory, in both layouts.
+#[tokio::test]
+async fn a_turns_page_follows_appends_commits_clones_and_a_reopen() {
+    for layout in [Layout::Organization, Layout::PerAgent] {
+        let dir = tempfile::tempdir().unwrap();
+        let open = || SqliteOptions::new().layout(layout).open(dir.path());
+        let a = agent("a");
+        let channel = ChannelId::portal(&a);
+        let record = |i: usize| {
+            NewRecord::new(
+                channel.clone(),
+                RecordKind::User,
+                "u",
+                format!("m{i}"),
+                Timestamp(i64::try_from(i).unwrap()),
+            )
+        };
+        let page = |stores: SqliteStores, limit: usize| {
+            let channel = channel.clone();
+            let a = a.clone();
+            async move {
+                let texts: Vec<String> = stores
+                    .channels()
+                    .history_texts(&a, &channel, Some(limit))
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .map(|t| t.content.into_string())
+                    .collect();
+                let records: Vec<String> = stores
+                    .channels()
+                    .history(&a, &channel, Some(limit))
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .map(|r| r.record.content.into_string())
+                    .collect();
+                assert_eq!(texts, records, "{layout:?}, limit {limit}");
+                texts
+            }
+        };
+        let stores = open().await.unwrap();
+        let mut n = 0;
+        for _ in 0..70 {
+            stores.channels().append(&a, record(n)).await.unwrap();
+            n += 1;
+        }
+        assert_eq!(page(stores.clone(), 64).await.len(), 64);
+        // Two records by a turn commit, one by an append through a clone.
+        let commit = spacebot_core::TurnCommit {
+            records: vec![record(n), record(n + 1)],
+            ..Default::default()
+        };
+        stores
+            .deliveries()
+            .commit(&a, &commit, Timestamp(0))
+            .await
+            .unwrap();
+        let clone = stores.clone();
+        clone.channels().append(&a, record(n + 2)).await.unwrap();
+        n += 3;
+        assert_eq!(page(clone, 3).await, ["m70", "m71", "m72"]);
+        assert_eq!(page(stores.clone(), 64).await.first().unwrap(), "m9");
+        // More than a page at once.
+        for _ in 0..100 {
+            stores.channels().append(&a, record(n)).await.unwrap();
+            n += 1;
+        }
+        assert_eq!(page(stores.clone(), 1).await, [format!("m{}", n - 1)]);
+        stores.close().await;
+        let stores = open().await.unwrap();
+        stores.channels().append(&a, record(n)).await.unwrap();
+        assert_eq!(
+            page(stores.clone(), 2).await,
+            [format!("m{}", n - 1), format!("m{n}")]
+        );
+        stores.close().await;
+    }
+}
