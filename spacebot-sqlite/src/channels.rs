@@ -1,11 +1,11 @@
 //! [`ChannelStore`] on each agent's database.
 
+use std::sync::PoisonError;
+
 use async_trait::async_trait;
 use rusqlite::{Row, params};
 use spacebot_core::channel::{ChannelRecord, HistoryText, NewRecord};
 use spacebot_core::{AgentId, ChannelId, ChannelStore, RecordKind, StoreError, Timestamp};
-
-use std::sync::PoisonError;
 
 use crate::SqliteStores;
 use crate::error::{Location, corrupt, db_error, encode_error};
@@ -156,9 +156,7 @@ impl SqliteChannelStore {
             db.read("reading a channel history", read).await
         }
     }
-}
 
-impl SqliteChannelStore {
     /// The newest `limit` (at most [`history_cache::PAGE`]) records' texts of `agent`'s
     /// `channel`: from the database's [`HistoryCache`](crate::history_cache::HistoryCache) and the
     /// rows appended after what it holds, or (a channel it does not hold, or one that grew by more
