@@ -11,9 +11,8 @@
 //! record of the agent numbered below `n`, and the rows of a channel after the newest one kept
 //! are exactly what was appended since. Only rows read from a snapshot (committed) are kept.
 //!
-//! Bounded: at most [`MAX_CHANNELS`] channels and [`MAX_BYTES`] of text; past either, it is
-//! emptied and fills again from the next reads (a page bigger than a quarter of the bytes is not
-//! kept at all).
+//! Bounded: at most [`MAX_CHANNELS`] channels and [`MAX_BYTES`] of text; past either, the least
+//! recently read half goes (a page bigger than a quarter of the bytes is not kept at all).
 
 use std::collections::{HashMap, VecDeque};
 
@@ -34,6 +33,8 @@ struct Page {
     /// The newest sequence number read (0: the channel had no record).
     newest: u64,
     bytes: usize,
+    /// When it was last read (the cache's clock, [`HistoryCache::tick`]).
+    used: u64,
 }
 
 fn size(text: &HistoryText) -> usize {
@@ -47,19 +48,30 @@ pub(crate) struct HistoryCache {
     agents: HashMap<String, HashMap<String, Page>>,
     channels: usize,
     bytes: usize,
+    /// Counts reads: what a page's `used` is measured in.
+    tick: u64,
 }
 
 impl HistoryCache {
-    /// The newest sequence number kept of `key`'s `channel`, if the channel is kept.
-    pub(crate) fn newest(&self, key: &str, channel: &str) -> Option<u64> {
-        self.agents.get(key)?.get(channel).map(|p| p.newest)
+    /// The newest sequence number kept of `key`'s `channel`, if the channel is kept (a read of
+    /// it: it is then the most recently read).
+    pub(crate) fn newest(&mut self, key: &str, channel: &str) -> Option<u64> {
+        self.tick += 1;
+        let page = self.agents.get_mut(key)?.get_mut(channel)?;
+        page.used = self.tick;
+        Some(page.newest)
     }
 
     /// Keeps `page`, the newest `min(PAGE, all)` records of the channel read from one snapshot
     /// (oldest first), unless what is kept is as new already.
     pub(crate) fn fill(&mut self, key: &str, channel: &str, page: &[HistoryText]) {
         let newest = page.last().map_or(0, |t| t.seq);
-        if self.newest(key, channel).is_some_and(|kept| kept >= newest) {
+        if self
+            .agents
+            .get(key)
+            .and_then(|c| c.get(channel))
+            .is_some_and(|kept| kept.newest >= newest)
+        {
             return;
         }
         let bytes: usize = page.iter().map(size).sum();
@@ -72,19 +84,21 @@ impl HistoryCache {
         let start = page.len().saturating_sub(PAGE);
         self.channels += 1;
         self.bytes += bytes;
+        self.tick += 1;
         self.agents.entry(key.to_owned()).or_default().insert(
             channel.to_owned(),
             Page {
                 texts: page[start..].iter().cloned().collect(),
                 newest,
                 bytes,
+                used: self.tick,
             },
         );
     }
 
     /// Adds `newer`, the channel's records after number `after` read from one snapshot (oldest
     /// first, fewer than [`PAGE`] + 1), to what is kept, and answers the newest `limit` records
-    /// kept; `None` when the channel is not kept any more (emptied meanwhile: read the page).
+    /// kept; `None` when the channel is not kept any more (forgotten meanwhile: read the page).
     pub(crate) fn extend(
         &mut self,
         key: &str,
@@ -95,7 +109,7 @@ impl HistoryCache {
     ) -> Option<Vec<HistoryText>> {
         let page = self.agents.get_mut(key)?.get_mut(channel)?;
         if page.newest < after {
-            // Emptied and filled again meanwhile from an older snapshot: the rows between the
+            // Forgotten and filled again meanwhile from an older snapshot: the rows between the
             // two are in neither.
             return None;
         }
@@ -127,7 +141,7 @@ impl HistoryCache {
         if too_big {
             self.forget(key, channel);
         } else if self.bytes > MAX_BYTES {
-            self.clear();
+            self.make_room(0);
         }
         Some(answer)
     }
@@ -139,13 +153,32 @@ impl HistoryCache {
         }
     }
 
-    /// Empties the cache if keeping `bytes` more would pass a bound.
+    /// If keeping one more page of `bytes` would pass a bound, forgets the least recently read
+    /// pages until half of each bound is left (at once, so that a cache read round a larger set
+    /// of channels does not sort its pages at every read).
     fn make_room(&mut self, bytes: usize) {
-        if self.channels + 1 > MAX_CHANNELS || self.bytes + bytes > MAX_BYTES {
-            self.clear();
+        if self.channels < MAX_CHANNELS && self.bytes + bytes <= MAX_BYTES {
+            return;
+        }
+        let mut pages: Vec<(u64, String, String)> = self
+            .agents
+            .iter()
+            .flat_map(|(key, channels)| {
+                channels
+                    .iter()
+                    .map(move |(channel, page)| (page.used, key.clone(), channel.clone()))
+            })
+            .collect();
+        pages.sort_unstable_by_key(|(used, ..)| *used);
+        for (_, key, channel) in pages {
+            if self.channels <= MAX_CHANNELS / 2 && self.bytes + bytes <= MAX_BYTES / 2 {
+                break;
+            }
+            self.forget(&key, &channel);
         }
     }
 
+    #[cfg(test)]
     fn clear(&mut self) {
         self.agents.clear();
         self.channels = 0;
@@ -204,7 +237,7 @@ mod tests {
         // An older page does not replace a newer one.
         cache.fill("a", "c", &[text(1, "x")]);
         assert_eq!(cache.newest("a", "c"), Some(4));
-        // Emptied, then filled from a snapshot older than a read's: that read's rows would
+        // Forgotten, then filled from a snapshot older than a read's: that read's rows would
         // leave a gap, and are not added.
         cache.clear();
         cache.fill("a", "c", &[text(1, "x")]);
@@ -217,16 +250,28 @@ mod tests {
     }
 
     #[test]
-    fn the_cache_empties_past_its_bounds() {
+    fn past_its_bounds_the_least_recently_read_half_goes() {
         let mut cache = HistoryCache::default();
         for i in 0..MAX_CHANNELS {
             cache.fill("a", &format!("c{i}"), &[text(1, "x")]);
         }
         assert_eq!(cache.channels, MAX_CHANNELS);
-        cache.fill("a", "one more", &[text(1, "x")]);
-        assert_eq!(cache.channels, 1);
-        assert_eq!(cache.newest("a", "c0"), None);
+        // Read lately: kept.
+        assert_eq!(cache.newest("a", "c0"), Some(1));
+        cache.fill("b", "one more", &[text(1, "x")]);
+        assert_eq!(cache.channels, MAX_CHANNELS / 2 + 1);
+        assert_eq!(cache.bytes, (MAX_CHANNELS / 2 + 1) * 2);
+        assert_eq!(cache.newest("a", "c0"), Some(1));
+        assert_eq!(cache.newest("a", "c1"), None);
+        assert_eq!(cache.newest("a", &format!("c{}", MAX_CHANNELS / 2)), None);
+        assert_eq!(
+            cache.newest("a", &format!("c{}", MAX_CHANNELS / 2 + 1)),
+            Some(1)
+        );
+        assert_eq!(cache.newest("b", "one more"), Some(1));
         // A page too big to keep is not kept.
+        cache.clear();
+        cache.fill("a", "one more", &[text(1, "x")]);
         let big = "x".repeat(MAX_BYTES / 4 + 1);
         cache.fill("a", "big", &[text(1, &big)]);
         assert_eq!(cache.newest("a", "big"), None);
@@ -239,5 +284,17 @@ mod tests {
         );
         assert_eq!(cache.newest("a", "one more"), None);
         assert_eq!((cache.channels, cache.bytes), (0, 0));
+        // Pages that pass the bytes bound together make room by the least recently read.
+        let quarter = "x".repeat(MAX_BYTES / 4 - 1);
+        for i in 0..4 {
+            cache.fill("a", &format!("q{i}"), &[text(1, &quarter)]);
+        }
+        assert_eq!(cache.channels, 4);
+        assert_eq!(cache.newest("a", "q0"), Some(1));
+        cache.fill("a", "q4", &[text(1, &quarter)]);
+        assert!(cache.bytes <= MAX_BYTES, "{}", cache.bytes);
+        assert_eq!(cache.newest("a", "q0"), Some(1));
+        assert_eq!(cache.newest("a", "q1"), None);
+        assert_eq!(cache.newest("a", "q4"), Some(1));
     }
 }
