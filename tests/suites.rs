@@ -422,6 +422,7 @@ on_every_backend!(context:
     without_compaction_older_history_is_left_out,
     a_summary_survives_a_restart,
     an_oversized_message_fails_only_against_a_known_window,
+    records_appended_between_turns_are_all_sent,
 );
 
 /// Deferred syncing on SQLite (the default): what the application is answered for is on the disk

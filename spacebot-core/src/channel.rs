@@ -100,7 +100,9 @@ pub struct HistoryText {
 /// - `append` assigns a sequence number that increases strictly per agent and returns the record.
 /// - `history(agent, channel, limit)` returns the channel's records in append order (not by
 ///   timestamp); with a limit, the most recent `limit` records (still oldest first; a limit of 0
-///   returns none). An unknown channel has an empty history.
+///   returns none). An unknown channel has an empty history. `history_texts` gives the same
+///   records' texts; `history_texts_after(agent, channel, n, limit)` the newest `limit` of those
+///   numbered after `n`.
 /// - `ensure_channel` makes the channel known (so it is listed even with no records); idempotent.
 /// - `channels` lists the agent's known channels (ensured or appended to), sorted.
 /// - Records round-trip exactly: text (including NUL and any Unicode), metadata and timestamps.
@@ -139,6 +141,23 @@ pub trait ChannelStore: Send + Sync + fmt::Debug {
                 content: r.record.content,
             })
             .collect())
+    }
+    /// The newest `limit` of the records numbered after `after` in a channel, as
+    /// [`history_texts`](Self::history_texts) gives them, oldest first: fewer than `limit` means
+    /// every record after `after`. A turn that kept its channel's history from an earlier turn
+    /// reads with it only what was appended since. The default reads `history_texts` with the
+    /// limit and leaves out the records up to `after`; a store that can seek by number overrides
+    /// it.
+    async fn history_texts_after(
+        &self,
+        agent: &AgentId,
+        channel: &ChannelId,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<HistoryText>, StoreError> {
+        let mut texts = self.history_texts(agent, channel, Some(limit)).await?;
+        texts.retain(|t| t.seq > after);
+        Ok(texts)
     }
     /// Registers a channel.
     async fn ensure_channel(&self, agent: &AgentId, channel: &ChannelId) -> Result<(), StoreError>;
@@ -179,6 +198,17 @@ impl<T: ChannelStore + ?Sized> ChannelStore for std::sync::Arc<T> {
         limit: Option<usize>,
     ) -> Result<Vec<HistoryText>, StoreError> {
         (**self).history_texts(agent, channel, limit).await
+    }
+    async fn history_texts_after(
+        &self,
+        agent: &AgentId,
+        channel: &ChannelId,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<HistoryText>, StoreError> {
+        (**self)
+            .history_texts_after(agent, channel, after, limit)
+            .await
     }
     async fn ensure_channel(&self, agent: &AgentId, channel: &ChannelId) -> Result<(), StoreError> {
         (**self).ensure_channel(agent, channel).await

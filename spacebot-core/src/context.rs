@@ -19,11 +19,12 @@
 //! [`EstimateCounter`] (a third of the text's bytes plus 4 per message). Each history record is
 //! counted once, when it is first read.
 //!
-//! **Reading the history.** A turn reads the newest [`HISTORY_PAGE`] records of its channel and
-//! joins them to what the agent kept in memory from its last turn in that channel (the newest
-//! records up to one window's worth of tokens); only the first turn in a channel after a start,
-//! or one after more than a page of records arrived, reads more: the newest
-//! [`MAX_HISTORY_READ`] records.
+//! **Reading the history.** A turn joins what the agent kept in memory from its last turn in
+//! that channel (the newest records up to one window's worth of tokens) to the records appended
+//! since, read with [`ChannelStore::history_texts_after`](crate::ChannelStore::history_texts_after)
+//! (one index seek on SQLite); the first turn in a channel after a start reads its newest
+//! [`HISTORY_PAGE`] records. Only such a first turn on a longer channel, or a turn after a page or
+//! more of records arrived, reads more: the newest [`MAX_HISTORY_READ`] records.
 //!
 //! **Compaction.** When the history does not fit, the [`Compaction`] hook runs (default
 //! [`ModelSummary`]: the agent's own model writes a summary of the older messages and the earlier

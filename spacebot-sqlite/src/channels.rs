@@ -1,7 +1,5 @@
 //! [`ChannelStore`] on each agent's database.
 
-use std::sync::PoisonError;
-
 use async_trait::async_trait;
 use rusqlite::{Row, params};
 use spacebot_core::channel::{ChannelRecord, HistoryText, NewRecord};
@@ -9,7 +7,6 @@ use spacebot_core::{AgentId, ChannelId, ChannelStore, RecordKind, StoreError, Ti
 
 use crate::SqliteStores;
 use crate::error::{Location, corrupt, db_error, encode_error};
-use crate::history_cache;
 use crate::query;
 
 /// Decodes a row of [`HISTORY_SQL`] (columns by position: `seq, channel_id, kind, author,
@@ -62,7 +59,7 @@ fn decode_text(
     ))
 }
 
-/// A row of [`HISTORY_TEXTS_SQL`] or [`NEWER_TEXTS_SQL`] as a [`HistoryText`].
+/// A row of [`HISTORY_TEXTS_SQL`] or [`TEXTS_AFTER_SQL`] as a [`HistoryText`].
 fn decode_history_text(location: &Location, row: &Row<'_>) -> Result<HistoryText, StoreError> {
     let (seq, kind, author, content) = decode_text(location, row)?;
     Ok(HistoryText {
@@ -105,10 +102,11 @@ pub(crate) const HISTORY_TEXTS_SQL: &str = "SELECT seq, NULL, kind, author, cont
      WHERE agent = ?1 AND channel_id = ?2 ORDER BY seq DESC LIMIT ?3 + 0 \
  ) ORDER BY seq ASC";
 
-/// The records of a channel after number `?3`, oldest first, at most `?4` (the columns of
-/// [`HISTORY_TEXTS_SQL`]): what [`HistoryCache`](crate::history_cache::HistoryCache) lacks.
-const NEWER_TEXTS_SQL: &str = "SELECT seq, NULL, kind, author, content FROM channel_records \
-     WHERE agent = ?1 AND channel_id = ?2 AND seq > ?3 ORDER BY seq LIMIT ?4 + 0";
+/// The newest `?4` records of a channel numbered after `?3`, newest first (the columns of
+/// [`HISTORY_TEXTS_SQL`]; one seek in the `(agent, channel_id, seq)` index): what a turn that
+/// kept the channel's history reads of it.
+const TEXTS_AFTER_SQL: &str = "SELECT seq, NULL, kind, author, content FROM channel_records \
+     WHERE agent = ?1 AND channel_id = ?2 AND seq > ?3 ORDER BY seq DESC LIMIT ?4 + 0";
 
 /// [`ChannelStore`] on the agents' databases. Get one from [`SqliteStores::channels`].
 #[derive(Debug, Clone)]
@@ -155,65 +153,6 @@ impl SqliteChannelStore {
         } else {
             db.read("reading a channel history", read).await
         }
-    }
-
-    /// The newest `limit` (at most [`history_cache::PAGE`]) records' texts of `agent`'s
-    /// `channel`: from the database's [`HistoryCache`](crate::history_cache::HistoryCache) and the
-    /// rows appended after what it holds, or (a channel it does not hold, or one that grew by more
-    /// than a page since) the channel's newest page, kept for the next read.
-    async fn page_texts(
-        &self,
-        agent: &AgentId,
-        channel: &ChannelId,
-        limit: usize,
-    ) -> Result<Vec<HistoryText>, StoreError> {
-        if limit == 0 {
-            return Ok(Vec::new());
-        }
-        let db = self.0.agent(agent).await?;
-        let cache = || db.history.lock().unwrap_or_else(PoisonError::into_inner);
-        let kept = cache().newest(&db.key, channel.as_str());
-        if let Some(after) = kept {
-            let (name, location, key) = (
-                channel.as_str().to_string(),
-                db.location.clone(),
-                db.key.clone(),
-            );
-            let newer = db
-                .read_short("reading a channel history", move |conn| {
-                    query::all(
-                        conn,
-                        &location,
-                        "reading a channel history",
-                        NEWER_TEXTS_SQL,
-                        params![
-                            &*key,
-                            name,
-                            i64::try_from(after).unwrap_or(i64::MAX),
-                            (history_cache::PAGE + 1) as i64
-                        ],
-                        |row| decode_history_text(&location, row),
-                    )
-                })
-                .await?;
-            if newer.len() <= history_cache::PAGE
-                && let Some(answer) = cache().extend(&db.key, channel.as_str(), after, newer, limit)
-            {
-                return Ok(answer);
-            }
-        }
-        let page = self
-            .read_history(
-                agent,
-                channel,
-                Some(history_cache::PAGE),
-                HISTORY_TEXTS_SQL,
-                |location, _, row| decode_history_text(location, row),
-            )
-            .await?;
-        cache().fill(&db.key, channel.as_str(), &page);
-        let skip = page.len().saturating_sub(limit);
-        Ok(page.into_iter().skip(skip).collect())
     }
 }
 
@@ -284,21 +223,51 @@ impl ChannelStore for SqliteChannelStore {
         channel: &ChannelId,
         limit: Option<usize>,
     ) -> Result<Vec<HistoryText>, StoreError> {
-        match limit {
-            Some(limit) if limit <= history_cache::PAGE => {
-                self.page_texts(agent, channel, limit).await
-            }
-            _ => {
-                self.read_history(
-                    agent,
-                    channel,
-                    limit,
-                    HISTORY_TEXTS_SQL,
-                    |location, _, row| decode_history_text(location, row),
-                )
-                .await
-            }
-        }
+        self.read_history(
+            agent,
+            channel,
+            limit,
+            HISTORY_TEXTS_SQL,
+            |location, _, row| decode_history_text(location, row),
+        )
+        .await
+    }
+
+    async fn history_texts_after(
+        &self,
+        agent: &AgentId,
+        channel: &ChannelId,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<HistoryText>, StoreError> {
+        let db = self.0.agent(agent).await?;
+        let (channel, location, key) = (
+            channel.as_str().to_string(),
+            db.location.clone(),
+            db.key.clone(),
+        );
+        let bounds = (
+            i64::try_from(after).unwrap_or(i64::MAX),
+            i64::try_from(limit).unwrap_or(i64::MAX),
+        );
+        let read = move |conn: &rusqlite::Connection| {
+            query::all(
+                conn,
+                &location,
+                "reading a channel history",
+                TEXTS_AFTER_SQL,
+                params![&*key, channel, bounds.0, bounds.1],
+                |row| decode_history_text(&location, row),
+            )
+        };
+        // Newest first from the index, oldest first to the caller.
+        let mut texts = if bounds.1 <= SHORT_PAGE {
+            db.read_short("reading a channel history", read).await?
+        } else {
+            db.read("reading a channel history", read).await?
+        };
+        texts.reverse();
+        Ok(texts)
     }
 
     async fn ensure_channel(&self, agent: &AgentId, channel: &ChannelId) -> Result<(), StoreError> {

@@ -10,7 +10,6 @@ use rusqlite::{Connection, OpenFlags};
 use spacebot_core::StoreError;
 
 use crate::error::{BACKEND, Location, corrupt, db_error, migrate_error};
-use crate::history_cache::HistoryCache;
 use crate::migrate::{self, Migration};
 use crate::options::{OpenCheck, SqliteOptions};
 use crate::readers::{ReaderOptions, Readers};
@@ -76,8 +75,6 @@ pub(crate) struct Db {
     pub(crate) location: Location,
     /// The writer thread: runs write operations in shared transactions (group commit).
     pub(crate) writes: Writer,
-    /// The newest records of the channels read lately ([`HistoryCache`]).
-    pub(crate) history: Arc<Mutex<HistoryCache>>,
 }
 
 impl Db {
@@ -186,7 +183,6 @@ fn open_blocking(
         reader,
         location,
         writes,
-        history: Arc::default(),
     })
 }
 

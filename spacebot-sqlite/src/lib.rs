@@ -69,7 +69,6 @@ mod conversations;
 mod db;
 mod deliveries;
 mod error;
-mod history_cache;
 mod layout;
 mod links;
 mod migrate;

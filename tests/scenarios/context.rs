@@ -183,6 +183,58 @@ pub async fn without_compaction_older_history_is_left_out(stores: Stores) {
     );
 }
 
+/// What an agent keeps of its channel between turns is joined to every record appended since,
+/// however many: a few (fewer than a page) and many (more than a page, when the channel is read
+/// again), in a window that holds them all. The model's last request of each turn carries every
+/// one of them, in order, after the turn before.
+pub async fn records_appended_between_turns_are_all_sent(stores: Stores) {
+    let llm = Arc::new(FnLlm::new(|_| Ok(ChatResponse::text("answered"))));
+    let config = "[[agents]]\nid = \"a\"\ncontext_window = 200000\n".to_string();
+    let mut h = build(config, stores.clone(), llm.clone(), Vec::new()).await;
+    h.org.start_all().await.unwrap();
+    h.org.deliver("a", chat("a", "turn one")).await.unwrap();
+    assert_eq!(h.reply().await.content, "answered");
+    let mut appended = 0;
+    for (turn, between) in [("turn two", 10), ("turn three", 150)] {
+        let texts: Vec<String> = (appended..appended + between)
+            .map(|i| format!("appended {i:03}"))
+            .collect();
+        appended += between;
+        for text in &texts {
+            let record = NewRecord::new(portal("a"), RecordKind::User, "user", text, Timestamp(1));
+            stores.channels.append(&id("a"), record).await.unwrap();
+        }
+        h.org.deliver("a", chat("a", turn)).await.unwrap();
+        assert_eq!(h.reply().await.content, "answered");
+        let sent: Vec<String> = llm
+            .requests()
+            .last()
+            .unwrap()
+            .messages
+            .iter()
+            .filter_map(|m| match m {
+                ChatMessage::User { content } => Some(content.to_string()),
+                _ => None,
+            })
+            .collect();
+        let from = sent.iter().position(|t| t.contains("turn one"));
+        let at = |text: &str| sent.iter().position(|t| t.contains(text));
+        let positions: Vec<Option<usize>> = texts.iter().map(|t| at(t)).collect();
+        assert!(
+            from.is_some() && positions.iter().all(Option::is_some),
+            "{turn}: every record appended since is sent: {sent:?}"
+        );
+        assert!(
+            positions.windows(2).all(|w| w[0] < w[1]) && positions[0] > from,
+            "{turn}: in order, after the turn before: {sent:?}"
+        );
+        assert!(
+            at(turn) > positions.last().copied().flatten(),
+            "{turn}: last"
+        );
+    }
+}
+
 /// A message larger than a configured window fails the turn without calling the model, and the
 /// user is told why; the same message with no window known (the default) is sent, alone with
 /// what the turn must send, and answered: the server decides.

@@ -298,9 +298,10 @@ pub async fn channel_store_round_trip(store: &dyn ChannelStore) -> Result<(), Co
     Ok(())
 }
 
-/// `history_texts` read again and again while channels grow (by one record, by none, by more
-/// than a page at once; on two channels of one agent and a channel of the same name of another;
-/// appends racing the reads) answers what `history` answers, for every limit.
+/// `history_texts` and `history_texts_after` read again and again while channels grow (by one
+/// record, by none, by more than a page at once; on two channels of one agent and a channel of the
+/// same name of another; appends racing the reads) answer what `history` answers, for every limit
+/// and every starting number.
 pub async fn channel_store_history_texts_as_it_grows(
     store: &dyn ChannelStore,
 ) -> Result<(), ConformanceError> {
@@ -353,6 +354,22 @@ pub async fn channel_store_history_texts_as_it_grows(
             );
         }
         for (who, channel) in read {
+            let all = texts(ok!(store.history(who, channel, None)));
+            let last = all.last().map_or(0, |t| t.seq);
+            let middle = all.get(all.len() / 2).map_or(0, |t| t.seq);
+            for after in [0, middle, last.saturating_sub(1), last, last + 1] {
+                for limit in [1, 3, 64, 65] {
+                    let newer: Vec<_> = all.iter().filter(|t| t.seq > after).cloned().collect();
+                    let expected = newer[newer.len().saturating_sub(limit)..].to_vec();
+                    let got = ok!(store.history_texts_after(who, channel, after, limit));
+                    ensure_eq!(
+                        got,
+                        expected,
+                        "step {step}: history_texts_after({after}) of {who}'s {channel} with \
+                         limit {limit} after {n} appends"
+                    );
+                }
+            }
             for limit in [Some(1), Some(3), Some(64), Some(65), None] {
                 let expected = texts(ok!(store.history(who, channel, limit)));
                 let got = ok!(store.history_texts(who, channel, limit));

@@ -80,25 +80,34 @@ pub(crate) async fn load(
         },
     };
     let through = summary.as_ref().map_or(0, |s| s.through);
-    let page = host
-        .stores
-        .channels
-        .history_texts(me, channel, Some(HISTORY_PAGE))
-        .await?;
-    let full = page.len() < HISTORY_PAGE;
-    let (mut units, newest, fresh) = match kept {
-        Some(memory) if full || page.first().is_some_and(|r| r.seq <= memory.newest) => {
-            (memory.units, memory.newest, page)
+    let channels = &host.stores.channels;
+    // What the agent kept is extended with the records appended since (fewer than a page);
+    // otherwise the channel's newest page is read, and when that is not all of it, as much more as
+    // a turn reads.
+    let (kept, page) = match kept {
+        Some(memory) => {
+            let newer = channels
+                .history_texts_after(me, channel, memory.newest, HISTORY_PAGE)
+                .await?;
+            (Some(memory), newer)
         }
-        _ if full => (Arc::default(), 0, page),
-        _ => (
+        None => (
+            None,
+            channels
+                .history_texts(me, channel, Some(HISTORY_PAGE))
+                .await?,
+        ),
+    };
+    let (mut units, newest, fresh) = match kept {
+        _ if page.len() >= HISTORY_PAGE => (
             Arc::default(),
             0,
-            host.stores
-                .channels
+            channels
                 .history_texts(me, channel, Some(MAX_HISTORY_READ))
                 .await?,
         ),
+        Some(memory) => (memory.units, memory.newest, page),
+        None => (Arc::default(), 0, page),
     };
     let mut newest_now = newest;
     let floor = newest.max(through);
