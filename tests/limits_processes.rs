@@ -228,6 +228,15 @@ async fn second_stores() -> PgStores {
         .unwrap()
 }
 
+/// The first process's stores: a temporary schema on `url`, dropped with them.
+async fn first_stores(url: &str) -> PgStores {
+    PgOptions::new()
+        .max_connections(4)
+        .temporary(url)
+        .await
+        .unwrap()
+}
+
 /// In the second process: runs until `stop` appears in `dir`, then shuts down and writes how many
 /// model calls `llm` was asked (`calls`).
 async fn second_until_stopped(h: OrgHarness, pg: PgStores, llm: &FnLlm, dir: &std::path::Path) {
@@ -273,11 +282,7 @@ async fn two_processes_spending_from_one_request_never_pass_its_limit() {
     let Some(url) = spacebot::testing::external::database_url() else {
         return;
     };
-    let pg = PgOptions::new()
-        .max_connections(4)
-        .temporary(&url)
-        .await
-        .unwrap();
+    let pg = first_stores(&url).await;
     let dir = tempfile::tempdir().unwrap();
     let second = Second::start("limits_child", CHILD_DIR, dir.path(), &url, &pg);
     let llm = model();
@@ -494,11 +499,7 @@ async fn a_call_waits_for_a_reservation_of_another_process_to_settle() {
     let Some(url) = spacebot::testing::external::database_url() else {
         return;
     };
-    let pg = PgOptions::new()
-        .max_connections(4)
-        .temporary(&url)
-        .await
-        .unwrap();
+    let pg = first_stores(&url).await;
     let dir = tempfile::tempdir().unwrap();
     let llm = answering_model();
     let held = HeldUntilReleased {
