@@ -377,6 +377,35 @@ mod tests {
         assert!(plan.contains("channel_records_channel"), "{plan}");
     }
 
+    /// The records after a number are read by a seek in the channel index, in its order (no
+    /// sort of the rows).
+    #[tokio::test]
+    async fn records_after_a_number_are_one_seek_in_the_channel_index() {
+        let stores = SqliteStores::in_memory().await.unwrap();
+        let agent = AgentId::parse("w").unwrap();
+        let db = stores.agent(&agent).await.unwrap();
+        let location = db.location.clone();
+        let plan = db
+            .read("probing", move |conn| {
+                let fail = |e| db_error(&location, "probing", e);
+                let plan: Vec<String> = conn
+                    .prepare(&format!("EXPLAIN QUERY PLAN {TEXTS_AFTER_SQL}"))
+                    .and_then(|mut s| {
+                        s.query_map(params!["w", "portal:w", 3, 64], |r| r.get::<_, String>(3))?
+                            .collect()
+                    })
+                    .map_err(fail)?;
+                Ok(plan.join("\n"))
+            })
+            .await
+            .unwrap();
+        assert!(
+            plan.contains("channel_records_channel") && plan.contains("seq>?"),
+            "{plan}"
+        );
+        assert!(!plan.contains("TEMP B-TREE"), "{plan}");
+    }
+
     /// The thread the rows of a history read were last decoded on.
     static SEEN_ON: std::sync::Mutex<Option<std::thread::ThreadId>> = std::sync::Mutex::new(None);
 
