@@ -7,10 +7,19 @@
 //! hosts no agent (a delivery to an agent hosted elsewhere is stored and hinted), and reads what
 //! the children wrote to the run directory:
 //!
-//! - `replies-<p>.jsonl`: every reply of process `p`, appended and synced (`sync_data`);
+//! - `replies-<p>.jsonl`: every reply of process `p` with the time it left, appended and synced
+//!   (`sync_data`);
 //! - `calls-<p>.log`: `B <n> <agent> <ms>` when a model call starts, `E <n> <agent> <ms>` when it
 //!   ends or is dropped (an aborted turn), wall-clock milliseconds;
-//! - `events-<p>.log`: placement events (`placed`, `lost`), with the time.
+//! - `events-<p>.log`: placement events (`placed`, `lost`), with the time, and `<ms> - cut` when
+//!   the process cut itself off from the database.
+//!
+//! A reply leaves before its turn commits: a process cut off (or killed) between the two has
+//! sent replies of a turn that its successor runs again, and the run again may answer
+//! otherwise (the scripted model answers a turn by the envelopes merged into it, which depend on
+//! timing). Replies a cut-off process sent after its cut answer nothing in the counts; replies
+//! in the half second before a cut or a kill answer their jobs but do not make a job answered
+//! twice (see `Standing`).
 //!
 //! `a_loaded_cluster_keeps_its_leases` runs the three processes on a machine the test keeps busy
 //! itself (busy threads, twice the cores, and a thread writing and syncing a file, for the run's
@@ -306,6 +315,7 @@ impl Outbound for FileOutbound {
             "in_reply_to": reply.in_reply_to.iter().map(ToString::to_string).collect::<Vec<_>>(),
             "content": reply.content,
             "answer": reply.kind == ReplyKind::Answer,
+            "at": now_ms(),
         })
         .to_string();
         let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
@@ -427,9 +437,40 @@ struct ReplyLine {
     channel: String,
     content: String,
     answer: bool,
+    /// The process that sent it.
+    process: String,
+    /// When it was sent (wall-clock ms).
+    at: i64,
 }
 
+/// What a reply says of its turn's commit, from when its process was cut off or killed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Standing {
+    /// Sent before [`UNSURE`] of the end (or by a process never cut off nor killed): its turn
+    /// committed.
+    Sure,
+    /// Sent within [`UNSURE`] before the end: its turn's commit may have come too late (the
+    /// successor then runs the turn again).
+    Unsure,
+    /// Sent by a cut-off process after the cut: its turn cannot have committed, and the
+    /// successor runs it again.
+    Void,
+}
+
+/// How long before its process was cut off or killed a reply's turn may still have failed to
+/// commit (a reply leaves before its turn commits).
+const UNSURE: i64 = 500;
+
 impl ReplyLine {
+    /// What this reply says of its turn's commit, given when processes ended ([`Cluster::ends`]).
+    fn standing(&self, ends: &BTreeMap<String, i64>) -> Standing {
+        match ends.get(&self.process) {
+            Some(end) if self.at >= *end => Standing::Void,
+            Some(end) if self.at >= end - UNSURE => Standing::Unsure,
+            _ => Standing::Sure,
+        }
+    }
+
     fn finals(&self) -> Vec<String> {
         if self.answer && self.content.starts_with("FINAL") {
             job_ids(&self.content)
@@ -530,14 +571,39 @@ impl Cluster {
                     channel: v["channel"].as_str().unwrap_or_default().to_string(),
                     content: v["content"].as_str().unwrap().to_string(),
                     answer: v["answer"].as_bool().unwrap(),
+                    process: process.clone(),
+                    at: v["at"].as_i64().unwrap(),
                 });
             }
         }
         out
     }
 
+    /// The jobs answered FINAL, by replies of turns that may have committed (see
+    /// [`Standing`]).
     fn answered(&self) -> BTreeSet<String> {
-        self.replies().iter().flat_map(ReplyLine::finals).collect()
+        let ends = self.ends();
+        self.replies()
+            .iter()
+            .filter(|r| r.standing(&ends) != Standing::Void)
+            .flat_map(ReplyLine::finals)
+            .collect()
+    }
+
+    /// When each process that was killed or cut off from the database was (wall-clock ms; a
+    /// cut-off process logs `<ms> - cut` right after the cut).
+    fn ends(&self) -> BTreeMap<String, i64> {
+        let mut ends = self.killed.clone();
+        for process in self.children.keys() {
+            let cut = complete_lines(&self.path(&format!("events-{process}.log")))
+                .iter()
+                .find(|l| l.ends_with(" - cut"))
+                .map(|l| l.split(' ').next().unwrap().parse().unwrap());
+            if let Some(at) = cut {
+                ends.insert(process.clone(), at);
+            }
+        }
+        ends
     }
 
     /// The live holder of every agent, by process (read from the placement table).
@@ -742,16 +808,33 @@ impl Cluster {
     /// Counts what must be 0, from the replies and the stores.
     async fn counts(&self, total: usize) -> (Counts, Vec<String>) {
         let stores = self.pg.stores();
-        let replies = self.replies();
+        // A reply leaves before its turn commits. A cut-off process's replies after the cut are
+        // of turns that cannot have committed: their envelopes stay stored and the successor
+        // runs them again (at least once), so they answer nothing here, and what the successor
+        // does must. Replies shortly before a cut or a kill may be of such turns too: they
+        // answer their jobs, but a job answered again by the successor through another
+        // envelope (the turn run again need not merge the same envelopes, nor answer alike) is
+        // not a notice applied twice.
+        let ends = self.ends();
+        let replies: Vec<(ReplyLine, Standing)> = self
+            .replies()
+            .into_iter()
+            .map(|r| {
+                let standing = r.standing(&ends);
+                (r, standing)
+            })
+            .filter(|(_, standing)| *standing != Standing::Void)
+            .collect();
         let mut c = Counts::default();
         let mut symptoms = Vec::new();
-        let finals: BTreeSet<String> = replies.iter().flat_map(ReplyLine::finals).collect();
+        let finals: BTreeSet<String> = replies.iter().flat_map(|(r, _)| r.finals()).collect();
         for n in 0..total {
             if !finals.contains(&format!("job-{n}")) {
                 c.never_answered += 1;
             }
         }
-        let answered_ids: BTreeSet<&str> = replies.iter().flat_map(|r| r.key.split('+')).collect();
+        let answered_ids: BTreeSet<&str> =
+            replies.iter().flat_map(|(r, _)| r.key.split('+')).collect();
         let mut pending = BTreeSet::new();
         for agent in all_agents() {
             for e in stores.deliveries.pending(&agent).await.unwrap() {
@@ -815,9 +898,13 @@ impl Cluster {
         // kill names the same envelope). A turn steered by the notice of another job answers
         // both, each in its own job's channel, with one text naming both jobs: a reply counts for
         // the job its channel names when its text names it too (a conversation's channel names
-        // the job that opened it), else for every job its text names.
+        // the job that opened it), else for every job its text names. Only replies of turns
+        // that committed count here (see above).
         let mut keys: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-        for r in &replies {
+        for (r, standing) in &replies {
+            if *standing != Standing::Sure {
+                continue;
+            }
             let finals = r.finals();
             if finals.is_empty() {
                 continue;
