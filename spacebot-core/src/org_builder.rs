@@ -288,7 +288,7 @@ impl OrganizationBuilder {
                 limits_in_use: std::sync::atomic::AtomicBool::new(limited),
                 request_ledger,
                 settle_waiters: Mutex::new(Vec::new()),
-                reserving: Mutex::new(std::collections::HashSet::new()),
+                reserving: Mutex::default(),
                 settle_flush: Arc::default(),
                 operator_periods: Mutex::new(Vec::new()),
                 handing_over: Mutex::new(HashSet::new()),

@@ -8,8 +8,8 @@ use async_trait::async_trait;
 use super::lock;
 use crate::error::StoreError;
 use crate::records::{
-    Record, RecordStore, RecordWrite, WriteOutcome, WriteReceipt, check_address, check_list_prefix,
-    check_namespace,
+    Record, RecordStore, RecordWrite, TypedCells, WriteOutcome, WriteReceipt, check_address,
+    check_list_prefix, check_namespace,
 };
 
 #[derive(Debug, Default)]
@@ -56,10 +56,12 @@ impl State {
     }
 }
 
-/// A [`RecordStore`] in process memory.
+/// A [`RecordStore`] in process memory. Its [typed cells](RecordStore::typed_cells) keep what
+/// writers keep there (the request ledger) beside the records.
 #[derive(Debug, Default)]
 pub struct MemoryRecordStore {
     state: Mutex<State>,
+    cells: TypedCells,
 }
 
 impl MemoryRecordStore {
@@ -193,5 +195,9 @@ impl RecordStore for MemoryRecordStore {
             .versions(namespace, key)
             .map(|versions| versions.iter().map(|v| v.record.clone()).collect())
             .unwrap_or_default())
+    }
+
+    fn typed_cells(&self) -> Option<&TypedCells> {
+        Some(&self.cells)
     }
 }

@@ -144,8 +144,10 @@ use serde::{Deserialize, Serialize};
 use crate::error::{InvalidInput, StoreError};
 use crate::time::Timestamp;
 
+mod cells;
 mod typed;
 
+pub use cells::TypedCells;
 pub use typed::Records;
 
 /// The longest namespace, in bytes.
@@ -637,6 +639,15 @@ pub trait RecordStore: Send + Sync + fmt::Debug {
     /// [`StoreError::Backend`]. Closing one store of a backend closes the backend's every store;
     /// closing again does nothing. The default does nothing (stores that hold nothing to release).
     async fn release(&self) {}
+
+    /// Cells that keep values typed beside the records, for a store whose values never leave the
+    /// process (the memory store): a writer that changes one value at every step may keep it
+    /// there, unencoded, instead of as a record. `None` (the default, and every durable store):
+    /// records only. A store that wraps another forwards its cells (as `Arc<T>` does), so that
+    /// both see the same values.
+    fn typed_cells(&self) -> Option<&TypedCells> {
+        None
+    }
 }
 
 /// A `dyn` record store.
@@ -669,6 +680,9 @@ impl<T: RecordStore + ?Sized> RecordStore for Arc<T> {
     }
     async fn release(&self) {
         (**self).release().await
+    }
+    fn typed_cells(&self) -> Option<&TypedCells> {
+        (**self).typed_cells()
     }
 }
 
@@ -761,6 +775,15 @@ pub(crate) mod testkit {
 
     /// What [`AfterGet`] runs after a read: given the namespace and key read.
     pub(crate) type Hook = Box<dyn Fn(&str, &str) -> BoxFuture<'static, ()> + Send + Sync>;
+
+    /// `inner` as records only: without its typed cells (a writer that would keep values
+    /// there writes records, as on a durable store).
+    pub(crate) fn records_only(inner: Arc<dyn RecordStore>) -> Arc<dyn RecordStore> {
+        Arc::new(AfterGet {
+            inner,
+            after: Box::new(|_, _| Box::pin(async {})),
+        })
+    }
 
     /// A record store over `inner` that runs `after` once each `get` has read its record and
     /// before it answers: what another writer acting between a read and its use looks like.

@@ -294,8 +294,9 @@ impl Host {
         lock(&self.reserving).remove(key);
         let now = self.clock.now();
         let spent = spent.priced(self.price().as_ref());
-        self.ledger().settle_behind(request, key, spent);
-        self.schedule_settle_flush();
+        if self.ledger().settle_behind(request, key, spent) {
+            self.schedule_settle_flush();
+        }
         let mut settled = Ok(());
         let periods = PeriodLedger::new(self.stores.records.clone());
         for (scope, _) in self.period_scopes(agent) {
@@ -639,7 +640,9 @@ mod tests {
             "[settings.limits]\ntotal_tokens = 100000\n[[agents]]\nid = \"a\"\n",
         )
         .unwrap();
-        let stores = Stores::memory();
+        // The ledger written as records (as on a durable store), to see what they hold.
+        let mut stores = Stores::memory();
+        stores.records = crate::records::testkit::records_only(stores.records.clone());
         let records = stores.records.clone();
         let clock = Arc::new(ManualClock::new(1_000_000));
         let org = Organization::builder(config)

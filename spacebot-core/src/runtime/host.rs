@@ -268,7 +268,7 @@ pub(crate) struct Host {
     /// The keys of the model-call reservations this host made and has not settled yet: when
     /// the organization runs in one process, a reservation not among them was left by a run
     /// that ended without settling it (a crash), and no call waits for it.
-    pub(crate) reserving: Mutex<std::collections::HashSet<String>>,
+    pub(crate) reserving: Mutex<crate::fasthash::FastSet<String>>,
     /// The flush of settlements made behind that waits for [`SETTLE_FLUSH_AFTER`]: set while
     /// one is scheduled; sending on it (shutdown) flushes at once.
     ///
