@@ -26,6 +26,14 @@
 //! of writers racing with the same expectation exactly one wins, on every backend (on PostgreSQL
 //! also across processes).
 //!
+//! # Typed cells
+//!
+//! A store whose values never leave the process (the memory store) may also keep values as Rust
+//! values: [`RecordStore::typed_cells`] answers its [`TypedCells`], a keyspace of its own beside
+//! the records, changed in place under a lock. A writer that changes one value at every step
+//! keeps it there when the store has cells (the request ledger does), and writes records when it
+//! has none (every durable store).
+//!
 //! # Typed records
 //!
 //! [`Records<T>`] is a view bound to one namespace that (de)serializes the values as `T`:
