@@ -162,6 +162,58 @@ impl LedgerEntry {
     }
 }
 
+/// A [`LedgerEntry`] as a store's typed cell keeps it: what every request has inline, what few
+/// have (limits of its own, a limit reached, the user told) boxed apart. A memory store keeps
+/// every request's entry for as long as it lives: about a third of the entry's size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Kept {
+    started_at: Timestamp,
+    settled: Spend,
+    reserved: BTreeMap<String, Spend>,
+    rare: Option<Box<Rare>>,
+}
+
+/// The fields of a [`LedgerEntry`] that most requests leave at their defaults.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+struct Rare {
+    limits: Limits,
+    reached: Option<LimitReached>,
+    told: bool,
+    told_by: Option<String>,
+}
+
+impl From<LedgerEntry> for Kept {
+    fn from(e: LedgerEntry) -> Self {
+        let rare = Rare {
+            limits: e.limits,
+            reached: e.reached,
+            told: e.told,
+            told_by: e.told_by,
+        };
+        Kept {
+            started_at: e.started_at,
+            settled: e.settled,
+            reserved: e.reserved,
+            rare: (rare != Rare::default()).then(|| Box::new(rare)),
+        }
+    }
+}
+
+impl From<Kept> for LedgerEntry {
+    fn from(k: Kept) -> Self {
+        let rare = k.rare.map(|r| *r).unwrap_or_default();
+        LedgerEntry {
+            limits: rare.limits,
+            started_at: k.started_at,
+            settled: k.settled,
+            reserved: k.reserved,
+            reached: rare.reached,
+            told: rare.told,
+            told_by: rare.told_by,
+        }
+    }
+}
+
 /// The spend of every request, durably in a [`RecordStore`] (namespace [`NAMESPACE`], key: the
 /// request's id). Every change is one compare-and-set write: writers on several agents, and on
 /// PostgreSQL in several processes, never overspend together. Cheap to clone (clones share what
@@ -253,8 +305,8 @@ impl RequestLedger {
         let pending = self.pending(request);
         if let Some(cells) = self.records.typed_cells() {
             self.carry_record_into_cell(cells, request).await?;
-            let mut entry = cells.read(NAMESPACE, request.as_str(), |e: Option<&LedgerEntry>| {
-                e.cloned()
+            let mut entry = cells.read(NAMESPACE, request.as_str(), |e: Option<&Kept>| {
+                e.cloned().map(LedgerEntry::from)
             });
             if let Some(entry) = &mut entry {
                 for (key, spent) in pending {
@@ -377,21 +429,15 @@ impl RequestLedger {
         cells: &TypedCells,
         request: &EnvelopeId,
     ) -> Result<(), StoreError> {
-        let kept = cells.read(NAMESPACE, request.as_str(), |e: Option<&LedgerEntry>| {
-            e.is_some()
-        });
+        let kept = cells.read(NAMESPACE, request.as_str(), |e: Option<&Kept>| e.is_some());
         if kept {
             return Ok(());
         }
         if let Some(record) = self.records.get(NAMESPACE, request.as_str()).await? {
             let stored = record.decode::<LedgerEntry>()?.value;
-            cells.update(
-                NAMESPACE,
-                request.as_str(),
-                |slot: &mut Option<LedgerEntry>| {
-                    slot.get_or_insert(stored);
-                },
-            );
+            cells.update(NAMESPACE, request.as_str(), |slot: &mut Option<Kept>| {
+                slot.get_or_insert(Kept::from(stored));
+            });
         }
         Ok(())
     }
@@ -407,27 +453,23 @@ impl RequestLedger {
         change: impl FnOnce(&mut LedgerEntry) -> Result<Option<T>, E>,
     ) -> Result<Option<T>, E> {
         let pending = self.pending(request);
-        let result = cells.update(
-            NAMESPACE,
-            request.as_str(),
-            |slot: &mut Option<LedgerEntry>| {
-                let fresh = || LedgerEntry {
-                    started_at: now,
-                    ..LedgerEntry::default()
-                };
-                let new = slot.is_none();
-                let entry = slot.get_or_insert_with(fresh);
-                for (key, spent) in &pending {
-                    entry.settle(key, *spent);
-                }
-                let result = change(entry);
-                // A request never written stays unwritten when nothing was changed.
-                if new && *entry == fresh() {
-                    *slot = None;
-                }
-                result
-            },
-        );
+        let result = cells.update(NAMESPACE, request.as_str(), |slot: &mut Option<Kept>| {
+            let fresh = || LedgerEntry {
+                started_at: now,
+                ..LedgerEntry::default()
+            };
+            let new = slot.is_none();
+            let mut entry = slot.take().map_or_else(fresh, LedgerEntry::from);
+            for (key, spent) in &pending {
+                entry.settle(key, *spent);
+            }
+            let result = change(&mut entry);
+            // A request never written stays unwritten when nothing was changed.
+            if !(new && entry == fresh()) {
+                *slot = Some(Kept::from(entry));
+            }
+            result
+        });
         self.stored(request, &pending);
         result
     }
@@ -567,15 +609,13 @@ impl RequestLedger {
     /// (`false`: it was stored).
     pub fn settle_behind(&self, request: &EnvelopeId, key: &str, spent: Spend) -> bool {
         if let Some(cells) = self.records.typed_cells() {
-            cells.update(
-                NAMESPACE,
-                request.as_str(),
-                |slot: &mut Option<LedgerEntry>| {
-                    if let Some(entry) = slot {
-                        entry.settle(key, spent);
-                    }
-                },
-            );
+            cells.update(NAMESPACE, request.as_str(), |slot: &mut Option<Kept>| {
+                if let Some(kept) = slot.take() {
+                    let mut entry = LedgerEntry::from(kept);
+                    entry.settle(key, spent);
+                    *slot = Some(Kept::from(entry));
+                }
+            });
             return false;
         }
         self.behind()
@@ -960,6 +1000,36 @@ mod tests {
         });
     }
 
+    /// An entry kept in a cell comes back as it went in, its rarely set fields boxed apart only
+    /// when set.
+    #[test]
+    fn an_entry_kept_in_a_cell_comes_back_whole() {
+        let mut entry = LedgerEntry {
+            started_at: Timestamp(3),
+            settled: tokens(7),
+            ..LedgerEntry::default()
+        };
+        entry.reserved.insert("c1".into(), tokens(5));
+        let kept = Kept::from(entry.clone());
+        assert!(kept.rare.is_none(), "nothing rare set: nothing boxed");
+        assert_eq!(LedgerEntry::from(kept), entry);
+        entry.limits.total_tokens = Some(100);
+        entry.reached = Some(LimitReached {
+            over: crate::limits::Over {
+                limit: Limit::TotalTokens,
+                max: 100,
+                value: 120,
+            },
+            spent: tokens(7),
+            scope: Scope::Request,
+        });
+        entry.told = true;
+        entry.told_by = Some("m1".into());
+        let kept = Kept::from(entry.clone());
+        assert!(kept.rare.is_some());
+        assert_eq!(LedgerEntry::from(kept), entry);
+    }
+
     /// On the memory store the entries are kept in its typed cells, not as records; an entry
     /// written as a record through a wrapper that keeps no cells is read, and changed, through
     /// the store itself all the same.
@@ -985,11 +1055,13 @@ mod tests {
                 "settled at once"
             );
             assert!(records.get(NAMESPACE, r1.as_str()).await.unwrap().is_none());
-            let kept = records.typed_cells().unwrap().read(
-                NAMESPACE,
-                r1.as_str(),
-                |e: Option<&LedgerEntry>| e.cloned(),
-            );
+            let kept =
+                records
+                    .typed_cells()
+                    .unwrap()
+                    .read(NAMESPACE, r1.as_str(), |e: Option<&Kept>| {
+                        e.cloned().map(LedgerEntry::from)
+                    });
             let kept = kept.expect("kept in a cell");
             assert_eq!((kept.settled.total_tokens, kept.reserved.len()), (15, 0));
             // Written as a record through the wrapper, then read and changed through the store.
