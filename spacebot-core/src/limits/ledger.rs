@@ -11,7 +11,9 @@ use crate::ids::EnvelopeId;
 use crate::records::{Expect, RecordStore, RecordWrite, TypedCells, WriteReceipt};
 use crate::time::Timestamp;
 
-/// The record namespace of requests' spend.
+/// The record namespace of requests' spend (on a store with [typed cells](TypedCells), the memory
+/// store, the namespace of the cells that keep it instead of records: read a request's spend
+/// with [`RequestLedger::get`], which reads either).
 pub const NAMESPACE: &str = "limits.request";
 
 /// How many times a compare-and-set write is tried against concurrent writers before it gives up.

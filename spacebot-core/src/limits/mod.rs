@@ -14,7 +14,8 @@
 //! of the prompt's tokens plus the most the model may answer) and one model call; the call is made
 //! only if the request's settled spend, plus every open reservation, plus this one stays within
 //! every limit. After the call the reservation is settled with what the provider reported. A
-//! reservation and a settlement are each one compare-and-set write of the request's record, so
+//! reservation and a settlement are each one compare-and-set write of the request's record (on
+//! the memory store, a change of its typed cell under one lock), so
 //! turns of the same request on several agents (and, on PostgreSQL, in several processes) can never
 //! overspend together. A process killed between a reservation and its settlement leaves the
 //! reservation counted: the request is charged its worst case, never less than it spent.
