@@ -302,21 +302,16 @@ impl RequestLedger {
     /// # Errors
     /// As the store.
     pub async fn get(&self, request: &EnvelopeId) -> Result<Option<LedgerEntry>, StoreError> {
+        if let Some(cells) = self.records.typed_cells() {
+            // Nothing is settled behind on a store with cells (see `settle_behind`).
+            self.carry_record_into_cell(cells, request).await?;
+            return Ok(cells.read(NAMESPACE, request.as_str(), |e: Option<&Kept>| {
+                e.cloned().map(LedgerEntry::from)
+            }));
+        }
         // Taken before the read: a flush storing them in between leaves the record with them
         // (applying one again changes nothing), never a record without them and none pending.
         let pending = self.pending(request);
-        if let Some(cells) = self.records.typed_cells() {
-            self.carry_record_into_cell(cells, request).await?;
-            let mut entry = cells.read(NAMESPACE, request.as_str(), |e: Option<&Kept>| {
-                e.cloned().map(LedgerEntry::from)
-            });
-            if let Some(entry) = &mut entry {
-                for (key, spent) in pending {
-                    entry.settle(&key, spent);
-                }
-            }
-            return Ok(entry);
-        }
         match self.records.get(NAMESPACE, request.as_str()).await? {
             Some(record) => {
                 let mut entry = record.decode::<LedgerEntry>()?.value;
@@ -446,7 +441,9 @@ impl RequestLedger {
 
     /// [`update`](Self::update) on a store that keeps the entries typed ([`TypedCells`]): the
     /// entry is changed in place under the cells' lock (no other change of it interleaves: no
-    /// compare-and-set), and kept only when the change leaves it other than a new entry.
+    /// compare-and-set), and kept only when the change leaves it other than a new entry. Nothing
+    /// is settled behind on such a store ([`settle_behind`](Self::settle_behind) stores at once),
+    /// so nothing pending rides along.
     fn update_cell<T, E>(
         &self,
         cells: &TypedCells,
@@ -454,26 +451,20 @@ impl RequestLedger {
         now: Timestamp,
         change: impl FnOnce(&mut LedgerEntry) -> Result<Option<T>, E>,
     ) -> Result<Option<T>, E> {
-        let pending = self.pending(request);
-        let result = cells.update(NAMESPACE, request.as_str(), |slot: &mut Option<Kept>| {
+        cells.update(NAMESPACE, request.as_str(), |slot: &mut Option<Kept>| {
             let fresh = || LedgerEntry {
                 started_at: now,
                 ..LedgerEntry::default()
             };
             let new = slot.is_none();
             let mut entry = slot.take().map_or_else(fresh, LedgerEntry::from);
-            for (key, spent) in &pending {
-                entry.settle(key, *spent);
-            }
             let result = change(&mut entry);
             // A request never written stays unwritten when nothing was changed.
             if !(new && entry == fresh()) {
                 *slot = Some(Kept::from(entry));
             }
             result
-        });
-        self.stored(request, &pending);
-        result
+        })
     }
 
     /// Sets the limits of a request (the tighter of what it has and `limits`), before its
