@@ -578,6 +578,44 @@ mod tests {
         org
     }
 
+    /// On the memory store (typed cells) a settlement is stored in the request's entry at once:
+    /// the entry shows it settled, and no flush is scheduled for it.
+    #[tokio::test]
+    async fn on_the_memory_store_a_settlement_is_stored_at_once_and_schedules_no_flush() {
+        let request = EnvelopeId::new("req-at-once");
+        let stores = Stores::memory();
+        let records = stores.records.clone();
+        let org = with_a_call_reserved(stores, &request).await;
+        let host = org.inner.clone();
+        host.settle_call(
+            &AgentId::parse("a").unwrap(),
+            &request,
+            "a:1",
+            one_call_of_100_tokens(),
+        )
+        .await
+        .unwrap();
+        assert!(
+            lock(&host.settle_flush).is_none(),
+            "a flush was scheduled for a settlement already stored"
+        );
+        // Read from the store's cell (nothing is pending in this ledger to add to it).
+        let entry = org.request_spend(&request).await.unwrap().unwrap();
+        assert_eq!(
+            (entry.settled.total_tokens, entry.reserved.len()),
+            (100, 0),
+            "the entry holds the settlement"
+        );
+        assert!(
+            records
+                .get(crate::limits::NAMESPACE, request.as_str())
+                .await
+                .unwrap()
+                .is_none(),
+            "kept in the cell, not as a record"
+        );
+    }
+
     /// A call kept out only by another call's open reservation waits for it, and the
     /// settlement in this process wakes it at once: the clock is manual and never moves, so
     /// the 250 ms poll never fires and only the wake-up can let it through.
