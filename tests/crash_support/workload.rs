@@ -365,14 +365,7 @@ pub fn budget_model(req: &ChatRequest) -> ChatResponse {
     let mut jobs = job_ids(&text).join(" ");
     if jobs.is_empty() {
         // A failure notice names no job: the job is the one of the conversation's history.
-        let history: Vec<String> = req
-            .messages
-            .iter()
-            .filter_map(|m| match m {
-                ChatMessage::User { content } => Some(content.to_string()),
-                _ => None,
-            })
-            .collect();
+        let history = spacebot::testing::user_texts(&req.messages);
         jobs = job_ids(&history.join(" ")).join(" ");
     }
     let tool_round = in_tool_round(&req.messages);

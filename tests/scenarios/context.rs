@@ -206,17 +206,7 @@ pub async fn records_appended_between_turns_are_all_sent(stores: Stores) {
         }
         h.org.deliver("a", chat("a", turn)).await.unwrap();
         assert_eq!(h.reply().await.content, "answered");
-        let sent: Vec<String> = llm
-            .requests()
-            .last()
-            .unwrap()
-            .messages
-            .iter()
-            .filter_map(|m| match m {
-                ChatMessage::User { content } => Some(content.to_string()),
-                _ => None,
-            })
-            .collect();
+        let sent = spacebot::testing::user_texts(&llm.requests().last().unwrap().messages);
         let from = sent.iter().position(|t| t.contains("turn one"));
         let at = |text: &str| sent.iter().position(|t| t.contains(text));
         let positions: Vec<Option<usize>> = texts.iter().map(|t| at(t)).collect();

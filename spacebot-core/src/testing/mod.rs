@@ -104,6 +104,28 @@ pub fn last_user_text(messages: &[crate::llm::ChatMessage]) -> String {
         .unwrap_or_default()
 }
 
+/// The texts of every user message in `messages`, in order.
+///
+/// ```
+/// use spacebot_core::llm::ChatMessage;
+/// use spacebot_core::testing::user_texts;
+/// let messages = vec![
+///     ChatMessage::User { content: "first".into() },
+///     ChatMessage::assistant("ok"),
+///     ChatMessage::User { content: "second".into() },
+/// ];
+/// assert_eq!(user_texts(&messages), ["first", "second"]);
+/// ```
+pub fn user_texts(messages: &[crate::llm::ChatMessage]) -> Vec<String> {
+    messages
+        .iter()
+        .filter_map(|m| match m {
+            crate::llm::ChatMessage::User { content } => Some(content.to_string()),
+            _ => None,
+        })
+        .collect()
+}
+
 /// The results of the tool calls the running turn made, in `messages` (a request), in order:
 /// the calls of earlier turns replayed from the channel's history are left out (see
 /// [`history::to_messages`](crate::runtime::history::to_messages)).
