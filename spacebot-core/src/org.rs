@@ -322,10 +322,15 @@ impl Organization {
         envelope.metadata = message.metadata;
         // Namespaced: an application's key never meets the runtime's own (notices, replies).
         envelope.idempotency_key = message.idempotency_key.map(|k| format!("inbound:{k}"));
+        let new_request = cause.is_none();
         if let Some(cause) = cause {
             envelope = envelope.with_cause(cause);
         }
         let id = envelope.id.clone();
+        if new_request && self.inner.limits_in_use() {
+            // A request begun here: nothing of it is stored yet.
+            self.inner.request_ledger.begin_new(&id);
+        }
         if let Some(limits) = message.limits.filter(|l| !l.is_none()) {
             self.inner.bind_limits(envelope.cause(), limits).await?;
         }

@@ -64,6 +64,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 
+mod cells;
 mod channels;
 mod conversations;
 mod db;
@@ -147,6 +148,8 @@ struct Inner {
     lock: Mutex<Option<DirLock>>,
     /// Set by [`SqliteStores::close`]: no database is opened afterwards.
     closed: AtomicBool,
+    /// The record store's typed cells, their images in `instance.db` (see [`SqliteRecordStore`]).
+    cells: spacebot_core::records::TypedCells,
 }
 
 impl SqliteStores {
@@ -259,6 +262,11 @@ impl SqliteStores {
                 dir,
                 options,
                 layout,
+                cells: spacebot_core::records::TypedCells::stored_in(Arc::new(
+                    crate::cells::SqliteCellImages {
+                        db: instance.clone(),
+                    },
+                )),
                 instance,
                 agents: Mutex::new(HashMap::new()),
                 _temporary: temporary,

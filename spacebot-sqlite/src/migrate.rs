@@ -63,6 +63,11 @@ pub(crate) static INSTANCE: &[Migration] = &[
         description: "agents",
         sql: include_str!("../migrations_instance/0003_agents.sql"),
     },
+    Migration {
+        version: 4,
+        description: "cells",
+        sql: include_str!("../migrations_instance/0004_cells.sql"),
+    },
 ];
 
 /// The history table, as sqlx creates it.

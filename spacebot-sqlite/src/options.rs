@@ -186,8 +186,10 @@ impl SqliteOptions {
     /// `fsync`), at least 1; default 256.
     ///
     /// Each database has one writer thread. It takes every operation queued while the previous
-    /// transaction committed (up to `max_batch`), runs them in one transaction, each inside its own
-    /// savepoint (an operation refused by the store's contract is rolled back alone), commits once,
+    /// transaction committed (up to `max_batch`), runs them in one transaction, each after the
+    /// first inside its own savepoint (an operation refused by the store's contract is rolled back
+    /// alone; the first one refused rolls the transaction back and the others run in the next
+    /// batch), commits once,
     /// and only then answers every caller: an acknowledged write is committed whatever the batch
     /// size. A lone operation is never delayed.
     pub fn max_batch(mut self, max_batch: usize) -> Self {

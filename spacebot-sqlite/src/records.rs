@@ -4,7 +4,7 @@ use async_trait::async_trait;
 use rusqlite::types::Value;
 use rusqlite::{Connection, Row, params, params_from_iter};
 use spacebot_core::records::{
-    Record, RecordStore, RecordWrite, WriteOutcome, check_address, check_list_prefix,
+    Record, RecordStore, RecordWrite, TypedCells, WriteOutcome, check_address, check_list_prefix,
     check_namespace,
 };
 use spacebot_core::{StoreError, Timestamp};
@@ -117,6 +117,11 @@ impl SqliteStores {
 /// A write is one operation of the instance database's writer: its reads (the effect key, the
 /// latest version) and its insert run in one transaction, after every write queued before it, so
 /// racing writers are serialized.
+///
+/// Its [typed cells](RecordStore::typed_cells) keep their images in the table `cells` of the same
+/// database (see [`TypedCells`] and `spacebot_core::records::CellImages`): one process owns a data
+/// directory, so the cells in its memory are the values and the images their durable copy. The
+/// request ledger keeps each request's spend there.
 #[derive(Debug, Clone)]
 pub struct SqliteRecordStore(pub(crate) SqliteStores);
 
@@ -124,6 +129,10 @@ pub struct SqliteRecordStore(pub(crate) SqliteStores);
 impl RecordStore for SqliteRecordStore {
     async fn release(&self) {
         self.0.close().await;
+    }
+
+    fn typed_cells(&self) -> Option<&TypedCells> {
+        Some(&self.0.inner.cells)
     }
 
     async fn get(&self, namespace: &str, key: &str) -> Result<Option<Record>, StoreError> {

@@ -6,7 +6,10 @@
 //! `BEGIN IMMEDIATE` transaction, runs each operation inside its own `SAVEPOINT` (an operation that
 //! fails is rolled back to its savepoint alone, so the others are kept), commits once, and only then
 //! sends every caller its result. A commit that fails fails every operation of the batch, and
-//! nothing of it is kept. A batch of one operation runs without a savepoint.
+//! nothing of it is kept. The first operation of a batch runs without a savepoint: if it fails,
+//! the transaction is rolled back whole (nothing else ran yet) and the other operations run in the
+//! next batch. An operation issued with [`Writer::run_unguarded`] (every statement of it a whole
+//! change, as a cell's image) runs without one wherever it stands.
 //!
 //! The whole batch (`BEGIN`, every statement of every operation, `COMMIT`) runs on the thread that
 //! owns the connection: a caller's operation is one message to that thread and one answer back,
@@ -50,6 +53,11 @@ trait Operation: Send {
     /// Whether the caller must find the operation on the disk when it returns
     /// ([`Durability::Immediate`] where it was issued).
     fn immediate(&self) -> bool;
+    /// Whether it runs inside a savepoint of its own in a batch of several (see
+    /// [`Writer::run_unguarded`]).
+    fn guarded(&self) -> bool {
+        true
+    }
 }
 
 type Job = Box<dyn Operation>;
@@ -58,6 +66,7 @@ struct Op<T, F> {
     op: F,
     reply: oneshot::Sender<Result<T, StoreError>>,
     immediate: bool,
+    guarded: bool,
 }
 
 impl<T, F> Operation for Op<T, F>
@@ -87,6 +96,10 @@ where
 
     fn immediate(&self) -> bool {
         self.immediate
+    }
+
+    fn guarded(&self) -> bool {
+        self.guarded
     }
 }
 
@@ -299,6 +312,26 @@ impl Writer {
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     {
+        self.run_op(op, true).await
+    }
+
+    /// [`run`](Self::run) without the savepoint that lets a failed operation be rolled back alone
+    /// in a batch of several: for an operation every statement of which leaves the database right
+    /// by itself (each one a whole change), so that what it wrote before it failed may stay. Its
+    /// batch's transaction still commits or rolls back as a whole.
+    pub(crate) async fn run_unguarded<T, F>(&self, op: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        self.run_op(op, false).await
+    }
+
+    async fn run_op<T, F>(&self, op: F, guarded: bool) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
         if let Some(damage) = self.location.damage() {
             return Err(damage);
         }
@@ -309,6 +342,7 @@ impl Writer {
             op,
             reply,
             immediate,
+            guarded,
         });
         if immediate
             || !self.inline
@@ -461,7 +495,10 @@ impl Writer {
         }
         let armed = state.unsynced.is_some();
         let answers = state.run_batch(jobs);
-        let wake = (!armed && state.unsynced.is_some()) || state.checkpoint_due;
+        // Operations a failed first operation sent back are the thread's to run.
+        let wake = (!armed && state.unsynced.is_some())
+            || state.checkpoint_due
+            || !state.pending.is_empty();
         drop(state);
         answers.send();
         if wake {
@@ -773,7 +810,48 @@ impl State {
         let mut broken = None;
         let mut unrun = None;
         let mut all_ok = true;
+        // The first operation needs no savepoint: nothing ran before it, so if it fails the
+        // transaction is rolled back whole and the others run in the next batch.
+        if let Some(first) = jobs.next() {
+            let (ok, answer) = first.run(conn);
+            if !ok || self.location.damage().is_some() {
+                let rest: Vec<Job> = jobs.collect();
+                rollback(conn);
+                // Run, though nothing of it was committed.
+                self.counters.operations.fetch_add(1, Ordering::Relaxed);
+                if let Some(damage) = self.location.damage() {
+                    // Refused at once by the next batch.
+                    for job in rest.into_iter().rev() {
+                        self.pending.push_front(job);
+                    }
+                    return Answers {
+                        answers: vec![answer],
+                        outcome: Err(damage),
+                    };
+                }
+                for job in rest.into_iter().rev() {
+                    self.pending.push_front(job);
+                }
+                // Its own error is its answer.
+                return Answers {
+                    answers: vec![answer],
+                    outcome: Ok(()),
+                };
+            }
+            answers.push(answer);
+        }
         for job in jobs.by_ref() {
+            if !job.guarded() {
+                // Every statement of it a whole change: what it wrote before failing may stay.
+                let (ok, answer) = job.run(conn);
+                all_ok &= ok;
+                answers.push(answer);
+                if let Some(damage) = self.location.damage() {
+                    broken = Some(damage);
+                    break;
+                }
+                continue;
+            }
             if let Err(e) = control(conn, "SAVEPOINT spacebot_op") {
                 let e = fail("starting an operation's savepoint", e);
                 if answers.is_empty() {

@@ -98,7 +98,7 @@ impl Failpoint {
             tasks: Arc::new(Tasks(stores.tasks, self.clone())),
             channels: Arc::new(Channels(stores.channels, self.clone())),
             deliveries: Arc::new(Deliveries(stores.deliveries, self.clone())),
-            records: Arc::new(Records(stores.records, self.clone())),
+            records: Arc::new(Records::new(stores.records, self.clone())),
         }
     }
 }
@@ -319,13 +319,63 @@ impl DeliveryStore for Deliveries {
     }
 }
 
+/// The record store, and its typed cells: a store whose cells store images (SQLite) gets cells of
+/// the wrapper's own over the same images, each store of images counted as a write (a kill
+/// before the image of a reservation is stored, or a settlement's); cells without images (the
+/// memory store's) are the inner store's.
 #[derive(Debug)]
-struct Records(Arc<dyn RecordStore>, Arc<Failpoint>);
+struct Records(
+    Arc<dyn RecordStore>,
+    Arc<Failpoint>,
+    Option<spacebot::records::TypedCells>,
+);
+
+impl Records {
+    fn new(inner: Arc<dyn RecordStore>, failpoint: Arc<Failpoint>) -> Self {
+        let stored = inner
+            .typed_cells()
+            .is_some_and(|cells| cells.images().is_some());
+        let cells = stored.then(|| {
+            spacebot::records::TypedCells::stored_in(Arc::new(Images(
+                inner.clone(),
+                failpoint.clone(),
+            )))
+        });
+        Self(inner, failpoint, cells)
+    }
+}
+
+/// The inner store's cells' images, each store counted as a write.
+#[derive(Debug)]
+struct Images(Arc<dyn RecordStore>, Arc<Failpoint>);
+
+impl Images {
+    fn inner(&self) -> &dyn spacebot::records::CellImages {
+        self.0
+            .typed_cells()
+            .and_then(|cells| cells.images())
+            .expect("the wrapped store's cells store images")
+    }
+}
+
+#[async_trait]
+impl spacebot::records::CellImages for Images {
+    async fn load(&self, namespace: &str, key: &str) -> Result<Option<(u64, String)>, StoreError> {
+        self.inner().load(namespace, key).await
+    }
+    async fn store(&self, images: Vec<spacebot::records::CellImage>) -> Result<(), StoreError> {
+        self.1.write("cells.store");
+        self.inner().store(images).await
+    }
+}
 
 #[async_trait]
 impl RecordStore for Records {
     async fn release(&self) {
         self.0.release().await;
+    }
+    fn typed_cells(&self) -> Option<&spacebot::records::TypedCells> {
+        self.2.as_ref().or_else(|| self.0.typed_cells())
     }
     async fn get(&self, namespace: &str, key: &str) -> Result<Option<Record>, StoreError> {
         self.0.get(namespace, key).await

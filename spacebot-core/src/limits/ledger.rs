@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use super::{CallEstimate, Fit, LimitReached, Limits, Scope, Spend};
 use crate::error::StoreError;
 use crate::ids::EnvelopeId;
-use crate::records::{Expect, RecordStore, RecordWrite, TypedCells, WriteReceipt};
+use crate::records::{CellImage, Expect, RecordStore, RecordWrite, TypedCells, WriteReceipt};
 use crate::time::Timestamp;
 
 /// The record namespace of requests' spend (on a store with [typed cells](TypedCells), the memory
@@ -22,6 +22,10 @@ const CAS_ATTEMPTS: usize = 64;
 /// How many requests' entries a ledger remembers (those it wrote last); past it, it forgets them
 /// all and reads again.
 const KNOWN_ENTRIES: usize = 1024;
+
+/// How many entries stored cells keep in memory; past it, those whose image is stored and that
+/// hold no open reservation are dropped (and loaded again from their image when needed).
+const CELLS_KEPT: usize = 4096;
 
 /// Why a reservation was not made.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -122,6 +126,19 @@ mod compact {
         Out::from(spend).serialize(s)
     }
 
+    /// [`map`] of a borrowed map.
+    pub(super) fn map_ref<S: Serializer>(
+        map: &&BTreeMap<String, Spend>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        self::map(map, s)
+    }
+
+    /// Whether a borrowed map of spends is empty (the field is then left out).
+    pub(super) fn no_entries(map: &&BTreeMap<String, Spend>) -> bool {
+        map.is_empty()
+    }
+
     /// A map of spends, each compact.
     pub(super) fn map<S: Serializer>(
         map: &BTreeMap<String, Spend>,
@@ -173,7 +190,159 @@ struct Kept {
     settled: Spend,
     reserved: BTreeMap<String, Spend>,
     rare: Option<Box<Rare>>,
+    /// On cells whose images are stored: the revision of this value (one more at every change)
+    /// and that of the image stored last (equal: nothing to store). Zero on the memory store.
+    revision: u64,
+    stored: u64,
 }
+
+impl Kept {
+    /// Replaces the reservation of call `key` with what it spent (see [`LedgerEntry::settle`]);
+    /// whether it held one.
+    fn settle(&mut self, key: &str, spent: Spend) -> bool {
+        if self.reserved.remove(key).is_none() {
+            return false;
+        }
+        self.settled = self.settled.plus(&spent);
+        if self.reserved.is_empty() {
+            self.reserved = BTreeMap::new();
+        }
+        true
+    }
+
+    /// The image of the entry of `request`, as its record's value would be.
+    fn image(&self, request: &str) -> Result<CellImage, StoreError> {
+        let encoding = |e: serde_json::Error| {
+            StoreError::backend("limits", format!("encoding a request's spend: {e}"), e)
+        };
+        let value = match self.rare.as_deref() {
+            // Most requests: written directly (the image is stored at every change).
+            None => self.encode_common().map_err(encoding)?,
+            Some(rare) => {
+                let out = KeptOut {
+                    limits: Some(&rare.limits).filter(|l| !l.is_none()),
+                    started_at: self.started_at,
+                    settled: self.settled,
+                    reserved: &self.reserved,
+                    reached: rare.reached.as_ref(),
+                    told: rare.told,
+                    told_by: rare.told_by.as_deref(),
+                };
+                serde_json::to_string(&out).map_err(encoding)?
+            }
+        };
+        Ok(CellImage {
+            namespace: NAMESPACE.to_owned(),
+            key: request.to_owned(),
+            revision: self.revision,
+            value,
+        })
+    }
+
+    /// The JSON of an entry with none of the [`Rare`] fields set, as serde writes its
+    /// [`LedgerEntry`] (tested against it), without serde's machinery.
+    fn encode_common(&self) -> Result<String, serde_json::Error> {
+        let mut out = String::with_capacity(160);
+        out.push_str("{\"started_at\":");
+        out.push_str(itoa::Buffer::new().format(self.started_at.0));
+        if !compact::is_zero(&self.settled) {
+            out.push_str(",\"settled\":");
+            write_spend(&mut out, &self.settled)?;
+        }
+        if !self.reserved.is_empty() {
+            out.push_str(",\"reserved\":{");
+            for (i, (key, spend)) in self.reserved.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&serde_json::to_string(key)?);
+                out.push(':');
+                write_spend(&mut out, spend)?;
+            }
+            out.push('}');
+        }
+        out.push('}');
+        Ok(out)
+    }
+
+    /// The entry of a stored image of `revision`.
+    fn from_image(revision: u64, value: &str) -> Result<Self, StoreError> {
+        let entry: LedgerEntry = serde_json::from_str(value).map_err(|e| {
+            StoreError::backend("limits", format!("decoding a request's spend: {e}"), e)
+        })?;
+        let mut kept = Kept::from(entry);
+        kept.revision = revision;
+        kept.stored = revision;
+        Ok(kept)
+    }
+
+    /// Whether its latest change is stored and it holds no open reservation: a cell that may be
+    /// dropped from memory.
+    fn settled_and_stored(&self) -> bool {
+        self.revision == self.stored && self.reserved.is_empty()
+    }
+}
+
+/// Writes `spend` as [`compact`] does: its measures at zero left out.
+fn write_spend(out: &mut String, spend: &Spend) -> Result<(), serde_json::Error> {
+    out.push('{');
+    let mut first = true;
+    let mut field = |out: &mut String, name: &str| {
+        if !std::mem::take(&mut first) {
+            out.push(',');
+        }
+        out.push('"');
+        out.push_str(name);
+        out.push_str("\":");
+    };
+    for (name, n) in [
+        ("input_tokens", spend.input_tokens),
+        ("output_tokens", spend.output_tokens),
+        ("total_tokens", spend.total_tokens),
+        ("model_calls", spend.model_calls),
+        ("tool_calls", spend.tool_calls),
+    ] {
+        if n != 0 {
+            field(out, name);
+            out.push_str(itoa::Buffer::new().format(n));
+        }
+    }
+    if spend.cost.0 != 0 {
+        field(out, "cost");
+        out.push_str(&serde_json::to_string(&spend.cost)?);
+    }
+    out.push('}');
+    Ok(())
+}
+
+/// A [`Kept`] entry serialized as its [`LedgerEntry`] would be (the image of its cell).
+#[derive(Serialize)]
+struct KeptOut<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    limits: Option<&'a Limits>,
+    started_at: Timestamp,
+    #[serde(
+        serialize_with = "compact::serialize",
+        skip_serializing_if = "compact::is_zero"
+    )]
+    settled: Spend,
+    #[serde(
+        serialize_with = "compact::map_ref",
+        skip_serializing_if = "compact::no_entries"
+    )]
+    reserved: &'a BTreeMap<String, Spend>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reached: Option<&'a LimitReached>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    told: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    told_by: Option<&'a str>,
+}
+
+/// The mark of a request known to have no entry stored (its id was made in this process, after
+/// the store was opened): its first change is stored without reading the store first.
+#[derive(Debug, Clone, Copy)]
+struct New;
 
 /// The fields of a [`LedgerEntry`] that most requests leave at their defaults.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -197,6 +366,8 @@ impl From<LedgerEntry> for Kept {
             settled: e.settled,
             reserved: e.reserved,
             rare: (rare != Rare::default()).then(|| Box::new(rare)),
+            revision: 0,
+            stored: 0,
         }
     }
 }
@@ -241,6 +412,9 @@ pub struct RequestLedger {
     known: Arc<std::sync::Mutex<crate::fasthash::FastMap<String, (u64, LedgerEntry)>>>,
     /// Settlements counted but not stored yet, by request: each call's key and what it spent.
     behind: Arc<std::sync::Mutex<Behind>>,
+    /// On stored cells: the requests whose cell holds a change not stored yet (a settlement made
+    /// behind, or a change whose store failed).
+    dirty: Arc<std::sync::Mutex<crate::fasthash::FastSet<String>>>,
 }
 
 /// Settlements made behind, by request: each call's key and what it spent.
@@ -253,11 +427,29 @@ impl RequestLedger {
             records,
             known: Arc::default(),
             behind: Arc::default(),
+            dirty: Arc::default(),
         }
+    }
+
+    fn dirty(&self) -> std::sync::MutexGuard<'_, crate::fasthash::FastSet<String>> {
+        self.dirty.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The store's cells when they store their images ([`TypedCells::images`]).
+    fn stored_cells(&self) -> Option<&TypedCells> {
+        self.records
+            .typed_cells()
+            .filter(|cells| cells.images().is_some())
     }
 
     fn behind(&self) -> std::sync::MutexGuard<'_, Behind> {
         self.behind.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether settlements made behind wait for a write of their request's record (on a store
+    /// without cells; [`flush_others`](Self::flush_others) then has work).
+    pub fn has_pending(&self) -> bool {
+        !self.behind().is_empty()
     }
 
     /// The settlements of `request` made behind and not stored yet.
@@ -303,8 +495,12 @@ impl RequestLedger {
     /// As the store.
     pub async fn get(&self, request: &EnvelopeId) -> Result<Option<LedgerEntry>, StoreError> {
         if let Some(cells) = self.records.typed_cells() {
-            // Nothing is settled behind on a store with cells (see `settle_behind`).
-            self.carry_record_into_cell(cells, request).await?;
+            // A settlement made behind is in the cell already (see `settle_behind`).
+            if cells.images().is_some() {
+                self.load_into_cell(cells, request).await?;
+            } else {
+                self.carry_record_into_cell(cells, request).await?;
+            }
             return Ok(cells.read(NAMESPACE, request.as_str(), |e: Option<&Kept>| {
                 e.cloned().map(LedgerEntry::from)
             }));
@@ -334,6 +530,9 @@ impl RequestLedger {
         mut change: impl FnMut(&mut LedgerEntry) -> Result<Option<T>, E>,
     ) -> Result<Result<Option<T>, E>, StoreError> {
         if let Some(cells) = self.records.typed_cells() {
+            if cells.images().is_some() {
+                return self.update_stored(cells, request, now, change).await;
+            }
             self.carry_record_into_cell(cells, request).await?;
             return Ok(self.update_cell(cells, request, now, change));
         }
@@ -416,6 +615,208 @@ impl RequestLedger {
             ),
             source: None,
         })
+    }
+
+    /// Loads the entry of `request` into its cell from its stored image when the cell is not in
+    /// memory (after a restart, or dropped); whether the request has an entry (in memory or
+    /// stored).
+    async fn load_into_cell(
+        &self,
+        cells: &TypedCells,
+        request: &EnvelopeId,
+    ) -> Result<bool, StoreError> {
+        let key = request.as_str();
+        if cells.read(NAMESPACE, key, |e: Option<&Kept>| e.is_some()) {
+            return Ok(true);
+        }
+        if cells.read(NAMESPACE, key, |n: Option<&New>| n.is_some()) {
+            return Ok(false);
+        }
+        let Some(images) = cells.images() else {
+            return Ok(false);
+        };
+        let Some((revision, value)) = images.load(NAMESPACE, key).await? else {
+            return Ok(false);
+        };
+        let stored = Kept::from_image(revision, &value)?;
+        // A change made while it was read is newer: kept.
+        cells.update(NAMESPACE, key, |slot: &mut Option<Kept>| {
+            slot.get_or_insert(stored);
+        });
+        Ok(true)
+    }
+
+    /// [`update`](Self::update) on cells that store their images: the entry is changed in place
+    /// under the cells' lock (no compare-and-set: one process owns the store), and its image,
+    /// with those of every change made behind, is stored in one write before this answers. A
+    /// change that fails to be stored stays in the cell (counted by this process, never less than
+    /// what was spent) and is stored by the next write.
+    async fn update_stored<T, E>(
+        &self,
+        cells: &TypedCells,
+        request: &EnvelopeId,
+        now: Timestamp,
+        mut change: impl FnMut(&mut LedgerEntry) -> Result<Option<T>, E>,
+    ) -> Result<Result<Option<T>, E>, StoreError> {
+        let key = request.as_str();
+        for _ in 0..CAS_ATTEMPTS {
+            let exists = self.load_into_cell(cells, request).await?;
+            let done = cells.update(NAMESPACE, key, |slot: &mut Option<Kept>| {
+                if slot.is_none() && exists {
+                    // Dropped from memory since it was loaded: load it again.
+                    return None;
+                }
+                let before = slot.take().unwrap_or_else(|| {
+                    Kept::from(LedgerEntry {
+                        started_at: now,
+                        ..LedgerEntry::default()
+                    })
+                });
+                let mut entry = LedgerEntry::from(before.clone());
+                let result = change(&mut entry);
+                let mut after = Kept::from(entry);
+                after.revision = before.revision;
+                after.stored = before.stored;
+                if after == before {
+                    // A request never written stays unwritten.
+                    *slot = exists.then_some(before);
+                    return Some((result, None));
+                }
+                after.revision += 1;
+                let image = after.image(key).map(|image| (image, before));
+                *slot = Some(after);
+                Some((result, Some(image)))
+            });
+            let Some((result, image)) = done else {
+                continue;
+            };
+            if let Some(image) = image {
+                let stored = match image {
+                    Ok((image, before)) => {
+                        let revision = image.revision;
+                        // Alone: the settlements made behind are stored together by the next
+                        // flush.
+                        self.store_images(cells, vec![image], false)
+                            .await
+                            .map_err(|e| (e, Some((revision, before))))
+                    }
+                    Err(e) => Err((e, None)),
+                };
+                if let Err((e, undo)) = stored {
+                    self.undo(cells, key, exists, undo);
+                    return Err(e);
+                }
+            }
+            return Ok(result);
+        }
+        Err(StoreError::Backend {
+            backend: "limits",
+            message: format!(
+                "the spend of request {request} left memory under {CAS_ATTEMPTS} changes in a row"
+            ),
+            source: None,
+        })
+    }
+
+    /// Takes back a change whose image was not stored (its caller is told it failed, as a refused
+    /// write changes nothing): the cell is what it was `before`, unless another change came since
+    /// (then it stays, counted, never less than was reserved). A change undone is stored again by
+    /// the next flush (a failed write may have stored its image: the cell's next revision replaces
+    /// it).
+    fn undo(&self, cells: &TypedCells, key: &str, existed: bool, undo: Option<(u64, Kept)>) {
+        let Some((revision, mut before)) = undo else {
+            self.dirty().insert(key.to_owned());
+            return;
+        };
+        cells.update(NAMESPACE, key, |slot: &mut Option<Kept>| {
+            if slot.as_ref().is_some_and(|k| k.revision == revision) {
+                let stored = slot.as_ref().map_or(0, |k| k.stored);
+                before.revision = revision + 1;
+                before.stored = stored;
+                *slot = existed.then_some(before);
+            }
+        });
+        if existed {
+            self.dirty().insert(key.to_owned());
+        }
+    }
+
+    /// Stores `images` (with `behind`, the images of every entry changed behind) in one write;
+    /// once stored, their cells are marked so, and past [`CELLS_KEPT`] the cells with nothing
+    /// left to store or settle are dropped from memory.
+    async fn store_images(
+        &self,
+        cells: &TypedCells,
+        mut images: Vec<CellImage>,
+        behind: bool,
+    ) -> Result<(), StoreError> {
+        let Some(store) = cells.images() else {
+            return Ok(());
+        };
+        let behind: Vec<String> = if behind {
+            self.dirty().drain().collect()
+        } else {
+            Vec::new()
+        };
+        for request in &behind {
+            if images.iter().any(|i| &i.key == request) {
+                continue;
+            }
+            let image = cells.read(NAMESPACE, request, |e: Option<&Kept>| {
+                e.filter(|k| k.revision > k.stored)
+                    .map(|k| k.image(request))
+            });
+            match image {
+                Some(Ok(image)) => images.push(image),
+                Some(Err(e)) => {
+                    self.dirty().extend(behind.iter().cloned());
+                    return Err(e);
+                }
+                None => {}
+            }
+        }
+        if images.is_empty() {
+            return Ok(());
+        }
+        let written: Vec<(String, u64)> =
+            images.iter().map(|i| (i.key.clone(), i.revision)).collect();
+        if let Err(e) = store.store(images).await {
+            // Still counted in the cells: the next write stores them.
+            self.dirty()
+                .extend(written.into_iter().map(|(request, _)| request));
+            return Err(e);
+        }
+        for (request, revision) in &written {
+            let newer = cells.update(NAMESPACE, request, |slot: &mut Option<Kept>| {
+                slot.as_mut().is_some_and(|k| {
+                    k.stored = k.stored.max(*revision);
+                    k.revision > k.stored
+                })
+            });
+            if newer {
+                // Changed again while it was stored: stored by the next write.
+                self.dirty().insert(request.clone());
+            }
+        }
+        if cells.len(NAMESPACE) > CELLS_KEPT {
+            cells.retain(NAMESPACE, |_, k: &Kept| !k.settled_and_stored());
+            // A dropped mark costs a read of the store, not a wrong answer.
+            cells.retain(NAMESPACE, |_, _: &New| false);
+        }
+        Ok(())
+    }
+
+    /// Marks `request` as new: its id was made in this process after the store was opened (an
+    /// inbound message just delivered), so nothing of it is stored, and its first change is
+    /// stored without reading the store first. Only on cells that store their images (elsewhere
+    /// it does nothing); a mark that is dropped (memory kept bounded) costs a read, never a
+    /// wrong answer.
+    pub fn begin_new(&self, request: &EnvelopeId) {
+        if let Some(cells) = self.stored_cells() {
+            cells.update(NAMESPACE, request.as_str(), |slot: &mut Option<New>| {
+                *slot = Some(New);
+            });
+        }
     }
 
     /// When the store keeps no entry of `request` in its cells but holds one as a record (written
@@ -602,14 +1003,19 @@ impl RequestLedger {
     /// (`false`: it was stored).
     pub fn settle_behind(&self, request: &EnvelopeId, key: &str, spent: Spend) -> bool {
         if let Some(cells) = self.records.typed_cells() {
-            cells.update(NAMESPACE, request.as_str(), |slot: &mut Option<Kept>| {
-                if let Some(kept) = slot.take() {
-                    let mut entry = LedgerEntry::from(kept);
-                    entry.settle(key, spent);
-                    *slot = Some(Kept::from(entry));
-                }
+            let settled = cells.update(NAMESPACE, request.as_str(), |slot: &mut Option<Kept>| {
+                slot.as_mut().is_some_and(|kept| {
+                    let settled = kept.settle(key, spent);
+                    kept.revision += u64::from(settled);
+                    settled
+                })
             });
-            return false;
+            if cells.images().is_none() || !settled {
+                return false;
+            }
+            // Stored with the next write of any request, or by the next flush.
+            self.dirty().insert(request.as_str().to_owned());
+            return true;
         }
         self.behind()
             .entry(request.as_str().to_owned())
@@ -624,6 +1030,12 @@ impl RequestLedger {
     /// # Errors
     /// As the store (they stay pending, and the next write of the request carries them).
     pub async fn flush(&self, request: &EnvelopeId, now: Timestamp) -> Result<(), StoreError> {
+        if let Some(cells) = self.stored_cells() {
+            if !self.dirty().contains(request.as_str()) {
+                return Ok(());
+            }
+            return self.store_images(cells, Vec::new(), true).await;
+        }
         if !self.behind().contains_key(request.as_str()) {
             return Ok(());
         }
@@ -637,6 +1049,9 @@ impl RequestLedger {
     /// # Errors
     /// The first store error (the others are tried still).
     pub async fn flush_all(&self, now: Timestamp) -> Result<(), StoreError> {
+        if let Some(cells) = self.stored_cells() {
+            return self.store_images(cells, Vec::new(), true).await;
+        }
         let requests: Vec<EnvelopeId> = self
             .behind()
             .keys()
@@ -662,6 +1077,10 @@ impl RequestLedger {
         except: &EnvelopeId,
         now: Timestamp,
     ) -> Result<(), StoreError> {
+        if self.stored_cells().is_some() {
+            // Stored together by the flush `settle_behind` asked for (one write for them all).
+            return Ok(());
+        }
         let requests: Vec<EnvelopeId> = {
             let behind = self.behind();
             if behind.is_empty() {
@@ -752,13 +1171,265 @@ mod tests {
     use crate::stores::Stores;
 
     /// A ledger on each kind of store: one keeping the entries typed (the memory store's
-    /// cells) and one writing them as records (as every durable store does).
-    fn ledgers() -> [RequestLedger; 2] {
+    /// cells), one writing them as records (redb, PostgreSQL) and one keeping them in cells that
+    /// store their images (SQLite).
+    fn ledgers() -> [RequestLedger; 3] {
         let records = || Stores::memory().records.clone();
         [
             RequestLedger::new(records()),
             RequestLedger::new(crate::records::testkit::records_only(records())),
+            stored(&Arc::default()),
         ]
+    }
+
+    /// A ledger over cells whose images are kept in `images` (see `testkit::stored_cells`):
+    /// made again over the same images, the ledger of a restarted process.
+    fn stored(images: &Arc<crate::records::testkit::MemoryImages>) -> RequestLedger {
+        let records = crate::records::testkit::records_only(Stores::memory().records.clone());
+        RequestLedger::new(crate::records::testkit::stored_cells(
+            records,
+            images.clone(),
+        ))
+    }
+
+    /// The cells of a ledger made by [`stored`].
+    fn cells_of(l: &RequestLedger) -> &TypedCells {
+        l.records.typed_cells().unwrap()
+    }
+
+    /// What a restart finds of a request's entry: a reservation stored before the call counts
+    /// until its settlement is stored; a settlement made behind and flushed is there; one made
+    /// behind and not flushed leaves the reservation counted, never less than was spent.
+    #[test]
+    fn a_stored_entry_comes_back_after_a_restart_and_a_kill_never_loses_a_reservation() {
+        futures::executor::block_on(async {
+            let images = Arc::new(crate::records::testkit::MemoryImages::default());
+            let request = EnvelopeId::new("req-restart");
+            let limits = Limits {
+                total_tokens: Some(1_000),
+                ..Limits::NONE
+            };
+            let first = stored(&images);
+            first
+                .reserve(&request, "c1", &est(100, 200), &limits, Timestamp(5))
+                .await
+                .unwrap()
+                .unwrap();
+            // Killed before the settlement: the next run counts the reservation.
+            let second = stored(&images);
+            let entry = second.get(&request).await.unwrap().unwrap();
+            assert_eq!(entry.committed().total_tokens, 300, "{entry:?}");
+            assert_eq!(entry.started_at, Timestamp(5));
+            // Settled behind, not flushed, killed: still the reservation.
+            assert!(second.settle_behind(&request, "c1", tokens(120)));
+            assert_eq!(
+                second
+                    .get(&request)
+                    .await
+                    .unwrap()
+                    .unwrap()
+                    .settled
+                    .total_tokens,
+                120,
+                "counted at once in the process that settled"
+            );
+            let third = stored(&images);
+            assert_eq!(
+                third
+                    .get(&request)
+                    .await
+                    .unwrap()
+                    .unwrap()
+                    .committed()
+                    .total_tokens,
+                300
+            );
+            // Settled and flushed: the next run reads the settlement.
+            assert!(third.settle_behind(&request, "c1", tokens(120)));
+            third.flush_all(Timestamp(6)).await.unwrap();
+            let fourth = stored(&images);
+            let entry = fourth.get(&request).await.unwrap().unwrap();
+            assert_eq!(
+                (entry.settled.total_tokens, entry.reserved.len()),
+                (120, 0),
+                "{entry:?}"
+            );
+        });
+    }
+
+    /// A request marked new is written without a read of the store; one not marked is read
+    /// once (it may have been stored by an earlier run), then kept.
+    #[test]
+    fn a_request_begun_here_is_written_without_reading_the_store() {
+        futures::executor::block_on(async {
+            use std::sync::atomic::Ordering;
+            let images = Arc::new(crate::records::testkit::MemoryImages::default());
+            let l = stored(&images);
+            let limits = Limits::NONE;
+            let new = EnvelopeId::new("req-new");
+            l.begin_new(&new);
+            assert_eq!(l.get(&new).await.unwrap(), None, "a mark is no entry");
+            l.reserve(&new, "c1", &est(10, 10), &limits, Timestamp(0))
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(images.loads.load(Ordering::SeqCst), 0);
+            let old = EnvelopeId::new("req-old");
+            l.reserve(&old, "c1", &est(10, 10), &limits, Timestamp(0))
+                .await
+                .unwrap()
+                .unwrap();
+            l.reserve(&old, "c2", &est(10, 10), &limits, Timestamp(0))
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(images.loads.load(Ordering::SeqCst), 1);
+            // Both stored, each as one image.
+            let stored = images.images.lock().unwrap().len();
+            assert_eq!(stored, 2);
+        });
+    }
+
+    /// A change whose image could not be stored fails its caller and is taken back (as a refused
+    /// write changes nothing): the call it reserved for is not made, and nothing counts it; the
+    /// next write stores what the cell holds.
+    #[test]
+    fn a_change_not_stored_is_taken_back() {
+        futures::executor::block_on(async {
+            use std::sync::atomic::Ordering;
+            let images = Arc::new(crate::records::testkit::MemoryImages::default());
+            let l = stored(&images);
+            let limits = Limits::NONE;
+            let a = EnvelopeId::new("req-a");
+            // A new request's first change, not stored: no entry.
+            images.failing.store(true, Ordering::SeqCst);
+            let failed = l
+                .reserve(&a, "c1", &est(10, 10), &limits, Timestamp(0))
+                .await;
+            assert!(failed.is_err(), "{failed:?}");
+            assert_eq!(l.get(&a).await.unwrap(), None);
+            // A stored request's change, not stored: the entry as it was.
+            images.failing.store(false, Ordering::SeqCst);
+            l.reserve(&a, "c1", &est(10, 10), &limits, Timestamp(0))
+                .await
+                .unwrap()
+                .unwrap();
+            images.failing.store(true, Ordering::SeqCst);
+            let failed = l
+                .reserve(&a, "c2", &est(100, 100), &limits, Timestamp(0))
+                .await;
+            assert!(failed.is_err(), "{failed:?}");
+            let entry = l.get(&a).await.unwrap().unwrap();
+            assert_eq!(
+                (entry.reserved.len(), entry.committed().total_tokens),
+                (1, 20),
+                "{entry:?}"
+            );
+            // The next write (a flush) stores the cell; a restart reads it.
+            images.failing.store(false, Ordering::SeqCst);
+            l.flush_all(Timestamp(1)).await.unwrap();
+            let after = stored(&images);
+            let entry = after.get(&a).await.unwrap().unwrap();
+            assert_eq!(
+                (entry.reserved.len(), entry.committed().total_tokens),
+                (1, 20),
+                "{entry:?}"
+            );
+            // And the change can be made again.
+            l.reserve(&a, "c2", &est(100, 100), &limits, Timestamp(0))
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(
+                stored(&images)
+                    .get(&a)
+                    .await
+                    .unwrap()
+                    .unwrap()
+                    .committed()
+                    .total_tokens,
+                220
+            );
+        });
+    }
+
+    /// Past the bound, cells whose latest change is stored and that hold no open reservation
+    /// leave memory; they read the same when loaded again, and an open reservation stays.
+    #[test]
+    fn settled_and_stored_cells_leave_memory_past_the_bound_and_read_the_same() {
+        futures::executor::block_on(async {
+            let images = Arc::new(crate::records::testkit::MemoryImages::default());
+            let l = stored(&images);
+            let limits = Limits::NONE;
+            let open = EnvelopeId::new("req-open");
+            l.reserve(&open, "open", &est(1, 1), &limits, Timestamp(0))
+                .await
+                .unwrap()
+                .unwrap();
+            for i in 0..CELLS_KEPT + 10 {
+                let r = EnvelopeId::new(format!("req-{i}"));
+                l.reserve(&r, "c", &est(1, 1), &limits, Timestamp(0))
+                    .await
+                    .unwrap()
+                    .unwrap();
+                l.settle_behind(&r, "c", tokens(i as u64));
+            }
+            l.flush_all(Timestamp(1)).await.unwrap();
+            let kept = cells_of(&l).len(NAMESPACE);
+            assert!(kept < 20, "{kept} cells kept");
+            assert!(
+                cells_of(&l).read(NAMESPACE, "req-open", |k: Option<&Kept>| k.is_some()),
+                "an open reservation stays in memory"
+            );
+            for i in [0, 7, CELLS_KEPT + 9] {
+                let r = EnvelopeId::new(format!("req-{i}"));
+                let entry = l.get(&r).await.unwrap().unwrap();
+                assert_eq!(
+                    (entry.settled.total_tokens, entry.reserved.len()),
+                    (i as u64, 0),
+                    "req-{i}"
+                );
+            }
+        });
+    }
+
+    /// The image of an entry is its JSON as serde writes the [`LedgerEntry`], whichever path
+    /// writes it.
+    #[test]
+    fn an_image_is_the_entrys_json() {
+        let spend = |n: u64| Spend {
+            input_tokens: n,
+            output_tokens: 0,
+            total_tokens: n * 2,
+            model_calls: 1,
+            tool_calls: n % 2,
+            cost: crate::limits::Money(n * 1_250),
+        };
+        let mut entries = vec![LedgerEntry::default()];
+        for n in [0u64, 1, 7, 123_456_789] {
+            let mut e = LedgerEntry {
+                started_at: Timestamp(1_700_000_000_000 + n as i64),
+                settled: spend(n),
+                ..LedgerEntry::default()
+            };
+            e.reserved.insert("a:1".into(), spend(n + 1));
+            e.reserved
+                .insert("quote\"back\\slash\u{1}é".into(), spend(0));
+            entries.push(e.clone());
+            e.told = true;
+            e.told_by = Some("teller".into());
+            entries.push(e.clone());
+            e.limits.total_tokens = Some(n);
+            entries.push(e);
+        }
+        for entry in entries {
+            let image = Kept::from(entry.clone()).image("r").unwrap();
+            let serde = serde_json::to_value(&entry).unwrap();
+            let ours: serde_json::Value = serde_json::from_str(&image.value).unwrap();
+            assert_eq!(ours, serde, "{}", image.value);
+            let back = Kept::from_image(3, &image.value).unwrap();
+            assert_eq!(LedgerEntry::from(back), entry);
+        }
     }
 
     #[test]

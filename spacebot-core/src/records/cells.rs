@@ -1,20 +1,31 @@
-//! Values kept typed beside a store's records, for stores whose values never leave the process.
+//! Values kept typed beside a store's records, for stores owned by one process: in memory alone,
+//! or in memory with an image of each value stored durably.
 
 use std::any::Any;
 use std::fmt;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
+use async_trait::async_trait;
+
+use crate::error::StoreError;
 use crate::fasthash::FastMap;
 
-/// Values kept as Rust values under `(namespace, key)`, beside the records of a store that never
-/// writes its values out (the memory store: see [`RecordStore::typed_cells`]). A writer that
-/// changes one value at every step (the request ledger, twice a model call) keeps it here instead
-/// of as a JSON record: no encoding, no decoding, no version kept, one lock taken a change.
+/// Values kept as Rust values under `(namespace, key)`, beside the records of a store owned by
+/// one process (see [`RecordStore::typed_cells`]). A writer that changes one value at every step
+/// (the request ledger, twice a model call) keeps it here instead of as a JSON record: no
+/// decoding, no version read, no compare-and-set, one lock taken a change.
 ///
 /// A cell is changed in place under the lock ([`update`](Self::update)): changes of one cell
 /// never interleave, so the compare-and-set a record needs is not needed here. Cells are a
 /// keyspace of their own: nothing in them is seen through the store's records, and the reverse.
 /// A namespace's cells hold one type; a cell read or changed as another type is absent.
+///
+/// Cells live in memory. A durable store that is the only writer of its data (SQLite: one process
+/// owns a data directory) backs them with [`CellImages`] ([`TypedCells::stored_in`]): the writer
+/// of a cell stores its image (its JSON text and a revision) when it must survive a crash, loads
+/// it when the cell is not in memory (after a restart, or once evicted), and may drop cells whose
+/// image is stored ([`retain`](Self::retain)). The memory store's cells have no images
+/// ([`images`](Self::images) is `None`): they are the value.
 ///
 /// [`RecordStore::typed_cells`]: super::RecordStore::typed_cells
 ///
@@ -33,6 +44,44 @@ use crate::fasthash::FastMap;
 #[derive(Default)]
 pub struct TypedCells {
     namespaces: Mutex<Namespaces>,
+    images: Option<Arc<dyn CellImages>>,
+}
+
+/// The stored image of a typed cell: its value as JSON text, and its revision (one more at every
+/// change the writer stores; an image never replaces a later one).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CellImage {
+    /// The cell's namespace.
+    pub namespace: String,
+    /// The cell's key.
+    pub key: String,
+    /// The revision: an image is stored only over an older one (a lower revision) or none.
+    pub revision: u64,
+    /// The value, as JSON text.
+    pub value: String,
+}
+
+/// Where a store owned by one process keeps the images of its [`TypedCells`] durably.
+///
+/// Each image is one row keyed by `(namespace, key)`, replaced in place: no version history is
+/// kept (a store's records keep theirs).
+#[async_trait]
+pub trait CellImages: Send + Sync + fmt::Debug {
+    /// The stored image of `(namespace, key)`: its revision and value. A store may answer a value
+    /// it held before it had cells (the latest record at the same address, revision 0), so that
+    /// a writer that moved from records to cells reads what it wrote before.
+    ///
+    /// # Errors
+    /// As the store.
+    async fn load(&self, namespace: &str, key: &str) -> Result<Option<(u64, String)>, StoreError>;
+
+    /// Stores `images` in one commit (synced as the store's other writes issued at the same point:
+    /// see [`durability`](crate::durability)). An image whose revision is not above the stored
+    /// one's is left out. When it fails, some images may have been stored (each one whole).
+    ///
+    /// # Errors
+    /// As the store.
+    async fn store(&self, images: Vec<CellImage>) -> Result<(), StoreError>;
 }
 
 /// Namespace -> key -> the value, boxed as `Option<T>`.
@@ -48,6 +97,43 @@ impl fmt::Debug for TypedCells {
 }
 
 impl TypedCells {
+    /// Cells whose images are stored in `images` (see [`CellImages`]).
+    pub fn stored_in(images: Arc<dyn CellImages>) -> Self {
+        Self {
+            namespaces: Mutex::default(),
+            images: Some(images),
+        }
+    }
+
+    /// Where the cells' images are stored: `None` for cells that are the value themselves (the
+    /// memory store's).
+    pub fn images(&self) -> Option<&dyn CellImages> {
+        self.images.as_deref()
+    }
+
+    /// How many cells `namespace` holds in memory.
+    pub fn len(&self, namespace: &str) -> usize {
+        self.lock().get(namespace).map_or(0, FastMap::len)
+    }
+
+    /// Whether `namespace` holds no cell in memory.
+    pub fn is_empty(&self, namespace: &str) -> bool {
+        self.len(namespace) == 0
+    }
+
+    /// Keeps in memory the cells of `namespace` of type `T` for which `keep` answers `true`, and
+    /// drops the others (cells of another type are kept). For stored cells: drop only cells whose
+    /// latest change is stored; a dropped cell is loaded again from its image when next needed.
+    pub fn retain<T: 'static>(&self, namespace: &str, mut keep: impl FnMut(&str, &T) -> bool) {
+        let mut namespaces = self.lock();
+        if let Some(cells) = namespaces.get_mut(namespace) {
+            cells.retain(|key, cell| match cell.downcast_ref::<Option<T>>() {
+                Some(Some(value)) => keep(key, value),
+                _ => true,
+            });
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Namespaces> {
         self.namespaces.lock().unwrap_or_else(|e| e.into_inner())
     }

@@ -28,11 +28,13 @@
 //!
 //! # Typed cells
 //!
-//! A store whose values never leave the process (the memory store) may also keep values as Rust
-//! values: [`RecordStore::typed_cells`] answers its [`TypedCells`], a keyspace of its own beside
-//! the records, changed in place under a lock. A writer that changes one value at every step
-//! keeps it there when the store has cells (the request ledger does), and writes records when it
-//! has none (every durable store).
+//! A store owned by one process may also keep values as Rust values: [`RecordStore::typed_cells`]
+//! answers its [`TypedCells`], a keyspace of its own beside the records, changed in place under a
+//! lock. The memory store's cells are the values; SQLite's (one process owns a data directory)
+//! store an image of each cell ([`CellImages`]) that the writer stores when a change must survive
+//! a crash. A writer that changes one value at every step keeps it there when the store has cells
+//! (the request ledger does), and writes records when it has none (redb and PostgreSQL have none:
+//! on PostgreSQL several processes write one database).
 //!
 //! # Typed records
 //!
@@ -155,7 +157,7 @@ use crate::time::Timestamp;
 mod cells;
 mod typed;
 
-pub use cells::TypedCells;
+pub use cells::{CellImage, CellImages, TypedCells};
 pub use typed::Records;
 
 /// The longest namespace, in bytes.
@@ -648,11 +650,11 @@ pub trait RecordStore: Send + Sync + fmt::Debug {
     /// closing again does nothing. The default does nothing (stores that hold nothing to release).
     async fn release(&self) {}
 
-    /// Cells that keep values typed beside the records, for a store whose values never leave the
-    /// process (the memory store): a writer that changes one value at every step may keep it
-    /// there, unencoded, instead of as a record. `None` (the default, and every durable store):
-    /// records only. A store that wraps another forwards its cells (as `Arc<T>` does), so that
-    /// both see the same values.
+    /// Cells that keep values typed beside the records, for a store owned by one process (the
+    /// memory store; SQLite, whose cells store their images durably: see [`TypedCells`]): a writer
+    /// that changes one value at every step may keep it there instead of as a record. `None`
+    /// (the default, and stores several processes may write): records only. A store that wraps
+    /// another forwards its cells (as `Arc<T>` does), so that both see the same values.
     fn typed_cells(&self) -> Option<&TypedCells> {
         None
     }
@@ -783,6 +785,121 @@ pub(crate) mod testkit {
 
     /// What [`AfterGet`] runs after a read: given the namespace and key read.
     pub(crate) type Hook = Box<dyn Fn(&str, &str) -> BoxFuture<'static, ()> + Send + Sync>;
+
+    /// Images of typed cells in memory, as a durable store keeps them (SQLite's contract: a cell
+    /// never stored reads the latest record at its address, revision 0). Kept across "restarts":
+    /// cells made again over the same images start empty and load from them.
+    #[derive(Debug, Default)]
+    pub(crate) struct MemoryImages {
+        pub(crate) images:
+            std::sync::Mutex<std::collections::HashMap<(String, String), (u64, String)>>,
+        /// The records read when a cell has no image.
+        pub(crate) records: std::sync::Mutex<Option<Arc<dyn RecordStore>>>,
+        /// How many loads were asked for.
+        pub(crate) loads: std::sync::atomic::AtomicUsize,
+        /// How many stores were asked for.
+        pub(crate) stores: std::sync::atomic::AtomicUsize,
+        /// While set, every store fails (nothing stored).
+        pub(crate) failing: std::sync::atomic::AtomicBool,
+    }
+
+    #[async_trait]
+    impl super::CellImages for MemoryImages {
+        async fn load(
+            &self,
+            namespace: &str,
+            key: &str,
+        ) -> Result<Option<(u64, String)>, StoreError> {
+            use std::sync::atomic::Ordering;
+            self.loads.fetch_add(1, Ordering::SeqCst);
+            let stored = self
+                .images
+                .lock()
+                .unwrap()
+                .get(&(namespace.to_owned(), key.to_owned()))
+                .cloned();
+            if stored.is_some() {
+                return Ok(stored);
+            }
+            let records = self.records.lock().unwrap().clone();
+            match records {
+                Some(records) => Ok(records
+                    .get(namespace, key)
+                    .await?
+                    .map(|r| (0, r.value.to_string()))),
+                None => Ok(None),
+            }
+        }
+
+        async fn store(&self, images: Vec<super::CellImage>) -> Result<(), StoreError> {
+            use std::sync::atomic::Ordering;
+            self.stores.fetch_add(1, Ordering::SeqCst);
+            if self.failing.load(Ordering::SeqCst) {
+                return Err(StoreError::Backend {
+                    backend: "test",
+                    message: "the disk is gone".into(),
+                    source: None,
+                });
+            }
+            let mut stored = self.images.lock().unwrap();
+            for image in images {
+                let slot = stored
+                    .entry((image.namespace, image.key))
+                    .or_insert((0, String::new()));
+                if image.revision > slot.0 || slot.1.is_empty() {
+                    *slot = (image.revision, image.value);
+                }
+            }
+            Ok(())
+        }
+    }
+
+    /// `inner`'s records with typed cells of its own whose images are kept in `images`: a store
+    /// owned by one process, as SQLite is. Made again over the same images, a restart.
+    pub(crate) fn stored_cells(
+        inner: Arc<dyn RecordStore>,
+        images: Arc<MemoryImages>,
+    ) -> Arc<dyn RecordStore> {
+        *images.records.lock().unwrap() = Some(inner.clone());
+        Arc::new(StoredCells {
+            inner,
+            cells: super::TypedCells::stored_in(images),
+        })
+    }
+
+    /// See [`stored_cells`].
+    #[derive(Debug)]
+    pub(crate) struct StoredCells {
+        inner: Arc<dyn RecordStore>,
+        cells: super::TypedCells,
+    }
+
+    #[async_trait]
+    impl RecordStore for StoredCells {
+        async fn get(&self, namespace: &str, key: &str) -> Result<Option<Record>, StoreError> {
+            self.inner.get(namespace, key).await
+        }
+        async fn version(
+            &self,
+            namespace: &str,
+            key: &str,
+            version: u64,
+        ) -> Result<Option<Record>, StoreError> {
+            self.inner.version(namespace, key, version).await
+        }
+        async fn write(&self, write: RecordWrite) -> Result<WriteOutcome, StoreError> {
+            self.inner.write(write).await
+        }
+        async fn list(&self, namespace: &str, prefix: &str) -> Result<Vec<Record>, StoreError> {
+            self.inner.list(namespace, prefix).await
+        }
+        async fn history(&self, namespace: &str, key: &str) -> Result<Vec<Record>, StoreError> {
+            self.inner.history(namespace, key).await
+        }
+        fn typed_cells(&self) -> Option<&super::TypedCells> {
+            Some(&self.cells)
+        }
+    }
 
     /// `inner` as records only: without its typed cells (a writer that would keep values
     /// there writes records, as on a durable store).

@@ -27,6 +27,38 @@ pub(crate) const SETTLE_FLUSH_AFTER: std::time::Duration = std::time::Duration::
 /// `[settings.limits]` is empty (across a restart too).
 const MARKER: (&str, &str) = ("limits.meta", "bound");
 
+/// A model call's key among the host's open reservations while it is being reserved: taken out
+/// again when dropped (refused, or failed), unless [`keep`](Self::keep) says it was reserved.
+struct Reserving<'a> {
+    set: &'a std::sync::Mutex<crate::fasthash::FastSet<String>>,
+    key: &'a str,
+    kept: bool,
+}
+
+impl<'a> Reserving<'a> {
+    fn open(set: &'a std::sync::Mutex<crate::fasthash::FastSet<String>>, key: &'a str) -> Self {
+        lock(set).insert(key.to_owned());
+        Self {
+            set,
+            key,
+            kept: false,
+        }
+    }
+
+    /// The call was reserved: it stays open until settled.
+    fn keep(mut self) {
+        self.kept = true;
+    }
+}
+
+impl Drop for Reserving<'_> {
+    fn drop(&mut self) {
+        if !self.kept {
+            lock(self.set).remove(self.key);
+        }
+    }
+}
+
 impl Host {
     /// The ledger of requests' spend.
     pub(crate) fn ledger(&self) -> RequestLedger {
@@ -188,15 +220,24 @@ impl Host {
             // Settlements of other requests made behind ride along: written beside this
             // reservation (the stores group writes sent together into one commit), not each
             // by a write of its own.
-            let ledger = self.ledger();
-            let (reserved, flushed) = crate::durability::together(futures::future::join(
-                ledger.reserve(request, key, &granted, &self.settings.limits, now),
-                ledger.flush_others(request, now),
-            ))
-            .await;
-            if let Err(e) = flushed {
-                tracing::warn!("model calls' settlements were not stored yet: {e}");
-            }
+            let ledger = &self.request_ledger;
+            // Open in this host from before the reservation shows in the ledger (on a store whose
+            // cells store images, it shows while its image is being stored), until refused.
+            let open = Reserving::open(&self.reserving, key);
+            let reserve = ledger.reserve(request, key, &granted, &self.settings.limits, now);
+            let reserved = if ledger.has_pending() {
+                let (reserved, flushed) = crate::durability::together(futures::future::join(
+                    reserve,
+                    ledger.flush_others(request, now),
+                ))
+                .await;
+                if let Err(e) = flushed {
+                    tracing::warn!("model calls' settlements were not stored yet: {e}");
+                }
+                reserved
+            } else {
+                reserve.await
+            };
             let mut refusal = match reserved? {
                 Ok(spend) => {
                     granted.max_output = spend.output_tokens;
@@ -219,9 +260,10 @@ impl Host {
                 }
             }
             let Some(refusal) = refusal else {
-                lock(&self.reserving).insert(key.to_owned());
+                open.keep();
                 return Ok(Ok(Some(granted.spend(granted.max_output))));
             };
+            drop(open);
             // One scope refused: the others' reservations go.
             for scope in held {
                 periods.release(scope, key, now).await?;
@@ -294,15 +336,18 @@ impl Host {
         lock(&self.reserving).remove(key);
         let now = self.clock.now();
         let spent = spent.priced(self.price().as_ref());
-        if self.ledger().settle_behind(request, key, spent) {
+        if self.request_ledger.settle_behind(request, key, spent) {
             self.schedule_settle_flush();
         }
         let mut settled = Ok(());
-        let periods = PeriodLedger::new(self.stores.records.clone());
-        for (scope, _) in self.period_scopes(agent) {
-            let done = periods.settle(&scope, key, spent, now).await;
-            if settled.is_ok() {
-                settled = done;
+        let scopes = self.period_scopes(agent);
+        if !scopes.is_empty() {
+            let periods = PeriodLedger::new(self.stores.records.clone());
+            for (scope, _) in scopes {
+                let done = periods.settle(&scope, key, spent, now).await;
+                if settled.is_ok() {
+                    settled = done;
+                }
             }
         }
         for waiter in std::mem::take(&mut *lock(&self.settle_waiters)) {

@@ -431,10 +431,12 @@ impl<'a> Turn<'a> {
     ) -> Result<Result<ChatResponse, LlmError>, TurnFailure> {
         // The records gathered so far (under limits, the turn's input before its first call)
         // are written beside the call's reservation: sent together, the stores group the two
-        // writes into one commit, and the history shows them before the model is asked.
-        let (reservation, ()) = crate::durability::together(futures::future::join(
-            self.reserve(&mut request, sent),
+        // writes into one commit, and the history shows them before the model is asked. The
+        // records go first: a store may run the first write of a commit without a savepoint of
+        // its own, and the reservation (a cell's image, on SQLite) needs none.
+        let ((), reservation) = crate::durability::together(futures::future::join(
             log.flush_records(self.host, &self.me),
+            self.reserve(&mut request, sent),
         ))
         .await;
         let reservation = reservation?;
