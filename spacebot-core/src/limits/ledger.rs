@@ -398,8 +398,10 @@ impl From<Kept> for LedgerEntry {
 /// process), and the ledger goes on from the record the refusal carries: what it remembers only
 /// saves reads, it never decides.
 ///
-/// On a store that keeps values typed ([`RecordStore::typed_cells`]: the memory store), the
-/// entries are kept there instead, unencoded, each change made in place under the cells' lock.
+/// On a store that keeps values typed ([`RecordStore::typed_cells`]: the memory store, SQLite),
+/// the entries are kept there instead, each change made in place under the cells' lock; where the
+/// cells store their images (SQLite), a change that must survive a kill is stored as the entry's
+/// image before it answers, settlements made behind by the next flush, all together.
 ///
 /// A settlement may also be made *behind* ([`settle_behind`](Self::settle_behind)): counted at
 /// once by this ledger (its reads and its next writes of the request), stored by the next write of
@@ -647,10 +649,10 @@ impl RequestLedger {
     }
 
     /// [`update`](Self::update) on cells that store their images: the entry is changed in place
-    /// under the cells' lock (no compare-and-set: one process owns the store), and its image,
-    /// with those of every change made behind, is stored in one write before this answers. A
-    /// change that fails to be stored stays in the cell (counted by this process, never less than
-    /// what was spent) and is stored by the next write.
+    /// under the cells' lock (no compare-and-set: one process owns the store), and its image is
+    /// stored before this answers (alone: the settlements made behind wait for the flush, which
+    /// stores them together). A change whose image is not stored is taken back
+    /// ([`undo`](Self::undo)) and its caller gets the store's error.
     async fn update_stored<T, E>(
         &self,
         cells: &TypedCells,
@@ -998,8 +1000,10 @@ impl RequestLedger {
     /// than it spent): a kill before the store counts the reservation, as a kill before any
     /// settlement does.
     ///
-    /// On a store that keeps the entries typed ([`TypedCells`]) there is no write to save: the
-    /// call is settled in its entry at once. Answers whether the settlement waits for a write
+    /// On a store that keeps the entries typed ([`TypedCells`]) the call is settled in its entry
+    /// at once: on the memory store that is all (no write to save); where the cells store their
+    /// images (SQLite), the entry's image is stored by the next [`flush`](Self::flush) (with every
+    /// other settlement waiting, in one write). Answers whether the settlement waits for a write
     /// (`false`: it was stored).
     pub fn settle_behind(&self, request: &EnvelopeId, key: &str, spent: Spend) -> bool {
         if let Some(cells) = self.records.typed_cells() {
