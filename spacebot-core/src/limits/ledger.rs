@@ -1913,6 +1913,7 @@ mod tests {
             let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
             let store = Arc::new(crate::records::testkit::AfterGet {
                 inner: Stores::memory().records.clone(),
+                cells: None,
                 after: Box::new({
                     let (ledger, armed) = (ledger.clone(), armed.clone());
                     move |_, _| {

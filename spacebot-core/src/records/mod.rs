@@ -861,44 +861,11 @@ pub(crate) mod testkit {
         images: Arc<MemoryImages>,
     ) -> Arc<dyn RecordStore> {
         *images.records.lock().unwrap() = Some(inner.clone());
-        Arc::new(StoredCells {
+        Arc::new(AfterGet {
             inner,
-            cells: super::TypedCells::stored_in(images),
+            after: Box::new(|_, _| Box::pin(async {})),
+            cells: Some(super::TypedCells::stored_in(images)),
         })
-    }
-
-    /// See [`stored_cells`].
-    #[derive(Debug)]
-    pub(crate) struct StoredCells {
-        inner: Arc<dyn RecordStore>,
-        cells: super::TypedCells,
-    }
-
-    #[async_trait]
-    impl RecordStore for StoredCells {
-        async fn get(&self, namespace: &str, key: &str) -> Result<Option<Record>, StoreError> {
-            self.inner.get(namespace, key).await
-        }
-        async fn version(
-            &self,
-            namespace: &str,
-            key: &str,
-            version: u64,
-        ) -> Result<Option<Record>, StoreError> {
-            self.inner.version(namespace, key, version).await
-        }
-        async fn write(&self, write: RecordWrite) -> Result<WriteOutcome, StoreError> {
-            self.inner.write(write).await
-        }
-        async fn list(&self, namespace: &str, prefix: &str) -> Result<Vec<Record>, StoreError> {
-            self.inner.list(namespace, prefix).await
-        }
-        async fn history(&self, namespace: &str, key: &str) -> Result<Vec<Record>, StoreError> {
-            self.inner.history(namespace, key).await
-        }
-        fn typed_cells(&self) -> Option<&super::TypedCells> {
-            Some(&self.cells)
-        }
     }
 
     /// `inner` as records only: without its typed cells (a writer that would keep values
@@ -907,14 +874,17 @@ pub(crate) mod testkit {
         Arc::new(AfterGet {
             inner,
             after: Box::new(|_, _| Box::pin(async {})),
+            cells: None,
         })
     }
 
     /// A record store over `inner` that runs `after` once each `get` has read its record and
-    /// before it answers: what another writer acting between a read and its use looks like.
+    /// before it answers: what another writer acting between a read and its use looks like. Its
+    /// typed cells are `cells` (none: records only), never `inner`'s.
     pub(crate) struct AfterGet {
         pub(crate) inner: Arc<dyn RecordStore>,
         pub(crate) after: Hook,
+        pub(crate) cells: Option<super::TypedCells>,
     }
 
     impl std::fmt::Debug for AfterGet {
@@ -946,6 +916,9 @@ pub(crate) mod testkit {
         }
         async fn history(&self, namespace: &str, key: &str) -> Result<Vec<Record>, StoreError> {
             self.inner.history(namespace, key).await
+        }
+        fn typed_cells(&self) -> Option<&super::TypedCells> {
+            self.cells.as_ref()
         }
     }
 }

@@ -623,6 +623,46 @@ mod tests {
         org
     }
 
+    /// A request begun by `Organization::deliver` on a store whose cells store images (SQLite) is
+    /// marked new: its reservations are stored without one read of the store; a request the
+    /// organization did not begin (an id it never made) is read once.
+    #[tokio::test]
+    async fn a_delivered_request_is_reserved_without_reading_the_store() {
+        use std::sync::atomic::Ordering;
+        let images = Arc::new(crate::records::testkit::MemoryImages::default());
+        let records = crate::records::testkit::stored_cells(
+            crate::records::testkit::records_only(Stores::memory().records.clone()),
+            images.clone(),
+        );
+        let stores = Stores {
+            records,
+            ..Stores::memory()
+        };
+        let org = with_a_call_reserved(stores, &EnvelopeId::new("req-not-ours")).await;
+        assert_eq!(
+            images.loads.load(Ordering::SeqCst),
+            1,
+            "an id not made here"
+        );
+        org.start_all().await.unwrap();
+        let mut replies = org.take_replies().unwrap();
+        let request = org
+            .deliver("a", crate::InboundMessage::new("portal", "u", "hi"))
+            .await
+            .unwrap();
+        let reply = futures::StreamExt::next(&mut replies).await.unwrap();
+        assert_eq!(reply.content, "ok");
+        org.wait_idle(&AgentId::parse("a").unwrap()).await.unwrap();
+        let entry = org.request_spend(&request).await.unwrap().unwrap();
+        assert_eq!(entry.settled.model_calls, 1, "{entry:?}");
+        assert_eq!(
+            images.loads.load(Ordering::SeqCst),
+            1,
+            "the delivered request was read from the store"
+        );
+        org.shutdown().await.unwrap();
+    }
+
     /// On the memory store (typed cells) a settlement is stored in the request's entry at once:
     /// the entry shows it settled, and no flush is scheduled for it.
     #[tokio::test]
@@ -827,6 +867,7 @@ mod tests {
         let key = request.as_str().to_owned();
         let records = Arc::new(crate::records::testkit::AfterGet {
             inner: stores.records.clone(),
+            cells: None,
             after: Box::new(move |namespace, read| {
                 let this = namespace == crate::limits::NAMESPACE
                     && read == key
