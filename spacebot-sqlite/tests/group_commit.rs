@@ -440,3 +440,69 @@ async fn deferred_writes_sync_at_once_without_deferred_syncing() {
         stores.close().await;
     }
 }
+
+/// Deferred writes issued together run as one batch on their caller's thread; when the batch's
+/// first operation is refused (it runs without a savepoint), the transaction is rolled back and
+/// the others are handed to the writer thread, which runs them at once: each gets its own answer,
+/// the refused one changes nothing, and nothing waits for a later write to be woken.
+#[tokio::test]
+async fn a_refused_first_operation_of_a_deferred_batch_leaves_the_others_to_commit() {
+    let stores = deferred_stores(Duration::from_secs(3600)).await;
+    let tasks = stores.tasks();
+    let deliveries = stores.deliveries();
+    let me = agent();
+    for i in 0..2 {
+        tasks
+            .create(&me, NewTask::new(format!("t{i}"), ""), Timestamp(0))
+            .await
+            .unwrap();
+    }
+    let before = tasks.get(&me, 1).await.unwrap();
+    let message = envelope(0);
+    let batch = durability::scope(
+        Durability::Deferred,
+        durability::together(async {
+            tokio::join!(
+                // First: refused (completing a task nobody holds).
+                tasks.transition(
+                    &me,
+                    1,
+                    Expect::any(),
+                    TaskEvent::Complete {
+                        holder: "nobody".into(),
+                        result: "r".into(),
+                    },
+                    Timestamp(1),
+                ),
+                tasks.transition(
+                    &me,
+                    2,
+                    Expect::any(),
+                    TaskEvent::Cancel {
+                        reason: "test".into(),
+                    },
+                    Timestamp(1),
+                ),
+                deliveries.persist(&me, &message),
+            )
+        }),
+    );
+    let (refused, cancelled, persisted) = tokio::time::timeout(Duration::from_secs(10), batch)
+        .await
+        .expect("the operations after a refused first one were never run");
+    assert!(
+        matches!(
+            refused,
+            Err(StoreError::InvalidTransition(_) | StoreError::NotLeaseHolder { .. })
+        ),
+        "{refused:?}"
+    );
+    cancelled.unwrap();
+    persisted.unwrap();
+    assert_eq!(tasks.get(&me, 1).await.unwrap(), before);
+    assert_eq!(
+        tasks.get(&me, 2).await.unwrap().unwrap().status,
+        spacebot_core::TaskStatus::Cancelled
+    );
+    assert_eq!(deliveries.pending(&me).await.unwrap().len(), 1);
+}
